@@ -1,0 +1,6 @@
+"""Verification, the generate loop and decoding statistics."""
+from whiflash.decoding.generate import generate
+from whiflash.decoding.stats import DecodeStats, summarize
+from whiflash.decoding.verify import accept, target_tokens
+
+__all__ = ["DecodeStats", "accept", "generate", "summarize", "target_tokens"]

@@ -1,0 +1,135 @@
+"""The interface every drafter implements, and the messages it exchanges with the loop.
+
+A drafter sees the decoding state only through `observe` (features of newly committed
+positions, DESIGN.md section 3) and `propose` (draft continuations of the pending token).
+`observe` only queues work: the features wait in a backlog until the next `propose` consumes
+them in one batched prefill. A single drafter catches up every round; in routed decoding the
+inactive drafter's backlog simply grows until it is chosen again (Lazy Catch-up).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+
+@dataclass
+class Proposal:
+    """Draft nodes after the pending (root) token. A chain when `parents` is None."""
+
+    tokens: Tensor
+    """`[m]` target-vocabulary ids of the drafted nodes."""
+    parents: Tensor | None = None
+    """`[m]` index of each node's parent in `[root, node_0, ...]` (0 is the root); None for a chain."""
+    depths: Tensor | None = None
+    """`[m]` depth of each node (the root has depth 0); None for a chain."""
+    tree_mask: Tensor | None = None
+    """`[m+1, m+1]` ancestor-or-self visibility over `[root, nodes]`; None for a chain."""
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass
+class Commit:
+    """Newly committed positions `start .. start+n-1`, as one verify pass saw them."""
+
+    feats: Tensor
+    """`[n, len(taps), H]` target tap-layer outputs at the committed positions."""
+    next_tokens: Tensor
+    """`[n]` the token that follows each committed position (the last one is the new pending token)."""
+    start: int
+    """Absolute position of the first committed row."""
+    taps: tuple[int, ...]
+    """Target layers of `feats`' second axis."""
+    hidden: Tensor | None = None
+    """`[H]` final post-norm hidden state at the last committed position (router input)."""
+    logits: Tensor | None = None
+    """`[V]` target logits at the last committed position (router input)."""
+
+
+def concat_commits(commits: list[Commit]) -> Commit:
+    """Merge a backlog of consecutive commits into one batched prefill."""
+    if len(commits) == 1:
+        return commits[0]
+    return Commit(
+        feats=torch.cat([c.feats for c in commits]),
+        next_tokens=torch.cat([c.next_tokens for c in commits]),
+        start=commits[0].start,
+        taps=commits[0].taps,
+        hidden=commits[-1].hidden,
+        logits=commits[-1].logits,
+    )
+
+
+class Drafter(nn.Module):
+    """Base class: backlog handling shared by all drafters."""
+
+    kind: str = ""
+    tap_layers: tuple[int, ...] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backlog: list[Commit] = []
+        self.target: Any = None
+        self.kv_len = 0  # committed positions whose K/V this drafter holds
+
+    @property
+    def max_nodes(self) -> int:
+        """Largest proposal (nodes after the root) this drafter makes; sizes the target's verify pass."""
+        raise NotImplementedError
+
+    def reset(self, target: Any, max_len: int) -> None:
+        """Start a new sequence: forget the backlog and (re)size the cache for `max_len` positions."""
+        self.target = target
+        self.backlog = []
+        self.kv_len = 0
+        self._setup_cache(max_len)
+
+    def _setup_cache(self, max_len: int) -> None:
+        raise NotImplementedError
+
+    def observe(self, commit: Commit) -> None:
+        """Queue newly committed positions; nothing is computed until the next `propose`."""
+        self.backlog.append(commit)
+
+    @property
+    def backlog_len(self) -> int:
+        return sum(int(c.next_tokens.shape[0]) for c in self.backlog)
+
+    def take_backlog(self) -> Commit | None:
+        if not self.backlog:
+            return None
+        commit = concat_commits(self.backlog)
+        self.backlog = []
+        if commit.start != self.kv_len:
+            raise RuntimeError(f"{self.kind}: backlog starts at {commit.start} but the cache holds {self.kv_len}")
+        return commit
+
+    def select_taps(self, commit: Commit) -> Tensor:
+        """`[n, len(self.tap_layers) * H]`: this drafter's layers, concatenated low to high as in training."""
+        index = [commit.taps.index(layer) for layer in self.tap_layers]
+        return commit.feats[:, index].flatten(1)
+
+    def catch_up(self) -> None:
+        """Consume the whole backlog now (used by eager per-round updates in routed decoding)."""
+        raise NotImplementedError
+
+    def propose(self, pending: Tensor, pos: int) -> Proposal:
+        """Draft continuations of the `pending` token, which sits at absolute position `pos`."""
+        raise NotImplementedError
+
+
+def write_checkpoint(folder: str | Path, config: dict[str, Any], state: dict[str, Tensor]) -> Path:
+    """Write `config.json` + `model.safetensors` (the upstream drafter layout)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / "model.safetensors"))
+    return folder

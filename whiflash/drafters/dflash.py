@@ -1,0 +1,161 @@
+"""DFlash: a block-diffusion drafter that fills `[pending, MASK x (b-1)]` in one forward.
+
+Checkpoint contract (z-lab, reference/dflash_ddtree.md section 1): a Qwen3 config with top-level
+`block_size`, nested `dflash_config.{mask_token_id, target_layer_ids}`; unprefixed keys `fc`,
+`hidden_norm`, `layers.{i}.*` (Qwen3 layers with q/k norms), `norm`. No embedding and no LM head:
+both are the target's, and MASK is a row of the target's embedding.
+
+The fused context (`hidden_norm(fc(taps))`) never runs through the layers: each layer projects it
+with its own K/V weights, so catching up on committed positions is K/V-only by construction.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from whiflash.drafters.base import Drafter, Proposal
+from whiflash.runtime.config import rope_from_config
+from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU
+
+
+def fallback_layer_ids(target_layers: int, n: int) -> list[int]:
+    """z-lab's rule when `target_layer_ids` is absent: n ids spread evenly over 1 .. L-3."""
+    if n == 1:
+        return [target_layers // 2]
+    lo, hi = 1, target_layers - 3
+    return [round(lo + i * (hi - lo) / (n - 1)) for i in range(n)]
+
+
+def normalise_config(cfg: dict[str, Any], target_layers: int, mask_token_id: int | None = None) -> dict[str, Any]:
+    """Resolve the nested/renamed fields of the DFlash configs seen in the wild."""
+    cfg = dict(cfg)
+    dcfg = cfg.get("dflash_config") or {}
+    taps = dcfg.get("target_layer_ids") or cfg.get("target_layer_ids")
+    if not taps:
+        n_taps = dcfg.get("num_target_features") or cfg.get("num_hidden_layers", 1)
+        taps = fallback_layer_ids(dcfg.get("num_target_layers") or cfg.get("num_target_layers") or target_layers, n_taps)
+    cfg["tap_layers"] = list(taps)
+    mask = dcfg.get("mask_token_id", cfg.get("mask_token_id", mask_token_id))
+    if mask is None:
+        raise ValueError("dflash config: 'dflash_config.mask_token_id' is missing and no mask_token_id was given")
+    cfg["mask_token_id"] = int(mask)
+    if "block_size" not in cfg:
+        raise ValueError("dflash config: required top-level field 'block_size' is missing")
+    cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    return cfg
+
+
+class BlockAttention(nn.Module):
+    """Qwen3 attention whose keys are [cached context K/V | block K/V], non-causal within the block."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        h, self.hd = cfg["hidden_size"], cfg["head_dim"]
+        self.nh, self.nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        eps, bias = cfg.get("rms_norm_eps", 1e-6), bool(cfg.get("attention_bias", False))
+        self.q_proj = nn.Linear(h, self.nh * self.hd, bias=bias)
+        self.k_proj = nn.Linear(h, self.nkv * self.hd, bias=bias)
+        self.v_proj = nn.Linear(h, self.nkv * self.hd, bias=bias)
+        self.o_proj = nn.Linear(self.nh * self.hd, h, bias=bias)
+        self.q_norm = RMSNorm(self.hd, eps)
+        self.k_norm = RMSNorm(self.hd, eps)
+
+    def kv(self, x: Tensor, rope: Rotary, positions: Tensor) -> tuple[Tensor, Tensor]:
+        t = x.shape[0]
+        k = rope(self.k_norm(self.k_proj(x).view(t, self.nkv, self.hd)).transpose(0, 1), positions)
+        v = self.v_proj(x).view(t, self.nkv, self.hd).transpose(0, 1)
+        return k, v
+
+    def forward(self, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor, start: int) -> Tensor:
+        t = x.shape[0]
+        q = rope(self.q_norm(self.q_proj(x).view(t, self.nh, self.hd)).transpose(0, 1), positions)
+        k, v = self.kv(x, rope, positions)
+        kc[:, start : start + t] = k  # scratch slots past the context: dropped after the round
+        vc[:, start : start + t] = v
+        out = F.scaled_dot_product_attention(q[None], kc[None, :, : start + t], vc[None, :, : start + t], enable_gqa=True)
+        return self.o_proj(out[0].transpose(0, 1).reshape(t, -1))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        h, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        self.input_layernorm = RMSNorm(h, eps)
+        self.self_attn = BlockAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.mlp = SwiGLU(h, cfg["intermediate_size"], bool(cfg.get("mlp_bias", False)))
+
+    def forward(self, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor, start: int) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, positions, kc, vc, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(Drafter):
+    """Chain proposals: the argmax of each of the `block_size - 1` masked positions."""
+
+    kind = "dflash"
+
+    def __init__(self, cfg: dict[str, Any], block_size: int | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.block_size = int(block_size or cfg["block_size"])
+        if self.block_size < 2:
+            raise ValueError(f"dflash: block_size must be >= 2, got {self.block_size}")
+        self.mask_token_id = cfg["mask_token_id"]
+        self.tap_layers = tuple(cfg["tap_layers"])
+        h, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        self.fc = nn.Linear(len(self.tap_layers) * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, eps)
+        self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
+        self.norm = RMSNorm(h, eps)
+        theta, scaling = rope_from_config(cfg)
+        self.rope = Rotary(cfg["head_dim"], theta, scaling)
+        self.k_cache = self.v_cache = torch.empty(0)
+
+    @property
+    def max_nodes(self) -> int:
+        return self.block_size - 1
+
+    def _setup_cache(self, max_len: int) -> None:
+        a, w = self.layers[0].self_attn, self.fc.weight
+        shape = (len(self.layers), a.nkv, max_len + self.block_size, a.hd)
+        if self.k_cache.shape != shape or self.k_cache.device != w.device or self.k_cache.dtype != w.dtype:
+            self.k_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
+            self.v_cache = torch.zeros_like(self.k_cache)
+        self.rope.ensure(max_len + self.block_size + 1, w.device)
+
+    @torch.no_grad()
+    def catch_up(self) -> None:
+        """Write the context K/V of every backlog position, for all layers, in one batched pass."""
+        commit = self.take_backlog()
+        if commit is None:
+            return
+        ctx = self.hidden_norm(self.fc(self.select_taps(commit)))
+        n = ctx.shape[0]
+        positions = torch.arange(commit.start, commit.start + n, device=ctx.device)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.kv(ctx, self.rope, positions)
+            self.k_cache[i, :, commit.start : commit.start + n] = k
+            self.v_cache[i, :, commit.start : commit.start + n] = v
+        self.kv_len = commit.start + n
+
+    @torch.no_grad()
+    def block_logits(self, pending: Tensor, pos: int) -> Tensor:
+        """`[block_size - 1, V]` float32 target-vocabulary logits for the masked slots after `pending`."""
+        self.catch_up()
+        if self.kv_len != pos:
+            raise RuntimeError(f"dflash: drafter holds {self.kv_len} context positions, pending token sits at {pos}")
+        block = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=pending.device)
+        block[0] = pending.reshape(())
+        x = self.target.embed(block)
+        positions = torch.arange(pos, pos + self.block_size, device=x.device)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, self.rope, positions, self.k_cache[i], self.v_cache[i], pos)
+        return self.target.lm_head(self.norm(x[1:])).float()
+
+    def propose(self, pending: Tensor, pos: int) -> Proposal:
+        return Proposal(tokens=self.block_logits(pending, pos).argmax(-1))

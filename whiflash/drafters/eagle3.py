@@ -1,0 +1,196 @@
+"""EAGLE-3: one Llama-style decoder layer over [embedding of the next token; fused target features].
+
+Checkpoint contract (SpecForge / EAGLE, reference/eagle3_specforge.md section 1): flat keys
+`fc.weight`, `midlayer.*` (alias `layers.0.*`), `norm.weight`, `lm_head.weight` over a reduced draft
+vocabulary, and int64 `d2t` offsets (target id = draft id + d2t[draft id]). The token embedding is
+the target's unless the checkpoint carries `embed_tokens.weight`. Optional flags: `fc_norm`
+(per-tap RMSNorm before `fc`), `norm_before_fc` (one RMSNorm over the concatenated taps, key
+`input_norm`), `norm_before_residual` (residual from the normalised feature), `norm_output`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from whiflash.drafters.base import Commit, Drafter, Proposal
+from whiflash.runtime.config import rope_from_config
+from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU
+
+
+def normalise_config(cfg: dict[str, Any], target_layers: int) -> dict[str, Any]:
+    """Flatten the speculators layout and resolve defaults, so the module sees one schema."""
+    cfg = dict(cfg)
+    nested = cfg.pop("transformer_layer_config", None)
+    hf_index_ids = cfg.get("eagle_aux_hidden_state_layer_ids")  # speculators: HF hidden_states indices
+    if isinstance(nested, dict):
+        cfg = {**nested, **{k: v for k, v in cfg.items() if v is not None}}
+    eagle = cfg.get("eagle_config") or {}
+    if eagle.get("eagle_aux_hidden_state_layer_ids"):
+        taps = list(eagle["eagle_aux_hidden_state_layer_ids"])  # SpecForge: "output of layer i"
+    elif nested is not None and hf_index_ids:
+        taps = [i - 1 for i in hf_index_ids]
+    else:
+        n = target_layers
+        taps = [1, n // 2 - 1, n - 4]
+    cfg["tap_layers"] = taps
+    cfg.setdefault("draft_vocab_size", cfg.get("vocab_size"))
+    if cfg.get("target_hidden_size") is None:
+        cfg["target_hidden_size"] = cfg["hidden_size"]
+    cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    return cfg
+
+
+class MidAttention(nn.Module):
+    """Attention whose input is 2H wide ([norm(embed); norm(feature)]), no Q/K norms."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        h, self.hd = cfg["hidden_size"], cfg["head_dim"]
+        self.nh, self.nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        bias = bool(cfg.get("attention_bias", False))
+        self.q_proj = nn.Linear(2 * h, self.nh * self.hd, bias=bias)
+        self.k_proj = nn.Linear(2 * h, self.nkv * self.hd, bias=bias)
+        self.v_proj = nn.Linear(2 * h, self.nkv * self.hd, bias=bias)
+        self.o_proj = nn.Linear(self.nh * self.hd, h, bias=bias)
+
+    def kv(self, x: Tensor, rope: Rotary, positions: Tensor) -> tuple[Tensor, Tensor]:
+        t = x.shape[0]
+        k = rope(self.k_proj(x).view(t, self.nkv, self.hd).transpose(0, 1), positions)
+        v = self.v_proj(x).view(t, self.nkv, self.hd).transpose(0, 1)
+        return k, v
+
+    def attend(self, x: Tensor, rope: Rotary, positions: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Queries of rows `x` (the newest rows of the cache) against cached keys `[kvh, L, hd]`, causally."""
+        t = x.shape[0]
+        q = rope(self.q_proj(x).view(t, self.nh, self.hd).transpose(0, 1), positions)
+        mask = None
+        if t > 1:  # the t queries are the last t keys: a causal block after a visible prefix
+            mask = torch.ones(t, k.shape[1], dtype=torch.bool, device=x.device).tril_(k.shape[1] - t)
+        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)
+        return self.o_proj(out[0].transpose(0, 1).reshape(t, -1))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        h, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        self.hidden_norm = RMSNorm(h, eps)
+        self.input_layernorm = RMSNorm(h, eps)
+        self.self_attn = MidAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.mlp = SwiGLU(h, cfg["intermediate_size"], bool(cfg.get("mlp_bias", False)))
+
+
+class Eagle3Drafter(Drafter):
+    """EAGLE-3 chain drafting of `num_steps` tokens per round (greedy, one-hot proposals)."""
+
+    kind = "eagle3"
+
+    def __init__(self, cfg: dict[str, Any], num_steps: int = 6, own_embedding: bool = False) -> None:
+        super().__init__()
+        if num_steps < 1:
+            raise ValueError(f"eagle3: num_steps must be >= 1, got {num_steps}")
+        self.cfg, self.num_steps = cfg, num_steps
+        h, t = cfg["hidden_size"], cfg["target_hidden_size"]
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.tap_layers = tuple(cfg["tap_layers"])
+        n_taps = len(self.tap_layers)
+        if cfg.get("norm_before_fc"):
+            self.input_norm = RMSNorm(n_taps * t, eps)
+        if cfg.get("fc_norm"):
+            self.fc_norm = nn.ModuleList(RMSNorm(t, eps) for _ in range(n_taps))
+        self.fc = nn.Linear(n_taps * t, h, bias=False)
+        self.midlayer = MidLayer(cfg)
+        self.norm = RMSNorm(h, eps)
+        self.lm_head = nn.Linear(h, cfg["draft_vocab_size"], bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg["draft_vocab_size"], dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(cfg["vocab_size"], dtype=torch.bool))
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], h) if own_embedding else None
+        theta, scaling = rope_from_config(cfg)
+        self.rope = Rotary(cfg["head_dim"], theta, scaling)
+        self.k_cache = self.v_cache = torch.empty(0)
+
+    @property
+    def max_nodes(self) -> int:
+        return self.num_steps
+
+    def _setup_cache(self, max_len: int) -> None:
+        a = self.midlayer.self_attn
+        w = self.fc.weight
+        if self.k_cache.shape[1:2] != (max_len,) or self.k_cache.device != w.device or self.k_cache.dtype != w.dtype:
+            self.k_cache = torch.zeros(a.nkv, max_len, a.hd, device=w.device, dtype=w.dtype)
+            self.v_cache = torch.zeros_like(self.k_cache)
+        self.rope.ensure(max_len + 1, w.device)
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.embed_tokens(ids) if self.embed_tokens is not None else self.target.embed(ids)
+
+    def fuse(self, taps: Tensor) -> Tensor:
+        """`[n, k*T]` concatenated target taps to the `[n, H]` feature stream."""
+        if self.cfg.get("norm_before_fc"):
+            taps = self.input_norm(taps)
+        if self.cfg.get("fc_norm"):
+            chunks = taps.chunk(len(self.fc_norm), dim=-1)
+            taps = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(taps)
+
+    def _rows(self, feature: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Attention input `[n, 2H]` and residual `[n, H]` of rows (feature, next token)."""
+        layer = self.midlayer
+        normed = layer.hidden_norm(feature)
+        x = torch.cat([layer.input_layernorm(self.embed(tokens)), normed], dim=-1)
+        return x, normed if self.cfg.get("norm_before_residual") else feature
+
+    def _write(self, x: Tensor, positions: Tensor) -> None:
+        k, v = self.midlayer.self_attn.kv(x, self.rope, positions)
+        start = int(positions[0])
+        self.k_cache[:, start : start + x.shape[0]] = k
+        self.v_cache[:, start : start + x.shape[0]] = v
+
+    def _finish(self, x: Tensor, residual: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Attention output, MLP and head for the rows `x` whose K/V are already cached."""
+        layer = self.midlayer
+        end = int(positions[-1]) + 1
+        h = residual + layer.self_attn.attend(x, self.rope, positions, self.k_cache[:, :end], self.v_cache[:, :end])
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits = self.lm_head(self.norm(h) if self.cfg.get("norm_output", True) else h)
+        return h, logits
+
+    def _to_target(self, draft_ids: Tensor) -> Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    @torch.no_grad()
+    def catch_up(self) -> tuple[Tensor, Tensor] | None:
+        """KV-only prefill of the backlog: K/V for every row, the full layer only for the last.
+
+        Returns the last row's pre-norm output and logits (they start the next draft).
+        """
+        commit = self.take_backlog()
+        if commit is None:
+            return None
+        feature = self.fuse(self.select_taps(commit))
+        positions = torch.arange(commit.start, commit.start + feature.shape[0], device=feature.device)
+        x, residual = self._rows(feature, commit.next_tokens)
+        self._write(x, positions)
+        self.kv_len = int(positions[-1]) + 1
+        self._last = self._finish(x[-1:], residual[-1:], positions[-1:])
+        return self._last
+
+    @torch.no_grad()
+    def propose(self, pending: Tensor, pos: int) -> Proposal:
+        self.catch_up()
+        if self.kv_len != pos:
+            raise RuntimeError(f"eagle3: drafter holds {self.kv_len} positions, pending token sits at {pos}")
+        h, logits = self._last
+        tokens = [self._to_target(logits[-1].argmax(-1, keepdim=True))]
+        for step in range(1, self.num_steps):
+            positions = torch.tensor([pos + step - 1], device=h.device)
+            x, residual = self._rows(h, tokens[-1])
+            self._write(x, positions)  # speculative slot: overwritten by the next catch-up
+            h, logits = self._finish(x, residual, positions)
+            tokens.append(self._to_target(logits[-1].argmax(-1, keepdim=True)))
+        return Proposal(tokens=torch.cat(tokens))

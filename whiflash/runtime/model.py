@@ -1,0 +1,209 @@
+"""Our own forward for Qwen3- and Llama-family targets, over a static KV cache.
+
+One method, `forward`, serves every shape the speculative loop needs: prefill, a one-token
+decode step, chain verify and tree verify (ancestor mask + depth positions). New K/V are written
+at cache slots `[start, start + T)`; `compact` then keeps an accepted tree path. The same pass can
+return the residual stream after any set of "tap" layers (HF `hidden_states[i + 1]`) and the
+final post-norm hidden state, which is what drafters and routers read.
+
+Module names mirror transformers' (`model.layers.0.self_attn.q_proj`, ...) so HF safetensors
+load strictly, key for key.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from whiflash.runtime.config import ModelConfig
+from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU
+from whiflash.runtime.weights import load_strict, read_state_dict, resolve_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TargetOutput:
+    """What one target pass returns, one row per input token."""
+
+    logits: Tensor | None
+    """`[T, V]` (or `[1, V]` when only the last row was asked for), float32."""
+    hidden: Tensor
+    """`[T, H]` final post-norm hidden state (the LM head's input; the router's feature)."""
+    feats: Tensor | None
+    """`[T, len(taps), H]` residual stream after each tap layer, in the order asked for."""
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        h, bias = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    def forward(
+        self, x: Tensor, rope: Rotary, positions: Tensor, k_cache: Tensor, v_cache: Tensor, start: int, mask: Tensor | None
+    ) -> Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(t, self.n_kv, self.head_dim).transpose(0, 1)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = rope(q.transpose(0, 1), positions)
+        k = rope(k.transpose(0, 1), positions)
+        end = start + t
+        k_cache[:, start:end] = k
+        v_cache[:, start:end] = v
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(0), k_cache[None, :, :end], v_cache[None, :, :end], attn_mask=mask, enable_gqa=True
+        )
+        return self.o_proj(out[0].transpose(0, 1).reshape(t, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+
+    def forward(self, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor, start: int, mask: Tensor | None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, positions, kc, vc, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Target(nn.Module):
+    """A causal LM with a static KV cache (batch 1). Call `setup_cache(max_len)` before `forward`."""
+
+    def __init__(self, cfg: ModelConfig, name: str = "") -> None:
+        super().__init__()
+        self.config, self.name = cfg, name
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rope = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.k_cache = self.v_cache = torch.empty(0)
+        self.max_len = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def setup_cache(self, max_len: int) -> None:
+        """Allocate K/V for `max_len` slots once; a later call only reallocates when it must grow."""
+        cfg = self.config
+        if max_len <= self.max_len and self.k_cache.device == self.device and self.k_cache.dtype == self.dtype:
+            return
+        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self.v_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self.rope.ensure(max_len + 1, self.device)
+        self.max_len = max_len
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.model.embed_tokens(ids)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        ids: Tensor,
+        start: int,
+        positions: Tensor | None = None,
+        tree_mask: Tensor | None = None,
+        taps: tuple[int, ...] = (),
+        logits: str = "all",
+    ) -> TargetOutput:
+        """Run `ids [T]` whose K/V go to slots `[start, start+T)`.
+
+        `positions` default to the slots themselves (chains); trees pass depth positions and a
+        `[T, T]` boolean `tree_mask` (True where a node may see another: its ancestors and itself).
+        `logits` is "all", "last" or "none".
+        """
+        t = ids.shape[0]
+        end = start + t
+        if end > self.max_len:
+            raise ValueError(f"target cache holds {self.max_len} slots; a pass up to slot {end} does not fit")
+        if positions is None:
+            positions = torch.arange(start, end, device=ids.device)
+        mask = self._mask(t, start, tree_mask, ids.device)
+        x = self.embed(ids)
+        captured: dict[int, Tensor] = {}
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, self.rope, positions, self.k_cache[i], self.v_cache[i], start, mask)
+            if i in taps:
+                captured[i] = x
+        bad = [layer for layer in taps if not 0 <= layer < len(self.model.layers)]
+        if bad:
+            raise ValueError(f"tap layers {bad} are outside the target's {len(self.model.layers)} layers")
+        stacked = torch.stack([captured[layer] for layer in taps], dim=1) if taps else None
+        hidden = self.model.norm(x)
+        out_logits = None
+        if logits == "all":
+            out_logits = self.lm_head(hidden).float()
+        elif logits == "last":
+            out_logits = self.lm_head(hidden[-1:]).float()
+        return TargetOutput(out_logits, hidden, stacked)
+
+    @staticmethod
+    def _mask(t: int, start: int, tree_mask: Tensor | None, device: torch.device) -> Tensor | None:
+        if t == 1 and tree_mask is None:
+            return None  # one query sees the whole prefix
+        block = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=device).tril_()
+        prefix = torch.ones(t, start, dtype=torch.bool, device=device)
+        return torch.cat([prefix, block], dim=1)
+
+    def compact(self, start: int, keep: Tensor) -> None:
+        """Move the K/V of slots `start + keep` to `[start, start + len(keep))` (an accepted tree path).
+
+        RoPE baked into K stays valid: accepted nodes sit at depth positions start, start+1, ...
+        """
+        src = keep + start
+        n = keep.shape[0]
+        self.k_cache[:, :, start : start + n] = self.k_cache[:, :, src]
+        self.v_cache[:, :, start : start + n] = self.v_cache[:, :, src]
+
+
+def load_target(
+    name_or_path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> Target:
+    """Load a Qwen3/Llama-family causal LM from a Hub repo id or a local folder (safetensors only, strict)."""
+    folder = resolve_checkpoint(name_or_path, "target")
+    cfg = ModelConfig.from_json(folder / "config.json")
+    with torch.device("meta"):
+        model = Target(cfg, name=str(name_or_path))
+    model = model.to(dtype=dtype).to_empty(device=device)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    allow = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
+    load_strict(model, read_state_dict(folder), str(folder), allow_missing=allow)
+    model.rope.ensure(256, device)
+    model.eval()
+    log.info("loaded target %s (%s, %d layers, hidden %d) on %s/%s", name_or_path, cfg.model_type,
+             cfg.num_hidden_layers, cfg.hidden_size, device, dtype)
+    return model
