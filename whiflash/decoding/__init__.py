@@ -1,5 +1,5 @@
 """Verification, the generate loop and decoding statistics."""
-from whiflash.decoding.generate import generate
+from whiflash.decoding.loop import generate
 from whiflash.decoding.stats import DecodeStats, summarize
 from whiflash.decoding.verify import accept, target_tokens
 

@@ -1,0 +1,70 @@
+"""Greedy speculative decoding equals the target's own greedy decoding, token for token."""
+from __future__ import annotations
+
+import pytest
+
+import whiflash
+
+PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6]]
+LENGTHS = [1, 9, 40]
+
+
+@pytest.mark.parametrize("world", ["qwen3-random", "llama-random", "qwen3-crafted", "llama-crafted", "qwen3-mixed", "llama-mixed"])
+def test_every_method_matches_greedy_target(worlds, world):
+    target, drafters = worlds[world].load()
+    taus = {}
+    for prompt in PROMPTS:
+        for length in LENGTHS:
+            ref, ar_stats = whiflash.generate(target, None, prompt, length)
+            assert len(ref) == length and set(ar_stats.taus) <= {1}
+            for kind, drafter in drafters.items():
+                out, stats = whiflash.generate(target, drafter, prompt, length)
+                assert out == ref, f"{world} {kind} prompt={prompt} length={length}"
+                assert stats.new_tokens == length and sum(stats.taus) + 1 >= length
+                taus.setdefault(kind, []).extend(stats.taus)
+    if "crafted" in world:  # every draft is right: multi-token acceptance up to the maximum
+        assert max(taus["eagle3"]) == 5 and max(taus["dflash"]) == 8
+        assert min(taus["ddtree"]) >= 4  # an unconfident drafter spends budget on siblings, not depth
+        assert min(taus["dflash"]) == 8
+    if "mixed" in world:  # partial acceptance: a spread of tau values, not only 1 or the maximum
+        assert len(set(taus["dflash"])) >= 3 and len(set(taus["ddtree"])) >= 3
+
+
+def test_stop_tokens_cut_the_output(worlds):
+    target, drafters = worlds["qwen3-mixed"].load()
+    ref, _ = whiflash.generate(target, None, PROMPTS[1], 40)
+    stop = next(t for t in ref[3:] if t != ref[0])
+    cut = ref[: ref.index(stop) + 1]
+    for drafter in [None, *drafters.values()]:
+        out, _ = whiflash.generate(target, drafter, PROMPTS[1], 40, stop_token_ids=[stop])
+        assert out == cut
+
+
+def test_ddtree_accepts_paths_that_are_not_slot_prefixes(worlds, monkeypatch):
+    """With an unconfident drafter, siblings interleave with the main path, so compaction really moves K/V."""
+    import whiflash.decoding.loop as gen
+
+    target, drafters = worlds["qwen3-crafted"].load()
+    seen = []
+    real = gen.accept
+
+    def spy(proposal, picked):
+        path = real(proposal, picked)
+        seen.append(path.tolist())
+        return path
+
+    monkeypatch.setattr(gen, "accept", spy)
+    ref, _ = whiflash.generate(target, None, PROMPTS[0], 30)
+    out, _ = whiflash.generate(target, drafters["ddtree"], PROMPTS[0], 30)
+    assert out == ref
+    assert any(p != list(range(len(p))) for p in seen), seen
+
+
+def test_bad_arguments(worlds):
+    target, _ = worlds["qwen3-random"].load()
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        whiflash.generate(target, None, [1, 2], 0)
+    with pytest.raises(ValueError, match="non-empty"):
+        whiflash.generate(target, None, [], 3)
+    with pytest.raises(ValueError, match="batch size 1"):
+        whiflash.generate(target, None, [[1, 2], [3, 4]], 3)

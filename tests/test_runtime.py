@@ -1,0 +1,143 @@
+"""Our forward against transformers, tree verify against chains, and KV compaction."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+import whiflash
+from whiflash.drafters.ddtree import ancestor_mask
+from whiflash.runtime.layers import rope_inv_freq
+
+
+@pytest.mark.parametrize("name", ["qwen3-random", "llama-random"])
+def test_logits_and_taps_match_transformers(worlds, name):
+    world = worlds[name]
+    ref = AutoModelForCausalLM.from_pretrained(world.target_dir, dtype=torch.float32).eval()
+    ours = whiflash.load_target(world.target_dir)
+    ids = torch.randint(0, world.target_cfg["vocab_size"], (23,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ref(ids[None], output_hidden_states=True)
+    ours.setup_cache(64)
+    out = ours(ids, 0, taps=(2, 0, 1))
+    torch.testing.assert_close(out.logits, expected.logits[0], atol=2e-5, rtol=1e-5)
+    for j, layer in enumerate((2, 0, 1)):  # "output of layer i" is HF hidden_states[i + 1]
+        torch.testing.assert_close(out.feats[:, j], expected.hidden_states[layer + 1][0], atol=2e-5, rtol=1e-5)
+    # incremental: prefill 15, then a 1-token step and a 7-token chain give the same rows
+    ours.setup_cache(64)
+    ours(ids[:15], 0)
+    step = ours(ids[15:16], 15)
+    chain = ours(ids[16:], 16)
+    torch.testing.assert_close(torch.cat([step.logits, chain.logits]), expected.logits[0, 15:], atol=2e-5, rtol=1e-5)
+
+
+def test_llama3_rope_scaling_matches_transformers():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=2, max_position_embeddings=131072, rope_parameters=params)
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+    ours = rope_inv_freq(128, 500000.0, params)
+    torch.testing.assert_close(ours, expected.float())
+    assert not torch.allclose(ours, rope_inv_freq(128, 500000.0)), "scaling must change long wavelengths"
+
+
+def test_sharded_checkpoint_loads(worlds, tmp_path):
+    world = worlds["qwen3-random"]
+    sharded = tmp_path / "sharded"
+    shutil.copytree(world.target_dir, sharded)
+    state = load_file(str(sharded / "model.safetensors"))
+    (sharded / "model.safetensors").unlink()
+    keys = sorted(state)
+    halves = {"model-00001-of-00002.safetensors": keys[::2], "model-00002-of-00002.safetensors": keys[1::2]}
+    weight_map = {}
+    for file, part in halves.items():
+        save_file({k: state[k] for k in part}, str(sharded / file))
+        weight_map.update({k: file for k in part})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    a, b = whiflash.load_target(world.target_dir), whiflash.load_target(sharded)
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+
+
+def test_target_loader_errors(worlds, tmp_path):
+    world = worlds["qwen3-random"]
+    broken = tmp_path / "broken"
+    shutil.copytree(world.target_dir, broken)
+    state = load_file(str(broken / "model.safetensors"))
+    del state["model.layers.1.self_attn.k_norm.weight"]
+    save_file(state, str(broken / "model.safetensors"))
+    with pytest.raises(KeyError, match="model.layers.1.self_attn.k_norm.weight"):
+        whiflash.load_target(broken)
+    (broken / "model.safetensors").unlink()
+    (broken / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(FileNotFoundError, match="pickle formats are refused"):
+        whiflash.load_target(broken)
+    cfg = json.loads((broken / "config.json").read_text())
+    cfg["model_type"] = "gpt2"
+    (broken / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="model_type 'gpt2'"):
+        whiflash.load_target(broken)
+    with pytest.raises(FileNotFoundError, match="not a Hub repo id"):
+        whiflash.load_target(tmp_path / "nowhere" / "deeper")
+
+
+def _tree():
+    # root -> a(1), b(2); a -> c(3), d(4); c -> e(5)
+    parents = torch.tensor([0, 0, 1, 1, 3])
+    depths = torch.tensor([1, 1, 2, 2, 3])
+    return parents, depths
+
+
+def test_tree_verify_equals_each_root_to_node_chain(worlds):
+    target = whiflash.load_target(worlds["llama-random"].target_dir)
+    prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    nodes = torch.tensor([7, 11, 13, 17, 19])
+    parents, depths = _tree()
+    mask = ancestor_mask(parents)
+    target.setup_cache(64)
+    target(prompt, 0)
+    n = prompt.shape[0]
+    ids = torch.cat([torch.tensor([8]), nodes])
+    tree = target(ids, n, n + torch.cat([torch.zeros(1, dtype=torch.long), depths]), mask)
+    for node in range(6):
+        path = mask[node].nonzero().squeeze(-1)
+        target.setup_cache(64)
+        chain = target(torch.cat([prompt, ids[path]]), 0)
+        torch.testing.assert_close(tree.logits[node], chain.logits[-1], atol=2e-5, rtol=1e-5)
+
+
+def test_compaction_keeps_the_accepted_path(worlds):
+    target = whiflash.load_target(worlds["qwen3-random"].target_dir)
+    prompt = torch.tensor([2, 7, 1, 8, 2, 8])
+    nodes = torch.tensor([10, 20, 30, 40, 41])
+    parents, depths = _tree()
+    target.setup_cache(64)
+    target(prompt, 0)
+    n = prompt.shape[0]
+    ids = torch.cat([torch.tensor([9]), nodes])
+    target(ids, n, n + torch.cat([torch.zeros(1, dtype=torch.long), depths]), ancestor_mask(parents))
+    path = torch.tensor([0, 1, 3, 5])  # root -> a -> c -> e: not a prefix of the slot order
+    target.compact(n, path)
+    after = target(torch.tensor([33]), n + 4)
+    target.setup_cache(64)
+    fresh = target(torch.cat([prompt, ids[path], torch.tensor([33])]), 0)
+    torch.testing.assert_close(after.logits[-1], fresh.logits[-1], atol=2e-5, rtol=1e-5)
+
+
+def test_bf16_forward_runs_and_is_close(worlds):
+    world = worlds["qwen3-random"]
+    f32 = whiflash.load_target(world.target_dir)
+    bf16 = whiflash.load_target(world.target_dir, dtype=torch.bfloat16)
+    ids = torch.arange(1, 12)
+    f32.setup_cache(32)
+    bf16.setup_cache(32)
+    a, b = f32(ids, 0).logits, bf16(ids, 0).logits
+    assert b.dtype == torch.float32 and bf16.k_cache.dtype == torch.bfloat16
+    assert (a - b).abs().max() < 0.1 * a.abs().max()
