@@ -44,6 +44,8 @@ def make_target(folder: Path, family: str = "qwen3", vocab: int = 48, hidden: in
         if crafted:
             emb = model.model.embed_tokens.weight
             emb[:, 0] = 1.0
+            emb[-1] = 0.0  # the last row is the DFlash mask token: pure coordinate 0, so drafts read C
+            emb[-1, 0] = 1.0
             for layer in model.model.layers:
                 layer.self_attn.o_proj.weight.mul_(mix)
                 layer.mlp.down_proj.weight.mul_(mix)
