@@ -5,10 +5,19 @@ Public API:
     load_drafter(kind, name_or_path, target, **options) -> Drafter   # "eagle3" | "dflash" | "ddtree"
     generate(target, drafter, input_ids, max_new_tokens, temperature=0.0, stop_token_ids=None, seed=None)
         -> (new_token_ids, DecodeStats)
+    RoutedDrafter(pair, router, eagle3=..., dflash=..., tree_budget=None, lazy_catchup=True)
+        # a Drafter: pass it to generate() for WhiFlash routed decoding
+    load_router(name_or_path) -> NeuralRouter   # Hub repo id, local folder or .safetensors file
 """
 from whiflash.decoding import DecodeStats, generate, summarize
+from whiflash.decoding.routed import PAIRS, RoutedDrafter
 from whiflash.drafters import load_drafter
+from whiflash.router import NeuralRouter, load_router
+from whiflash.routers import AlternatingRouter, EntropyRouter, FixedRouter, NeuralPolicy, OracleRouter
 from whiflash.runtime import load_target
 
-__all__ = ["DecodeStats", "generate", "load_drafter", "load_target", "summarize"]
+__all__ = [
+    "PAIRS", "AlternatingRouter", "DecodeStats", "EntropyRouter", "FixedRouter", "NeuralPolicy", "NeuralRouter",
+    "OracleRouter", "RoutedDrafter", "generate", "load_drafter", "load_router", "load_target", "summarize",
+]
 __version__ = "0.1.0"

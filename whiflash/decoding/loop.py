@@ -37,6 +37,15 @@ def _as_ids(input_ids: Tensor | Sequence[int], device: torch.device) -> Tensor:
     return ids
 
 
+def _read(tokens: Tensor, flags: Tensor | None, drafter: Drafter | None) -> list[int]:
+    """The round's one host read: committed tokens, plus the drafter's flags (e.g. a router decision)."""
+    if flags is None:
+        return tokens.tolist()
+    values = torch.cat([tokens, flags.reshape(-1).to(tokens.dtype)]).tolist()
+    drafter.receive(values[tokens.shape[0]:])
+    return values[: tokens.shape[0]]
+
+
 @torch.no_grad()
 def generate(
     target: Target,
@@ -73,13 +82,14 @@ def generate(
 
     target.setup_cache(max_len)
     if drafter is not None:
-        drafter.reset(target, max_len)
+        drafter.reset(target, max_len, temperature)
     t0 = time.perf_counter()
     out = target(ids, 0, taps=taps, logits="last")
     pending = target_tokens(out.logits, temperature, generator)
+    flags = None
     if drafter is not None:
-        drafter.observe(Commit(out.feats, torch.cat([ids[1:], pending]), 0, taps, out.hidden[-1], out.logits[-1]))
-    emitted = [int(pending)]
+        flags = drafter.observe(Commit(out.feats, torch.cat([ids[1:], pending]), 0, taps, out.hidden[-1], out.logits[-1]))
+    emitted = _read(pending, flags, drafter)
     _sync(device)
     t1 = time.perf_counter()
     stats.prefill_seconds = t1 - t0
@@ -96,12 +106,13 @@ def generate(
         if proposal.parents is not None:
             target.compact(n, path)
         new = torch.cat([verify_ids[path][1:], picked[path[-1:]]])  # accepted drafts + the next pending token
+        flags = None
         if drafter is not None:
             last = path[-1]
-            drafter.observe(Commit(out.feats[path], new, n, taps, out.hidden[last], out.logits[last]))
+            flags = drafter.observe(Commit(out.feats[path], new, n, taps, out.hidden[last], out.logits[last], picked))
         pending = new[-1:]
         n += path.shape[0]
-        round_tokens = new.tolist()
+        round_tokens = _read(new, flags, drafter)
         stats.taus.append(len(round_tokens))
         emitted.extend(round_tokens)
         if stops and not stops.isdisjoint(round_tokens):
@@ -115,4 +126,6 @@ def generate(
             break
     emitted = emitted[:max_new_tokens]
     stats.new_tokens = len(emitted)
+    if drafter is not None:
+        drafter.annotate(stats)
     return emitted, stats

@@ -52,6 +52,8 @@ class Commit:
     """`[H]` final post-norm hidden state at the last committed position (router input)."""
     logits: Tensor | None = None
     """`[V]` target logits at the last committed position (router input)."""
+    picked: Tensor | None = None
+    """`[1 + m]` the target's token at every node of the verify pass that produced this commit."""
 
 
 def concat_commits(commits: list[Commit]) -> Commit:
@@ -85,7 +87,7 @@ class Drafter(nn.Module):
         """Largest proposal (nodes after the root) this drafter makes; sizes the target's verify pass."""
         raise NotImplementedError
 
-    def reset(self, target: Any, max_len: int) -> None:
+    def reset(self, target: Any, max_len: int, temperature: float = 0.0) -> None:
         """Start a new sequence: forget the backlog and (re)size the cache for `max_len` positions."""
         self.target = target
         self.backlog = []
@@ -95,9 +97,21 @@ class Drafter(nn.Module):
     def _setup_cache(self, max_len: int) -> None:
         raise NotImplementedError
 
-    def observe(self, commit: Commit) -> None:
-        """Queue newly committed positions; nothing is computed until the next `propose`."""
+    def observe(self, commit: Commit) -> Tensor | None:
+        """Queue newly committed positions; nothing is computed until the next `propose`.
+
+        May return a small long tensor of values the drafter needs on the host next round (a
+        router's decision); the loop reads it together with the round's committed tokens, so it
+        costs no extra host synchronisation, and hands it back through `receive`.
+        """
         self.backlog.append(commit)
+        return None
+
+    def receive(self, values: list[int]) -> None:
+        """Host copies of what `observe` returned."""
+
+    def annotate(self, stats: Any) -> None:
+        """Add drafter-specific per-round records to the sequence's statistics."""
 
     @property
     def backlog_len(self) -> int:

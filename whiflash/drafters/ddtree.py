@@ -57,6 +57,21 @@ def ancestor_mask(parents: Tensor) -> Tensor:
     return vis
 
 
+def tree_proposal(logits: Tensor, budget: int) -> Proposal:
+    """The best `budget`-node tree for per-depth draft `logits [L, V]` (the DDTree proposal)."""
+    k = min(budget, logits.shape[-1])
+    top_logp, top_ids = torch.log_softmax(logits, -1).topk(k, dim=-1)
+    tokens, parents, depths = build_tree(top_logp.cpu().tolist(), top_ids.cpu().tolist(), budget)
+    parents_t = torch.tensor(parents, dtype=torch.long)
+    device = logits.device
+    return Proposal(
+        tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+        parents=parents_t.to(device),
+        depths=torch.tensor(depths, dtype=torch.long, device=device),
+        tree_mask=ancestor_mask(parents_t).to(device),
+    )
+
+
 class DDTreeDrafter(DFlashDrafter):
     """DFlash drafting verified as a tree of `tree_budget` nodes."""
 
@@ -73,15 +88,4 @@ class DDTreeDrafter(DFlashDrafter):
         return self.tree_budget
 
     def propose(self, pending: Tensor, pos: int) -> Proposal:
-        logits = self.block_logits(pending, pos)
-        k = min(self.tree_budget, logits.shape[-1])
-        top_logp, top_ids = torch.log_softmax(logits, -1).topk(k, dim=-1)
-        tokens, parents, depths = build_tree(top_logp.cpu().tolist(), top_ids.cpu().tolist(), self.tree_budget)
-        parents_t = torch.tensor(parents, dtype=torch.long)
-        device = logits.device
-        return Proposal(
-            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
-            parents=parents_t.to(device),
-            depths=torch.tensor(depths, dtype=torch.long, device=device),
-            tree_mask=ancestor_mask(parents_t).to(device),
-        )
+        return tree_proposal(self.block_logits(pending, pos), self.tree_budget)

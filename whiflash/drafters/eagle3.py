@@ -110,6 +110,7 @@ class Eagle3Drafter(Drafter):
         self.register_buffer("d2t", torch.zeros(cfg["draft_vocab_size"], dtype=torch.long))
         self.register_buffer("t2d", torch.ones(cfg["vocab_size"], dtype=torch.bool))
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], h) if own_embedding else None
+        self.full_prefill = False  # True: run the whole layer on every backlog row (reference for KV-only)
         theta, scaling = rope_from_config(cfg)
         self.rope = Rotary(cfg["head_dim"], theta, scaling)
         self.k_cache = self.v_cache = torch.empty(0)
@@ -177,7 +178,11 @@ class Eagle3Drafter(Drafter):
         x, residual = self._rows(feature, commit.next_tokens)
         self._write(x, positions)
         self.kv_len = int(positions[-1]) + 1
-        self._last = self._finish(x[-1:], residual[-1:], positions[-1:])
+        if self.full_prefill:
+            h, logits = self._finish(x, residual, positions)
+            self._last = h[-1:], logits[-1:]
+        else:
+            self._last = self._finish(x[-1:], residual[-1:], positions[-1:])
         return self._last
 
     @torch.no_grad()

@@ -1,0 +1,137 @@
+"""Routed decoding: lossless for every router and pair; Lazy Catch-up and KV-only prefill are exact."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import whiflash
+from whiflash.decoding.routed import RoutedDrafter
+from whiflash.router import NeuralRouter
+from whiflash.routers import (AlternatingRouter, EntropyRouter, FixedRouter, NeuralPolicy, OracleRouter,
+                              ScriptedRouter, entropy)
+
+PROMPTS = [[7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6]]
+
+
+@pytest.fixture(scope="module", params=["qwen3-mixed", "llama-mixed"])
+def world(request, worlds):
+    target, drafters = worlds[request.param].load()
+    return target, drafters["eagle3"], drafters["ddtree"]
+
+
+def routers(hidden: int) -> dict[str, object]:
+    torch.manual_seed(0)
+    return {
+        "alternating": AlternatingRouter(),
+        "alternating3": AlternatingRouter(period=3),
+        "entropy": EntropyRouter(threshold=1.0),
+        "fixed0": FixedRouter(0),
+        "fixed1": FixedRouter(1),
+        "oracle": OracleRouter(),
+        "neural": NeuralPolicy(NeuralRouter(hidden, mlp_dim=16), threshold=0.0),
+    }
+
+
+@pytest.mark.parametrize("pair", whiflash.PAIRS)
+def test_every_router_and_pair_is_lossless(world, pair):
+    target, eagle, ddtree = world
+    for name, router in routers(target.config.hidden_size).items():
+        if name == "neural":
+            router.router.drafters, router.router.tree_budget = pair, 12
+        for lazy in (True, False):
+            drafter = RoutedDrafter(pair, router, eagle3=eagle, dflash=ddtree, lazy_catchup=lazy)
+            for prompt in PROMPTS:
+                ref, _ = whiflash.generate(target, None, prompt, 36)
+                out, stats = whiflash.generate(target, drafter, prompt, 36)
+                assert out == ref, (pair, name, lazy, prompt)
+                assert len(stats.slots) == stats.rounds and stats.method == f"whiflash[{pair}]"
+
+
+def _proposals(monkeypatch, target, drafter, prompt, n):
+    seen = []
+    real = RoutedDrafter.propose
+
+    def spy(self, pending, pos):
+        p = real(self, pending, pos)
+        seen.append((self.slot, p.tokens.tolist(), None if p.parents is None else p.parents.tolist()))
+        return p
+
+    monkeypatch.setattr(RoutedDrafter, "propose", spy)
+    out, stats = whiflash.generate(target, drafter, prompt, n)
+    monkeypatch.setattr(RoutedDrafter, "propose", real)
+    return out, seen, stats
+
+
+@pytest.mark.parametrize("pair", ["df-e3", "ddt-e3"])
+def test_lazy_kv_only_catch_up_proposes_exactly_what_eager_full_updates_propose(world, pair, monkeypatch):
+    """Any switch pattern: lazy catch-up + KV-only prefill == eager per-round full updates (fp32, CPU)."""
+    target, eagle, ddtree = world
+    rng = random.Random(0)
+    for trial in range(4):
+        pattern = [rng.randint(0, 1) for _ in range(rng.randint(2, 9))]
+        runs = []
+        for lazy in (True, False):
+            eagle.full_prefill = not lazy
+            drafter = RoutedDrafter(pair, ScriptedRouter(pattern), eagle3=eagle, dflash=ddtree, lazy_catchup=lazy)
+            runs.append(_proposals(monkeypatch, target, drafter, PROMPTS[trial % 2], 40))
+        eagle.full_prefill = False
+        (out_l, seen_l, stats_l), (out_e, seen_e, stats_e) = runs
+        assert out_l == out_e and seen_l == seen_e, pattern
+        assert sum(stats_l.switches) > 0 or len(set(pattern)) == 1
+        assert max(stats_l.backlogs) > 1 and max(stats_e.backlogs) == 0  # lazy really batched a backlog
+
+
+def test_kv_only_prefill_writes_the_same_cache_as_a_full_prefill(world):
+    target, eagle, _ = world
+    caches = []
+    for full in (False, True):
+        eagle.full_prefill = full
+        whiflash.generate(target, eagle, PROMPTS[1], 20)
+        caches.append((eagle.k_cache[:, : eagle.kv_len].clone(), eagle.v_cache[:, : eagle.kv_len].clone(), eagle._last))
+    eagle.full_prefill = False
+    (k0, v0, last0), (k1, v1, last1) = caches
+    torch.testing.assert_close(k0, k1, rtol=0, atol=0)
+    torch.testing.assert_close(v0, v1, rtol=0, atol=0)
+    torch.testing.assert_close(last0[1], last1[1], rtol=1e-6, atol=1e-6)
+
+
+def test_backlog_is_what_accumulated_while_inactive(world):
+    target, eagle, ddtree = world
+    drafter = RoutedDrafter("df-e3", AlternatingRouter(period=2), eagle3=eagle, dflash=ddtree)
+    _, stats = whiflash.generate(target, drafter, PROMPTS[0], 40)
+    assert stats.slots[:6] == [0, 0, 1, 1, 0, 0]  # the prefill decision is the router's first output
+    # a slot's backlog = taus of the rounds since it last drafted (its own last round included)
+    last_seen: dict[int, int] = {}
+    for r, slot in enumerate(stats.slots):
+        if slot in last_seen:
+            assert stats.backlogs[r] == sum(stats.taus[last_seen[slot]:r])
+        last_seen[slot] = r
+    assert 0 < stats.switch_rate <= 1
+
+
+def test_oracle_advances_with_the_longer_acceptance(world):
+    target, eagle, ddtree = world
+    drafter = RoutedDrafter("df-e3", OracleRouter(), eagle3=eagle, dflash=ddtree)
+    _, stats = whiflash.generate(target, drafter, PROMPTS[1], 40)
+    assert len(drafter.tau_log) == stats.rounds
+    for tau, (t0, t1), slot in zip(stats.taus, drafter.tau_log, stats.slots):
+        assert tau == max(t0, t1) and slot == (0 if t0 > t1 else 1)
+    with pytest.raises(ValueError, match="greedy"):
+        whiflash.generate(target, drafter, PROMPTS[1], 5, temperature=0.7)
+
+
+def test_entropy_router_and_mismatched_neural_router(world):
+    target, eagle, ddtree = world
+    logits = torch.tensor([10.0, 0.0, 0.0])
+    assert EntropyRouter(0.2)(torch.zeros(4), logits) == 0 and EntropyRouter(0.0001)(torch.zeros(4), logits) == 1
+    assert abs(float(entropy(torch.zeros(8))) - torch.log(torch.tensor(8.0)).item()) < 1e-6
+    h = target.config.hidden_size
+    with pytest.raises(ValueError, match="trained for drafters 'df-e3'.*this run uses 'ddt-e3'"):
+        RoutedDrafter("ddt-e3", NeuralPolicy(NeuralRouter(h, drafters="df-e3")), eagle3=eagle, dflash=ddtree)
+    wrong = RoutedDrafter("df-e3", NeuralPolicy(NeuralRouter(h + 1)), eagle3=eagle, dflash=ddtree)
+    with pytest.raises(ValueError, match=f"hidden size {h + 1}.*hidden size {h}"):
+        whiflash.generate(target, wrong, PROMPTS[0], 5)
+    with pytest.raises(ValueError, match="not one of"):
+        RoutedDrafter("e3-e3", FixedRouter(0), eagle3=eagle, dflash=ddtree)

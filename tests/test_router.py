@@ -1,0 +1,136 @@
+"""The shared neural router module: forward, export formats, strict loading and compatibility checks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from whiflash.router import (
+    CONFIG_METADATA_KEY,
+    NeuralRouter,
+    export_single_file,
+    load_router,
+    suggested_repo_name,
+)
+
+H = 12
+
+
+@pytest.fixture
+def router() -> NeuralRouter:
+    torch.manual_seed(0)
+    r = NeuralRouter(hidden_size=H, mlp_dim=16, drafters="ddt-e3", tree_budget=32, target="Qwen/Qwen3-8B",
+                     tap_layers=[1, 17, 32], threshold=0.5)
+    r.set_normalization(torch.randn(H), torch.rand(H) + 0.5)
+    return r.eval()
+
+
+@pytest.fixture
+def saved(router: NeuralRouter, tmp_path: Path) -> tuple[Path, Path]:
+    folder = tmp_path / "r"
+    router.save_pretrained(folder, config=router.config())
+    return folder, export_single_file(router, tmp_path / "r.safetensors")
+
+
+def test_forward_shapes_dtype_and_normalisation(router: NeuralRouter) -> None:
+    x = torch.randn(5, H)
+    out = router(x)
+    assert out.shape == (5,) and out.dtype == torch.float32
+    assert router(x[0]).shape == () and torch.allclose(router(x[0]), out[0])
+    half = x.half()
+    assert torch.equal(router(half), router(half.float()))  # cast inside, float32 math
+    # Normalisation is part of forward: (h - mean) / std feeds the MLP.
+    expected = router.mlp((x - router.mean) / router.std).squeeze(-1)
+    assert torch.allclose(out, expected)
+    with pytest.raises(ValueError, match="hidden size 12"):
+        router(torch.randn(3, H + 1))
+
+
+def test_folder_and_single_file_load_strictly_with_identical_outputs(router: NeuralRouter, saved) -> None:
+    folder, single = saved
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg == router.config() and cfg["threshold"] == 0.5 and cfg["tap_layers"] == [1, 17, 32]
+    assert {"mean", "std"} <= set(load_file(str(folder / "model.safetensors")))
+    x = torch.randn(7, H)
+    a, b = load_router(folder), load_router(single)
+    assert a.config() == b.config() == router.config()
+    assert not a.training and not b.training
+    assert torch.equal(a(x), router(x)) and torch.equal(b(x), router(x))
+
+
+def test_strict_loading_rejects_extra_or_missing_weights(saved, tmp_path: Path) -> None:
+    folder, _ = saved
+    state = load_file(str(folder / "model.safetensors"))
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    save_file({**state, "extra.weight": torch.zeros(1)}, str(bad / "model.safetensors"))
+    with pytest.raises(ValueError, match="unexpected keys \\['extra.weight'\\]"):
+        load_router(bad)
+    save_file({k: v for k, v in state.items() if k != "mean"}, str(bad / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing keys \\['mean'\\]"):
+        load_router(bad)
+    cfg = json.loads((folder / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "mlp_dim": 8}))
+    save_file(state, str(bad / "model.safetensors"))
+    with pytest.raises(ValueError, match="do not match its config"):
+        load_router(bad)
+
+
+def test_missing_files_name_the_path(saved, tmp_path: Path) -> None:
+    folder, single = saved
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=f"expected model.safetensors .* at {folder}/model.safetensors"):
+        load_router(folder)
+    (folder / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="expected config.json"):
+        load_router(folder)
+    with pytest.raises(FileNotFoundError, match="nope.safetensors: no such file"):
+        load_router(tmp_path / "nope.safetensors")
+    plain = tmp_path / "plain.safetensors"
+    save_file(load_file(str(single)), str(plain))  # no config metadata
+    with pytest.raises(ValueError, match=CONFIG_METADATA_KEY):
+        load_router(plain)
+
+
+def test_mismatch_refusals_name_both_sides(saved) -> None:
+    folder, single = saved
+    with pytest.raises(ValueError, match=r"trained for drafters 'ddt-e3' with tree budget 32, but this run uses 'df-e3'"):
+        load_router(folder, drafters="df-e3")
+    with pytest.raises(ValueError, match=r"tree budget 32, but this run uses 'ddt-e3' with tree budget 128"):
+        load_router(single, drafters="ddt-e3", tree_budget=128)
+    with pytest.raises(ValueError, match=r"hidden size 12 .*'Qwen/Qwen3-8B'.*hidden size 4096"):
+        load_router(folder, hidden_size=4096)
+    assert load_router(folder, hidden_size=H, drafters="ddt-e3", tree_budget=32).hidden_size == H
+
+
+def test_hub_repo_id_downloads_safetensors_only(saved, monkeypatch) -> None:
+    folder, _ = saved
+    calls = []
+
+    def fake_download(repo_id: str, filename: str, revision: str | None = None, **kw) -> str:
+        calls.append((repo_id, filename, revision))
+        return str(folder / filename)
+
+    monkeypatch.setattr("whiflash.router.hf_hub_download", fake_download)
+    r = load_router("WhiFlash/Qwen3-8B-NeuralRouter-ddt-e3-b32", revision="abc123")
+    assert r.tree_budget == 32
+    assert calls == [("WhiFlash/Qwen3-8B-NeuralRouter-ddt-e3-b32", "config.json", "abc123"),
+                     ("WhiFlash/Qwen3-8B-NeuralRouter-ddt-e3-b32", "model.safetensors", "abc123")]
+
+
+def test_suggested_repo_name() -> None:
+    assert suggested_repo_name("Qwen/Qwen3-8B", "ddt-e3", 128) == "Qwen3-8B-NeuralRouter-ddt-e3-b128"
+    assert suggested_repo_name("Qwen/Qwen3-4B", "df-e3", 128) == "Qwen3-4B-NeuralRouter-df-e3"
+    assert suggested_repo_name("meta-llama/Llama-3.1-8B-Instruct", "df-ddt", 32) == \
+        "Llama-3.1-8B-Instruct-NeuralRouter-df-ddt-b32"
+    assert suggested_repo_name("local-target", "ddt-e3", None) == "local-target-NeuralRouter-ddt-e3"
+
+
+def test_constructor_validates_pair() -> None:
+    with pytest.raises(ValueError, match="drafters must be one of"):
+        NeuralRouter(hidden_size=4, drafters="e3-df")

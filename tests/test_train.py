@@ -1,0 +1,269 @@
+"""whiflash-train without a Trainer: dataset contract, datamodule splits, routing metrics, bad input, push."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from whiflash.router import NeuralRouter, export_single_file, load_router
+from whiflash.train.data import RouterDataModule
+from whiflash.train.dataset import MANIFEST_FIELDS, DatasetFormatError, read_manifest, sha256_file
+from whiflash.train.metrics import routing_summary
+from whiflash.train.synthetic import write_synthetic_dataset
+
+H = 16
+
+
+@pytest.fixture(autouse=True)
+def _offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny MLPs: extra threads only spin on a shared 2-core box
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "ds"
+    write_synthetic_dataset(out, num_prompts=60, rounds_per_prompt=10, hidden_size=H, seed=3, rows_per_shard=200,
+                            progress=False)
+    return out
+
+
+def _dm(path: Path, tmp_path: Path, **kw) -> RouterDataModule:
+    return RouterDataModule(str(path), batch_size=64, cache_dir=str(tmp_path / "cache"), **kw)
+
+
+def test_synthetic_dataset_follows_the_contract(dataset: Path) -> None:
+    manifest = read_manifest(dataset)
+    assert set(MANIFEST_FIELDS) <= set(manifest)
+    assert manifest["hidden_size"] == H and manifest["pair"] == "df-e3" and manifest["dtype"] == "float16"
+    assert len(manifest["shards"]) == 3 and sum(s["rows"] for s in manifest["shards"]) == 600
+    for shard in manifest["shards"]:
+        assert sha256_file(dataset / shard["file"]) == shard["sha256"]
+    assert not list(dataset.glob("*.tmp"))  # atomic writes leave no temp files
+    t = pq.read_table(dataset / manifest["shards"][0]["file"])
+    assert t.schema.field("hidden").type.value_type.bit_width == 16 and t.schema.field("hidden").type.list_size == H
+    d = t.to_pydict()
+    assert all(1 <= x <= 16 for x in d["tau_0"] + d["tau_1"])
+    assert d["gain"] == [a - b for a, b in zip(d["tau_0"], d["tau_1"])]
+    assert d["active"] == [0 if a > b else 1 for a, b in zip(d["tau_0"], d["tau_1"])]
+
+
+def test_split_by_prompt_never_leaks(dataset: Path, tmp_path: Path) -> None:
+    dm = _dm(dataset, tmp_path, val_fraction=0.2, test_fraction=0.2)
+    dm.setup("fit")
+    table = pq.ParquetDataset(sorted(dataset.glob("*.parquet"))).read(columns=["prompt_id"]).to_pydict()["prompt_id"]
+    rows = {s: set(dm.split_indices[s].tolist()) for s in ("train", "val", "test")}
+    prompts = {s: {table[i] for i in rows[s]} for s in rows}
+    assert prompts["train"].isdisjoint(prompts["val"]) and prompts["train"].isdisjoint(prompts["test"])
+    assert prompts["val"].isdisjoint(prompts["test"])
+    assert sum(len(r) for r in rows.values()) == 600  # every row in exactly one split
+    assert (len(prompts["val"]), len(prompts["test"]), len(prompts["train"])) == (12, 12, 36)
+    assert prompts["val"] == set(dm.split_prompts["val"])
+    # Batches keep float16 and carry the taus; the same seed gives the same split.
+    batch = next(iter(dm.val_dataloader()))
+    assert batch["hidden"].dtype == torch.float16 and batch["hidden"].shape == (64, H)
+    assert torch.equal(batch["gain"], (batch["tau_0"] - batch["tau_1"]).float())
+    again = _dm(dataset, tmp_path, val_fraction=0.2, test_fraction=0.2)
+    again.setup("fit")
+    assert np.array_equal(again.split_indices["val"], dm.split_indices["val"])
+
+
+def test_normalisation_uses_the_training_split_only(dataset: Path, tmp_path: Path) -> None:
+    dm = _dm(dataset, tmp_path)
+    dm.setup("fit")
+    train = dm.data.hidden(dm.split_indices["train"]).astype(np.float64)
+    everything = dm.data.hidden(np.arange(600)).astype(np.float64)
+    assert np.allclose(dm.norm_mean.numpy(), train.mean(0), atol=1e-5)
+    assert np.allclose(dm.norm_std.numpy(), train.std(0), atol=1e-4)
+    assert not np.allclose(dm.norm_mean.numpy(), everything.mean(0), atol=1e-5)
+
+
+def test_category_filter_and_balancing(dataset: Path, tmp_path: Path) -> None:
+    dm = _dm(dataset, tmp_path, categories=["code", "math"], balance="label")
+    dm.setup("fit")
+    codes = dm.data.scalars["category"]
+    kept = {dm.categories[c] for s in ("train", "val", "test") for c in codes[dm.split_indices[s]]}
+    assert kept == {"code", "math"}
+    idx = dm.split_indices["train"]
+    w = dm._weights(idx)
+    positive = dm.data.scalars["gain"][idx] > 0
+    assert w[positive].sum() == pytest.approx(0.5) and w[~positive].sum() == pytest.approx(0.5)
+    drawn = np.concatenate(list(dm.train_dataloader().sampler))
+    assert abs((dm.data.scalars["gain"][drawn] > 0).mean() - 0.5) < 0.1
+    with pytest.raises(ValueError, match=r"category filter \['poetry'\] not in .* \['code', 'math', 'prose'\]"):
+        _dm(dataset, tmp_path, categories=["poetry"]).setup("fit")
+
+
+def test_routing_summary_by_hand() -> None:
+    tau_0 = torch.tensor([5, 1, 4, 2])
+    tau_1 = torch.tensor([2, 3, 4, 1])
+    # fixed slots: 3.0 and 2.5; oracle: (5+3+4+2)/4 = 3.5
+    perfect = routing_summary((tau_0 - tau_1).float(), tau_0, tau_1, thresholds=[-0.5, 0.0, 0.5])
+    assert perfect["tau_slot0"] == 3.0 and perfect["tau_slot1"] == 2.5 and perfect["tau_oracle"] == 3.5
+    assert perfect["tau_best"] == 3.5 and perfect["share"] == 1.0
+    wrong = routing_summary(-(tau_0 - tau_1).float(), tau_0, tau_1, thresholds=[0.0])
+    assert wrong["tau_best"] == 2.0 and wrong["share"] == pytest.approx((2.0 - 3.0) / 0.5)
+
+
+def _copy(dataset: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "copy"
+    shutil.copytree(dataset, out)
+    return out
+
+
+def test_manifest_missing_a_field_is_named(dataset: Path, tmp_path: Path) -> None:
+    bad = _copy(dataset, tmp_path)
+    m = json.loads((bad / "manifest.json").read_text())
+    del m["tau_definition"]
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DatasetFormatError, match=rf"{bad}/manifest.json: manifest lacks required field 'tau_definition'"):
+        _dm(bad, tmp_path)
+    (bad / "manifest.json").unlink()
+    with pytest.raises(FileNotFoundError, match="expected manifest.json"):
+        _dm(bad, tmp_path)
+
+
+def test_shard_disagreeing_with_manifest_is_named(dataset: Path, tmp_path: Path) -> None:
+    bad = _copy(dataset, tmp_path)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["hidden_size"] = H * 2
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DatasetFormatError, match=rf"shard-00000.parquet: column 'hidden' is .*expected float16\[{2 * H}\]"):
+        _dm(bad, tmp_path).setup("fit")
+    m["hidden_size"] = H
+    m["shards"][1]["sha256"] = "0" * 64
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DatasetFormatError, match="shard-00001.parquet: sha256 differs"):
+        _dm(bad, tmp_path).setup("fit")
+    os.remove(bad / "shard-00002.parquet")
+    with pytest.raises(FileNotFoundError, match="lists shard shard-00002.parquet"):
+        _dm(bad, tmp_path, verify_hashes=False).setup("fit")
+
+
+def test_empty_split_is_named(dataset: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"val split of .* is empty: 60 prompt\(s\).*val_fraction=0.001"):
+        _dm(dataset, tmp_path, val_fraction=0.001).setup("fit")
+    with pytest.raises(ValueError, match=r"test split of .* is empty"):
+        _dm(dataset, tmp_path, test_fraction=0.0).setup("test")
+
+
+# ---- push ---------------------------------------------------------------------------------------------------
+
+
+class FakeHfApi:
+    """Records calls; ``upload_folder`` copies the folder to ``root/<repo_id>[@revision]``."""
+
+    root: Path
+    calls: list
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token
+
+    def whoami(self) -> dict:
+        FakeHfApi.calls.append(("whoami",))
+        return {"name": "alice"}
+
+    def create_repo(self, repo_id: str, repo_type: str, private: bool, exist_ok: bool):
+        FakeHfApi.calls.append(("create_repo", repo_id, private, exist_ok))
+        return type("RepoUrl", (), {"repo_id": repo_id})()
+
+    def create_branch(self, repo_id: str, branch: str, exist_ok: bool) -> None:
+        FakeHfApi.calls.append(("create_branch", repo_id, branch))
+
+    def upload_folder(self, repo_id: str, repo_type: str, folder_path: str, commit_message: str, revision: str | None,
+                      allow_patterns: list[str]):
+        FakeHfApi.calls.append(("upload_folder", repo_id, revision, commit_message))
+        dest = FakeHfApi.root / (repo_id + (f"@{revision}" if revision else ""))
+        shutil.copytree(folder_path, dest, ignore=lambda d, names: [n for n in names if n not in allow_patterns])
+        return type("CommitInfo", (), {"commit_url": f"https://hf.co/{repo_id}/commit/1"})()
+
+
+@pytest.fixture
+def exported(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    r = NeuralRouter(hidden_size=H, mlp_dim=8, drafters="ddt-e3", tree_budget=128, target="Qwen/Qwen3-8B", threshold=1.0)
+    folder = tmp_path / "run" / "router"
+    r.save_pretrained(folder, config=r.config())
+    (folder / "README.md").write_text("---\nbase_model: Qwen/Qwen3-8B\nlibrary_name: whiflash\n---\n# router\n")
+    export_single_file(r, tmp_path / "run" / "router.safetensors")
+    return folder
+
+
+@pytest.fixture
+def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    FakeHfApi.root, FakeHfApi.calls = tmp_path / "hub", []
+    monkeypatch.setattr("whiflash.train.push.HfApi", FakeHfApi)
+    return FakeHfApi.root
+
+
+def test_push_cli_uploads_the_folder(exported: Path, fake_hub: Path, capsys) -> None:
+    from whiflash.train.cli import run
+
+    url = run(["push", "--router", str(exported), "--repo-id", "org/my-router", "--private",
+               "--revision", "dev"])
+    assert url == "https://hf.co/org/my-router/commit/1" and url in capsys.readouterr().out
+    assert ("create_repo", "org/my-router", True, True) in FakeHfApi.calls
+    assert ("create_branch", "org/my-router", "dev") in FakeHfApi.calls
+    upload = [c for c in FakeHfApi.calls if c[0] == "upload_folder"][0]
+    assert upload[2] == "dev" and "ddt-e3" in upload[3] and "tree budget 128" in upload[3]
+    pushed = fake_hub / "org/my-router@dev"
+    assert sorted(p.name for p in pushed.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert "base_model: Qwen/Qwen3-8B" in (pushed / "README.md").read_text()
+    x = torch.randn(4, H)
+    assert torch.equal(load_router(pushed)(x), load_router(exported)(x))
+
+
+def test_push_suggests_the_upstream_name(exported: Path, fake_hub: Path) -> None:
+    from whiflash.train.push import push_router
+
+    push_router(exported)
+    assert ("create_repo", "alice/Qwen3-8B-NeuralRouter-ddt-e3-b128", False, True) in FakeHfApi.calls
+    push_router(exported, namespace="WhiFlash")
+    assert (fake_hub / "WhiFlash/Qwen3-8B-NeuralRouter-ddt-e3-b128" / "model.safetensors").is_file()
+
+
+def test_push_refuses_a_broken_folder(exported: Path, fake_hub: Path) -> None:
+    from whiflash.train.push import push_router
+
+    (exported / "README.md").unlink()
+    with pytest.raises(FileNotFoundError, match=r"expected \['config.json', 'model.safetensors', 'README.md'\].*README.md"):
+        push_router(exported, "org/x")
+    assert FakeHfApi.calls == []
+
+
+@pytest.mark.hub
+@pytest.mark.skipif(not os.environ.get("HF_TOKEN"), reason="needs HF_TOKEN (and WHIFLASH_TEST_REPO)")
+def test_real_push(exported: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from whiflash.train.push import push_router
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    repo = os.environ.get("WHIFLASH_TEST_REPO", "whiflash-ci/router-push-test")
+    url = push_router(exported, repo, private=True, token=os.environ["HF_TOKEN"])
+    assert repo in url
+
+
+def test_binned_auroc_matches_torchmetrics() -> None:
+    from torchmetrics.classification import BinaryAUROC
+
+    from whiflash.train.metrics import BinnedAUROC
+
+    torch.manual_seed(0)
+    stock, ours = BinaryAUROC(thresholds=50), BinnedAUROC(thresholds=50)
+    for _ in range(4):
+        gain = torch.randn(300) * 3
+        pred = torch.sigmoid(gain + torch.randn(300))
+        stock.update(pred, (gain > 0).long())
+        ours.update(pred, (gain > 0).long())
+    assert torch.equal(stock.confmat, ours.confmat) and torch.equal(stock.compute(), ours.compute())

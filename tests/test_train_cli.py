@@ -1,0 +1,161 @@
+"""whiflash-train end to end: LightningCLI fit on a planted signal, export, resume checks, the CLI contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from whiflash.router import load_router
+from whiflash.train.cli import run
+from whiflash.train.export import score_split
+from whiflash.train.metrics import routing_summary
+from whiflash.train.synthetic import write_synthetic_dataset
+
+H = 24
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory):
+    hf = tmp_path_factory.mktemp("hf")
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in {"HF_HOME": str(hf), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
+            mp.setenv(k, v)
+        mp.setattr(sys, "argv", ["whiflash-train"])  # run(args) replaces the command line, like the console script
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny MLPs: extra threads only spin on a shared 2-core box
+        yield hf
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained(env, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One short fit on a planted-signal dataset (240 prompts x 40 rounds), via the CLI in-process."""
+    tmp = tmp_path_factory.mktemp("fit")
+    data = tmp / "data"
+    write_synthetic_dataset(data, num_prompts=240, rounds_per_prompt=40, hidden_size=H, seed=1, progress=False)
+    out = tmp / "out"
+    cli = run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(out), "--trainer.max_epochs", "6",
+               "--model.mlp_dim", "64", "--model.lr", "3e-3", "--data.batch_size", "256",
+               "--data.cache_dir", str(tmp / "cache"), "--trainer.enable_progress_bar", "false",
+               "--trainer.enable_model_summary", "false"])
+    run_dir = Path(cli.trainer.log_dir)
+    return {"cli": cli, "data": data, "out": out, "run_dir": run_dir, "tmp": tmp}
+
+
+def test_fit_recovers_most_of_the_oracle_gain(trained: dict) -> None:
+    results = json.loads((trained["run_dir"] / "results.json").read_text())
+    r = results["routing"]
+    assert r["tau_oracle"] > max(r["tau_slot0"], r["tau_slot1"])
+    assert r["share"] > 0.6, r
+    assert results["spearman"] > 0.7 and results["auroc"] > 0.8
+    # Recompute the share independently from the exported router on the validation split.
+    router = load_router(trained["run_dir"] / "router")
+    dm = trained["cli"].datamodule
+    scores = score_split(router, dm, "val")
+    t = {k: torch.from_numpy(scores[k]) for k in ("pred", "tau_0", "tau_1")}
+    again = routing_summary(t["pred"], t["tau_0"], t["tau_1"], trained["cli"].model.thresholds)
+    assert float(again["share"]) == pytest.approx(r["share"], abs=1e-6)
+    assert router.threshold == pytest.approx(r["best_threshold"])
+
+
+def test_run_directory_has_config_logs_plots_and_exports(trained: dict) -> None:
+    run_dir: Path = trained["run_dir"]
+    assert run_dir.parent == trained["out"]
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert cfg["data"]["path"] == str(trained["data"]) and cfg["seed_everything"] == 1234
+    assert cfg["trainer"]["deterministic"] is True and "hidden_size" not in cfg["model"]  # linked from the data
+    assert (run_dir / "metrics.csv").read_text().count("val/share") >= 1
+    assert len(list((run_dir / "checkpoints").glob("router-epoch*-share*.ckpt"))) == 1
+    for plot in ("learning_curves", "pred_vs_actual", "tau_vs_threshold"):
+        assert (run_dir / "plots" / f"{plot}.png").stat().st_size > 10_000
+    card = (run_dir / "router" / "README.md").read_text()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["data_manifest_sha256"] in card and "df-e3" in card and "recommended threshold" in card
+    cfg_json = json.loads((run_dir / "router" / "config.json").read_text())
+    assert cfg_json["hidden_size"] == H and cfg_json["drafters"] == "df-e3" and cfg_json["target"] == "synthetic-target"
+
+
+def test_exports_load_strictly_with_identical_outputs(trained: dict) -> None:
+    run_dir: Path = trained["run_dir"]
+    folder, single = load_router(run_dir / "router"), load_router(run_dir / "router.safetensors")
+    assert folder.config() == single.config()
+    x = torch.randn(33, H, dtype=torch.float16)
+    assert torch.equal(folder(x), single(x)) and folder(x).shape == (33,)
+    # The normalisation statistics travelled with the weights.
+    dm = trained["cli"].datamodule
+    assert torch.allclose(folder.mean, dm.norm_mean) and torch.allclose(folder.std, dm.norm_std.clamp_min(1e-6))
+    # ... and the export is the best checkpoint's router.
+    from whiflash.train.task import RouterTask
+
+    best = RouterTask.load_from_checkpoint(trained["cli"].trainer.checkpoint_callback.best_model_path)
+    assert torch.equal(best.router(x), folder(x))
+
+
+def test_test_subcommand_on_the_best_checkpoint(trained: dict) -> None:
+    ckpt = trained["cli"].trainer.checkpoint_callback.best_model_path
+    cli = run(["test", "--data.path", str(trained["data"]), "--trainer.default_root_dir", str(trained["out"]),
+               "--data.cache_dir", str(trained["tmp"] / "cache"), "--ckpt_path", ckpt,
+               "--trainer.enable_progress_bar", "false"])
+    metrics = cli.trainer.callback_metrics
+    assert {"test/mse", "test/mae", "test/spearman", "test/auroc", "test/share", "test/tau_oracle"} <= set(metrics)
+    assert metrics["test/share"] > 0.5
+    assert Path(cli.trainer.log_dir).name.endswith("_router-test")
+
+
+def test_predict_writes_predictions(trained: dict) -> None:
+    import pyarrow.parquet as pq
+
+    ckpt = trained["cli"].trainer.checkpoint_callback.best_model_path
+    cli = run(["predict", "--data.path", str(trained["data"]), "--trainer.default_root_dir", str(trained["out"]),
+               "--data.cache_dir", str(trained["tmp"] / "cache"), "--ckpt_path", ckpt, "--data.predict_split", "val",
+               "--trainer.enable_progress_bar", "false"])
+    table = pq.read_table(Path(cli.trainer.log_dir) / "predictions.parquet").to_pydict()
+    dm = cli.datamodule
+    assert sorted(table["row"]) == dm.split_indices["val"].tolist()
+    router = load_router(trained["run_dir"] / "router")
+    expected = router(torch.from_numpy(dm.data.hidden(dm.split_indices["val"])))
+    assert torch.allclose(torch.tensor(table["pred"]), expected, atol=1e-5)
+
+
+def test_resume_with_another_hidden_size_is_refused(trained: dict) -> None:
+    other = trained["tmp"] / "data8"
+    write_synthetic_dataset(other, num_prompts=20, rounds_per_prompt=5, hidden_size=8, seed=2, progress=False)
+    ckpt = trained["cli"].trainer.checkpoint_callback.best_model_path
+    with pytest.raises(ValueError, match=rf"checkpoint {ckpt} was trained with hidden size {H}, but dataset "
+                                         rf"{other} has hidden size 8"):
+        run(["fit", "--data.path", str(other), "--trainer.default_root_dir", str(trained["tmp"] / "resume"),
+             "--data.cache_dir", str(trained["tmp"] / "cache"), "--ckpt_path", ckpt,
+             "--trainer.enable_progress_bar", "false"])
+
+
+def test_print_config_links_hidden_size_from_data(trained: dict, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run(["fit", "--data.path", str(trained["data"]), "--print_config"])
+    assert exit_info.value.code == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["checkpoint"]["monitor"] == "val/share" and cfg["early_stopping"]["monitor"] == "val/share"
+    assert "hidden_size" not in cfg["model"] and cfg["model"]["loss"] == "mse"
+
+
+def test_cli_contract_command(env, tmp_path: Path) -> None:
+    """`whiflash-train fit --data.path D --trainer.default_root_dir OUT` leaves OUT/**/router/ loadable."""
+    data = tmp_path / "data"
+    write_synthetic_dataset(data, num_prompts=30, rounds_per_prompt=20, hidden_size=8, seed=4, progress=False)
+    out = tmp_path / "out"
+    exe = Path(sys.executable).with_name("whiflash-train")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "whiflash.train.cli"]
+    proc = subprocess.run([*cmd, "fit", "--data.path", str(data), "--trainer.default_root_dir", str(out),
+                           ],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folders = [p for p in out.glob("**/router") if p.is_dir()]
+    assert len(folders) == 1
+    router = load_router(folders[0])
+    assert router(torch.randn(5, 8)).shape == (5,)

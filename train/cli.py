@@ -1,0 +1,201 @@
+"""``whiflash-train``: LightningCLI (``fit``/``validate``/``test``/``predict``) for the neural router, plus ``push``.
+
+Examples::
+
+    whiflash-train fit --data.path DATA --trainer.default_root_dir runs/train
+    whiflash-train fit --print_config > router.yaml; whiflash-train fit --config router.yaml
+    whiflash-train test --data.path DATA --ckpt_path RUN/checkpoints/router-....ckpt
+    whiflash-train push --router RUN/router --repo-id ORG/Qwen3-8B-NeuralRouter-df-e3
+
+Every run gets its own directory ``<default_root_dir>/<YYYYmmdd-HHMMSS>_<run_name>/`` with the resolved
+``config.yaml``, ``metrics.csv``, ``checkpoints/``, and after ``fit`` the exported ``router/`` folder,
+``router.safetensors``, ``results.json``, ``plots/`` and ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import subprocess
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+
+from .data import RouterDataModule
+from .task import RouterTask
+
+log = logging.getLogger(__name__)
+
+LINKED_FROM_DATA = ("hidden_size", "drafters", "tree_budget", "target", "tap_layers")
+DESCRIPTION = ("Train, evaluate and export the WhiFlash-Neural router (LightningCLI). "
+               "Upload an exported router with `whiflash-train push --router DIR --repo-id ORG/NAME` "
+               "(see `whiflash-train push --help`).")
+
+
+class RouterCLI(LightningCLI):
+    """LightningCLI with the data->model links, checkpoint/early-stopping defaults, run dirs and export."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--run_name", type=str, default="router", help="Suffix of the run directory name.")
+        parser.add_argument("--num_threads", type=int | None, default=None,
+                            help="torch CPU threads (default: torch's choice; 1 is fastest for small routers on "
+                                 "a busy CPU, where threads spin waiting for each other).")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({
+            "checkpoint.monitor": "val/share", "checkpoint.mode": "max", "checkpoint.save_top_k": 1,
+            "checkpoint.filename": "router-epoch{epoch:02d}-share{val/share:.4f}",
+            "checkpoint.auto_insert_metric_name": False,
+        })
+        parser.add_lightning_class_args(EarlyStopping, "early_stopping")
+        parser.set_defaults({"early_stopping.monitor": "val/share", "early_stopping.mode": "max",
+                             "early_stopping.patience": 5})
+        # The feature width (and what the router is for) come from the dataset manifest, never from flags.
+        for key in LINKED_FROM_DATA:
+            parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        if cfg.get("num_threads"):
+            torch.set_num_threads(cfg["num_threads"])
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        cfg = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        trainer_cfg = cfg["trainer"]
+        if trainer_cfg.get("logger") in (None, True):
+            root = Path(trainer_cfg.get("default_root_dir") or "runs/train")
+            name = cfg.get("run_name") or "router"
+            kwargs["logger"] = CSVLogger(save_dir=str(root), name="", version=_fresh_version(root, name, self.subcommand))
+        return super().instantiate_trainer(**kwargs)
+
+    def after_fit(self) -> None:
+        from .export import export_run
+        from .plots import plot_run
+
+        trainer, dm = self.trainer, self.datamodule
+        if not trainer.is_global_zero:
+            return
+        ckpt_cb = trainer.checkpoint_callback
+        ckpt = ckpt_cb.best_model_path if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.best_model_path else None
+        if ckpt is None:
+            log.warning("no best checkpoint (validation/checkpointing disabled?); exporting the final weights")
+        run_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        results = export_run(self.model, dm, run_dir, ckpt)
+        slots = (dm.manifest["drafters"].get("slot_0", "slot 0"), dm.manifest["drafters"].get("slot_1", "slot 1"))
+        plot_run(run_dir, results, slots)
+        es = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
+        _write_run_manifest(run_dir, {
+            "data": str(dm.path), "data_manifest_sha256": dm.manifest_sha256,
+            "splits": {s: {"prompts": len(dm.split_prompts[s]), "rows": int(len(dm.split_indices[s]))}
+                       for s in dm.split_indices},
+            "best_checkpoint": ckpt, "epochs": trainer.current_epoch, "global_step": trainer.global_step,
+            "stopping_reason": str(getattr(es, "stopping_reason", None)) if es is not None else None,
+            "val": {k: results[k] for k in ("mse", "mae", "spearman", "auroc")},
+            "val_routing": {k: v for k, v in results["routing"].items() if k not in ("tau_router", "thresholds")},
+            "outputs": {"router_dir": results["router_dir"], "router_file": results["router_file"]},
+        })
+
+
+    def after_predict(self) -> None:
+        """Write ``predictions.parquet`` (row id into the dataset, predicted and logged gain) into the run dir."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        batches = self.trainer.predict_loop.predictions or []
+        if not batches or not self.trainer.is_global_zero:
+            return
+        cols = {k: torch.cat([b[k] for b in batches]).numpy() for k in ("row", "pred", "gain")}
+        path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "predictions.parquet"
+        pq.write_table(pa.table(cols), path)
+        log.info("wrote %d predictions (%s split) to %s", len(cols["row"]), self.datamodule.hparams.predict_split, path)
+
+
+def _fresh_version(root: Path, name: str, subcommand: str | None) -> str:
+    """``YYYYmmdd-HHMMSS_name[-subcommand]``, suffixed so that an existing run directory is never reused."""
+    base = time.strftime("%Y%m%d-%H%M%S") + f"_{name}" + ("" if subcommand in (None, "fit") else f"-{subcommand}")
+    version, i = base, 1
+    while (root / version).exists():
+        version, i = f"{base}-{i}", i + 1
+    return version
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _write_run_manifest(run_dir: Path, extra: dict[str, Any]) -> None:
+    versions = {}
+    for pkg in ("whiflash", "torch", "lightning", "torchmetrics", "datasets", "huggingface_hub", "safetensors"):
+        try:
+            versions[pkg] = version(pkg)
+        except PackageNotFoundError:
+            versions[pkg] = None
+    manifest = {"tool": "whiflash-train", "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "git_sha": _git_sha(), "versions": versions, "python": platform.python_version(),
+                "machine": platform.platform(), **extra}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+
+
+def _push_argv(argv: list[str]) -> list[str]:
+    """Accept upstream-style ``--repo-id`` and a bare ``--private`` (jsonargparse wants ``--repo_id``/``--private true``)."""
+    out: list[str] = []
+    for i, a in enumerate(argv):
+        if a.startswith("--"):
+            name, eq, value = a.partition("=")
+            a = "--" + name[2:].replace("-", "_") + eq + value
+            if a == "--private" and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
+                out += ["--private", "true"]
+                continue
+        out.append(a)
+    return out
+
+
+def _push_main(argv: list[str]) -> str:
+    from jsonargparse import CLI
+
+    from .push import push
+
+    return CLI(push, args=_push_argv(argv), as_positional=False, prog="whiflash-train push")
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of ``whiflash-train``; ``args`` replaces ``sys.argv[1:]`` (tests)."""
+    run(args)
+
+
+def run(args: list[str] | None = None) -> RouterCLI | str:
+    """Run ``whiflash-train`` and return the LightningCLI object (or the commit URL for ``push``)."""
+    argv = list(sys.argv[1:] if args is None else args)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if argv[:1] == ["push"]:
+        url = _push_main(argv[1:])
+        print(url)
+        return url
+    return RouterCLI(
+        RouterTask,
+        RouterDataModule,
+        args=args,
+        seed_everything_default=1234,
+        trainer_defaults={"deterministic": True, "max_epochs": 20, "default_root_dir": "runs/train",
+                          "log_every_n_steps": 10},
+        save_config_kwargs={"overwrite": False},
+        parser_kwargs={"description": DESCRIPTION},
+    )
+
+
+if __name__ == "__main__":
+    main()

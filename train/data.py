@@ -1,0 +1,264 @@
+"""``RouterDataModule``: a router dataset (DESIGN.md section 6) opened memory-mapped and split by prompt.
+
+The Parquet shards are converted once by ``datasets`` into its memory-mapped Arrow cache; ``hidden`` stays
+float16 on disk and in the batch (the router casts to float32 inside ``forward``). Batches are gathered
+straight from the memory map for a sorted block of row indices, so a batch costs one fp16 copy of
+``B x H`` values and no per-row Python.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from whiflash.router import DRAFTER_PAIRS
+
+from .dataset import MANIFEST_NAME, DatasetFormatError, check_shards, manifest_hash, read_manifest
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
+
+
+class RoundBatches(Dataset):
+    """Map-style dataset whose items are whole batches: ``ds[row_indices] -> dict of tensors``."""
+
+    def __init__(self, table: Any, hidden_size: int, scalars: dict[str, np.ndarray]) -> None:
+        self.table, self.hidden_size, self.scalars = table, hidden_size, scalars
+        self._views: tuple[list[np.ndarray], np.ndarray] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers re-open the memory map lazily
+        return {**self.__dict__, "_views": None}
+
+    def views(self) -> tuple[list[np.ndarray], np.ndarray]:
+        """Zero-copy float16 ``[rows, H]`` views of the memory-mapped chunks, and their first row ids."""
+        if self._views is None:
+            table = getattr(self.table, "table", self.table)  # datasets' MemoryMappedTable wraps a pyarrow Table
+            chunks = table.column("hidden").chunks
+            views = [c.flatten().to_numpy(zero_copy_only=True).reshape(-1, self.hidden_size) for c in chunks]
+            starts = np.cumsum([0] + [len(v) for v in views])[:-1]
+            self._views = (views, starts)
+        return self._views
+
+    def hidden(self, idx: np.ndarray) -> np.ndarray:
+        """Gather ``hidden[idx]`` (``idx`` sorted ascending) into a new float16 ``[len(idx), H]`` array."""
+        views, starts = self.views()
+        out = np.empty((len(idx), self.hidden_size), dtype=np.float16)
+        chunk = np.searchsorted(starts, idx, side="right") - 1
+        bounds = np.flatnonzero(np.diff(chunk)) + 1
+        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(idx)]):
+            c = chunk[lo]
+            np.take(views[c], idx[lo:hi] - starts[c], axis=0, out=out[lo:hi])
+        return out
+
+    def __len__(self) -> int:
+        return len(self.scalars["gain"])
+
+    def __getitem__(self, idx: np.ndarray | list[int]) -> dict[str, torch.Tensor]:
+        idx = np.asarray(idx, dtype=np.int64)
+        batch = {k: torch.from_numpy(v[idx]) for k, v in self.scalars.items()}
+        batch["hidden"] = torch.from_numpy(self.hidden(idx))
+        return batch
+
+
+class BatchIndexSampler(Sampler):
+    """Yields sorted index blocks of ``batch_size``; reshuffled per epoch from ``(seed, epoch)``.
+
+    With ``weights`` it draws ``len(indices)`` rows with replacement in proportion to the weights (class
+    balancing). Sorting within a batch keeps memory-map reads local and changes nothing for the gradient.
+    """
+
+    def __init__(self, indices: np.ndarray, batch_size: int, shuffle: bool, seed: int = 0,
+                 weights: np.ndarray | None = None) -> None:
+        self.indices, self.batch_size, self.shuffle, self.seed, self.weights = indices, batch_size, shuffle, seed, weights
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return -(-len(self.indices) // self.batch_size)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        if self.weights is not None:
+            order = rng.choice(self.indices, size=len(self.indices), replace=True, p=self.weights)
+        elif self.shuffle:
+            order = self.indices[rng.permutation(len(self.indices))]
+        else:
+            order = self.indices
+        for i in range(0, len(order), self.batch_size):
+            yield np.sort(order[i : i + self.batch_size])
+
+
+class RouterDataModule(L.LightningDataModule):
+    """Router dataset: memory-mapped Parquet shards split by prompt, with training-split standardisation.
+
+    Args:
+        path: dataset directory (Parquet shards + manifest.json, DESIGN.md section 6).
+        batch_size: rows per batch.
+        val_fraction: share of prompts held out for validation (routing metrics, checkpoint selection).
+        test_fraction: share of prompts held out for ``test``.
+        split_seed: seed of the prompt permutation that assigns prompts to splits.
+        categories: keep only rounds of these categories (e.g. ``[code, math]``); all when unset.
+        balance: training-set balancing: ``none``; ``label`` re-weights rows so that ``gain > 0`` and
+            ``gain <= 0`` are drawn equally often; ``category`` so that every category is.
+        num_workers: DataLoader worker processes (each re-opens the memory map).
+        norm_max_rows: rows of the training split (random, seeded) used to estimate the input mean/std.
+        verify_hashes: check every shard's sha256 against the manifest before training.
+        cache_dir: where ``datasets`` keeps the memory-mapped Arrow copy (default: its own cache).
+        predict_split: split whose rows ``predict`` scores.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        batch_size: int = 1024,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        split_seed: int = 0,
+        categories: list[str] | None = None,
+        balance: Literal["none", "label", "category"] = "none",
+        num_workers: int = 0,
+        norm_max_rows: int = 200_000,
+        verify_hashes: bool = True,
+        cache_dir: str | None = None,
+        predict_split: Literal["train", "val", "test"] = "test",
+    ) -> None:
+        super().__init__()
+        if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+            raise ValueError(f"need 0 <= val_fraction, test_fraction and val+test < 1, got {val_fraction}, {test_fraction}")
+        self.save_hyperparameters()
+        self.path = Path(path)
+        # Reading the manifest here (cheap) lets LightningCLI link these attributes into the model.
+        self.manifest = read_manifest(self.path)
+        if self.manifest["pair"] not in DRAFTER_PAIRS:
+            raise DatasetFormatError(f"{self.path / MANIFEST_NAME}: field 'pair' must be one of {DRAFTER_PAIRS}, "
+                                     f"got {self.manifest['pair']!r}")
+        self.hidden_size: int = self.manifest["hidden_size"]
+        self.drafters: str = self.manifest["pair"]
+        self.tree_budget: int | None = self.manifest["tree_budget"]
+        self.target: str = self.manifest["target"]
+        self.tap_layers: list[int] = list(self.manifest["tap_layers"])
+        self.data: RoundBatches | None = None
+        self.split_indices: dict[str, np.ndarray] = {}
+        self.norm_mean: torch.Tensor | None = None
+        self.norm_std: torch.Tensor | None = None
+
+    @property
+    def manifest_sha256(self) -> str:
+        return manifest_hash(self.path)
+
+    def setup(self, stage: str) -> None:
+        if self.data is None:
+            self._open()
+        needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",),
+                  "predict": (self.hparams.predict_split,)}.get(stage, ())
+        for split in needed:
+            if len(self.split_indices[split]) == 0:
+                n_prompts = len(self.prompt_names)
+                raise ValueError(
+                    f"{split} split of {self.path} is empty: {n_prompts} prompt(s) after the category filter "
+                    f"{self.hparams.categories or 'none'} with val_fraction={self.hparams.val_fraction}, "
+                    f"test_fraction={self.hparams.test_fraction}; expected at least one prompt in each split "
+                    "(use more prompts, other fractions or fewer category filters)")
+        if stage == "fit" and self.norm_mean is None:
+            self._fit_normalization()
+
+    def _open(self) -> None:
+        import datasets
+
+        shard_paths = check_shards(self.path, self.manifest, verify_hashes=self.hparams.verify_hashes)
+        ds = datasets.load_dataset("parquet", data_files={"train": [str(p) for p in shard_paths]}, split="train",
+                                   cache_dir=self.hparams.cache_dir, writer_batch_size=1 << 20)
+        table = ds.data.table if hasattr(ds.data, "table") else ds.data
+        if table.num_rows == 0:
+            raise ValueError(f"router dataset {self.path} has no rows (shards {[p.name for p in shard_paths]})")
+        prompt = table.column("prompt_id").combine_chunks().dictionary_encode()
+        category = table.column("category").combine_chunks().dictionary_encode()
+        self.categories = [str(c) for c in category.dictionary.to_pylist()]
+        cat_codes = category.indices.to_numpy().astype(np.int64)
+        keep = np.ones(table.num_rows, dtype=bool)
+        if self.hparams.categories:
+            unknown = sorted(set(self.hparams.categories) - set(self.categories))
+            if unknown:
+                raise ValueError(f"category filter {unknown} not in {self.path} (it has categories {self.categories})")
+            keep = np.isin(cat_codes, [self.categories.index(c) for c in self.hparams.categories])
+        # Split by prompt, never by row: correlated rounds of one prompt must stay on one side.
+        names = np.asarray(prompt.dictionary.to_pylist(), dtype=object)
+        codes = prompt.indices.to_numpy().astype(np.int64)
+        kept = np.unique(codes[keep])
+        kept = kept[np.argsort(names[kept])]  # order by name so the split does not depend on row order
+        self.prompt_names = [str(n) for n in names[kept]]
+        order = kept[np.random.default_rng(self.hparams.split_seed).permutation(len(kept))]
+        n_val = int(round(self.hparams.val_fraction * len(kept)))
+        n_test = int(round(self.hparams.test_fraction * len(kept)))
+        split_of = np.full(len(names), -1, dtype=np.int64)
+        split_of[order[:n_val]] = 1
+        split_of[order[n_val : n_val + n_test]] = 2
+        split_of[order[n_val + n_test :]] = 0
+        row_split = np.where(keep, split_of[codes], -1)
+        self.split_indices = {s: np.flatnonzero(row_split == i) for i, s in enumerate(SPLITS)}
+        self.split_prompts = {s: sorted(str(n) for n in names[split_of == i]) for i, s in enumerate(SPLITS)}
+        scalars = {
+            "gain": table.column("gain").to_numpy().astype(np.float32),
+            "tau_0": table.column("tau_0").to_numpy().astype(np.int64),
+            "tau_1": table.column("tau_1").to_numpy().astype(np.int64),
+            "category": cat_codes,
+            "row": np.arange(table.num_rows, dtype=np.int64),
+        }
+        self.data = RoundBatches(ds.data, self.hidden_size, scalars)
+        log.info("opened %s: %d rows, %s", self.path, table.num_rows,
+                 {s: f"{len(self.split_prompts[s])} prompts/{len(self.split_indices[s])} rows" for s in SPLITS})
+
+    def _fit_normalization(self) -> None:
+        """Mean/std of ``hidden`` over (a seeded sample of) the training split only."""
+        idx = self.split_indices["train"]
+        if len(idx) > self.hparams.norm_max_rows:
+            rng = np.random.default_rng([self.hparams.split_seed, 1])
+            idx = np.sort(rng.choice(idx, size=self.hparams.norm_max_rows, replace=False))
+        total = np.zeros(self.hidden_size, dtype=np.float64)
+        total_sq = np.zeros(self.hidden_size, dtype=np.float64)
+        for i in range(0, len(idx), 8192):
+            h = self.data.hidden(idx[i : i + 8192]).astype(np.float64)
+            total += h.sum(0)
+            total_sq += np.square(h).sum(0)
+        mean = total / len(idx)
+        var = np.maximum(total_sq / len(idx) - np.square(mean), 0.0)
+        self.norm_mean = torch.from_numpy(mean).float()
+        self.norm_std = torch.from_numpy(np.sqrt(var)).float()
+
+    def _weights(self, idx: np.ndarray) -> np.ndarray | None:
+        mode = self.hparams.balance
+        if mode == "none":
+            return None
+        key = (self.data.scalars["gain"][idx] > 0).astype(np.int64) if mode == "label" else self.data.scalars["category"][idx]
+        counts = np.bincount(key)
+        w = 1.0 / counts[key]
+        return w / w.sum()
+
+    def loader(self, split: str, train: bool = False) -> DataLoader:
+        """DataLoader over ``split``; ``train`` shuffles per epoch (and balances, if asked)."""
+        idx = self.split_indices[split]
+        sampler = BatchIndexSampler(idx, self.hparams.batch_size, shuffle=train, seed=self.hparams.split_seed,
+                                    weights=self._weights(idx) if train else None)
+        return DataLoader(self.data, batch_size=None, sampler=sampler, num_workers=self.hparams.num_workers,
+                          persistent_workers=self.hparams.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("val", train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.loader("test", train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.loader(self.hparams.predict_split, train=False)

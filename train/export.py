@@ -1,0 +1,146 @@
+"""Export the best checkpoint as a Hub-ready folder and a single ``.safetensors`` file, with a model card.
+
+``export_run`` scores the validation split with the best router, picks the recommended threshold (the one
+with the highest replayed tau), writes ``router/{model.safetensors,config.json,README.md}``,
+``router.safetensors`` and ``results.json``, and checks that both exports load strictly with
+:func:`whiflash.router.load_router` and give identical outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from huggingface_hub import ModelCard, ModelCardData
+
+from whiflash.router import NeuralRouter, export_single_file, load_router, suggested_repo_name
+
+from .data import RouterDataModule
+from .metrics import routing_summary
+from .task import RouterTask
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def score_split(router: NeuralRouter, dm: RouterDataModule, split: str = "val") -> dict[str, np.ndarray]:
+    """Predicted gains plus the logged gain/taus/category of every row of ``split``."""
+    router.eval()
+    out: dict[str, list[np.ndarray]] = {k: [] for k in ("pred", "gain", "tau_0", "tau_1", "category")}
+    loader = dm.loader(split)
+    for batch in loader:
+        out["pred"].append(router(batch["hidden"]).numpy())
+        for k in ("gain", "tau_0", "tau_1", "category"):
+            out[k].append(batch[k].numpy())
+    return {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
+
+
+def evaluate_scores(scores: dict[str, np.ndarray], thresholds: list[float], categories: list[str]) -> dict[str, Any]:
+    """Regression metrics, exact AUROC of ``gain > 0`` and the routing replay (overall and per category)."""
+    from scipy.stats import spearmanr
+    from sklearn.metrics import roc_auc_score
+
+    pred, gain = scores["pred"], scores["gain"]
+    t = {k: torch.from_numpy(np.asarray(scores[k])) for k in ("pred", "tau_0", "tau_1")}
+    routing = {k: v.tolist() for k, v in routing_summary(t["pred"], t["tau_0"], t["tau_1"], thresholds).items()}
+    label = gain > 0
+    res: dict[str, Any] = {
+        "rows": int(len(gain)),
+        "mse": float(np.mean((pred - gain) ** 2)),
+        "mae": float(np.mean(np.abs(pred - gain))),
+        "spearman": float(spearmanr(pred, gain).statistic) if len(gain) > 1 else float("nan"),
+        "auroc": float(roc_auc_score(label, pred)) if 0 < label.sum() < len(label) else float("nan"),
+        "routing": routing,
+    }
+    theta = routing["best_threshold"]
+    per_cat = {}
+    for code, name in enumerate(categories):
+        m = scores["category"] == code
+        if m.any():
+            pick = np.where(pred[m] > theta, scores["tau_0"][m], scores["tau_1"][m])
+            per_cat[name] = {"rows": int(m.sum()), "tau_slot0": float(scores["tau_0"][m].mean()),
+                             "tau_slot1": float(scores["tau_1"][m].mean()), "tau_router": float(pick.mean()),
+                             "tau_oracle": float(np.maximum(scores["tau_0"][m], scores["tau_1"][m]).mean())}
+    res["per_category"] = per_cat
+    return res
+
+
+def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, Any], ckpt: str | None) -> ModelCard:
+    """Model card: what the router was trained for, on which data (manifest hash), and how well it routes."""
+    m, r = dm.manifest, results["routing"]
+    data = ModelCardData(library_name="whiflash", license="apache-2.0", tags=[
+        "speculative-decoding", "router", "whiflash", *sorted(set(m["drafters"].values()))],
+        metrics=["mse", "mae", "spearmanr", "roc_auc"])
+    if "/" in router.target:  # a Hub id: link the router to its target in the Hub graph
+        data.base_model = router.target
+    budget = router.tree_budget if router.tree_budget is not None else "—"
+    lines = [
+        f"# {suggested_repo_name(router.target, router.drafters, router.tree_budget)}", "",
+        "WhiFlash-Neural router: a 2-layer MLP on the target's final post-norm hidden state that predicts the "
+        "acceptance-length gain `g = tau(slot 0) - tau(slot 1)`; the routed loop drafts with slot 0 when "
+        "`g_hat > threshold`.", "",
+        "| field | value |", "|---|---|",
+        f"| target | `{router.target}` |",
+        f"| drafter pair (`--whiflash-drafters`) | `{router.drafters}` (slot 0 = {m['drafters']['slot_0']}, "
+        f"slot 1 = {m['drafters']['slot_1']}) |",
+        f"| DDTree tree budget (`--ddtree-tree-budget`) | {budget} |",
+        f"| hidden size / MLP width | {router.hidden_size} / {router.mlp_dim} |",
+        f"| recommended threshold | **{router.threshold:g}** (re-calibrate per hardware and category) |",
+        f"| data manifest sha256 | `{dm.manifest_sha256}` |",
+        f"| data | {m['num_rows'] if 'num_rows' in m else '?'} rounds, prompt sets "
+        f"{[p.get('name', p) if isinstance(p, dict) else p for p in m['prompt_sets']]}, seed {m['seed']} |",
+        f"| checkpoint | `{Path(ckpt).name if ckpt else 'last weights'}` |", "",
+        f"## Validation ({results['rows']} rounds, prompts disjoint from training)", "",
+        f"{m['tau_definition']}; taus are pooled means over rounds, replaying the logged rounds.", "",
+        "| metric | value |", "|---|---|",
+        f"| MSE / MAE of the gain | {results['mse']:.4f} / {results['mae']:.4f} |",
+        f"| Spearman / AUROC (gain > 0) | {results['spearman']:.4f} / {results['auroc']:.4f} |",
+        f"| tau slot 0 only / slot 1 only | {r['tau_slot0']:.4f} / {r['tau_slot1']:.4f} |",
+        f"| tau oracle | {r['tau_oracle']:.4f} |",
+        f"| tau router at threshold {r['best_threshold']:g} | {r['tau_best']:.4f} |",
+        f"| share of the oracle gain over the best fixed slot recovered | {r['share']:.4f} |", "",
+        "| category | rounds | tau slot 0 | tau slot 1 | tau router | tau oracle |", "|---|---|---|---|---|---|",
+        *[f"| {c} | {v['rows']} | {v['tau_slot0']:.3f} | {v['tau_slot1']:.3f} | {v['tau_router']:.3f} | "
+          f"{v['tau_oracle']:.3f} |" for c, v in results["per_category"].items()], "",
+        "## Usage", "", "```python", "from whiflash.router import load_router",
+        f"router = load_router(\"<this repo or folder>\", drafters=\"{router.drafters}\""
+        + (f", tree_budget={router.tree_budget})" if "ddt" in router.drafters and router.tree_budget else ")"),
+        "gain = router(hidden_states)  # [N, H] -> [N]; draft with slot 0 where gain > threshold", "```", "",
+    ]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
+
+
+def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt: str | None) -> dict[str, Any]:
+    """Export the checkpoint ``ckpt`` (or ``task``'s current weights) into ``run_dir``; returns the results."""
+    run_dir = Path(run_dir)
+    src = RouterTask.load_from_checkpoint(ckpt, map_location="cpu") if ckpt else task
+    router = src.router.cpu().eval()
+    scores = score_split(router, dm, "val")
+    results = evaluate_scores(scores, task.thresholds, dm.categories)
+    final = NeuralRouter(**{**router.config(), "threshold": results["routing"]["best_threshold"]})
+    final.load_state_dict(router.state_dict(), strict=True)
+    final.eval()
+    folder = run_dir / "router"
+    final.save_pretrained(folder, config=final.config())
+    model_card(final, dm, results, ckpt).save(folder / "README.md")
+    single = export_single_file(final, run_dir / "router.safetensors")
+    # Both exports must load strictly and agree with the in-memory router bit for bit.
+    probe = torch.from_numpy(dm.data.hidden(dm.split_indices["val"][:256]))
+    with torch.no_grad():
+        ref = final(probe)
+        for path in (folder, single):
+            out = load_router(path, hidden_size=final.hidden_size, drafters=final.drafters)(probe)
+            if not torch.equal(out, ref):
+                raise RuntimeError(f"exported router {path} does not reproduce the trained router's outputs")
+    results.update(checkpoint=ckpt, router_dir=str(folder), router_file=str(single),
+                   manifest_sha256=dm.manifest_sha256, config=final.config(),
+                   suggested_repo_name=suggested_repo_name(final.target, final.drafters, final.tree_budget))
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+    log.info("exported router to %s and %s (val share %.3f at threshold %g)", folder, single,
+             results["routing"]["share"], final.threshold)
+    results["_scores"] = scores
+    return results

@@ -1,0 +1,75 @@
+"""``whiflash-train push``: upload an exported router folder to the Hugging Face Hub."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from huggingface_hub import HfApi
+
+from whiflash.router import load_router, suggested_repo_name
+
+log = logging.getLogger(__name__)
+
+REQUIRED_FILES = ("config.json", "model.safetensors", "README.md")
+
+
+def push(
+    router: Path,
+    repo_id: str | None = None,
+    namespace: str | None = None,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    token: str | None = None,
+) -> str:
+    """Push an exported router folder (``RUN/router``) to the Hub in one commit.
+
+    The folder is loaded strictly first, so a broken export is never uploaded.
+
+    Args:
+        router: exported router folder (config.json, model.safetensors, README.md).
+        repo_id: target repository ``ORG/NAME``. When unset, the upstream name
+            ``{target}-NeuralRouter-{pair}[-b{budget}]`` is used under ``namespace``.
+        namespace: user or organisation for the suggested name (default: the token's user).
+        private: create the repository as private (only when it does not exist yet).
+        revision: branch to push to (created from main when missing); default main.
+        commit_message: commit message (default names the drafter pair and threshold).
+        token: Hub token (default: the cached login / HF_TOKEN).
+
+    Returns:
+        The URL of the commit.
+    """
+    return push_router(router, repo_id, namespace=namespace, private=private, revision=revision,
+                       commit_message=commit_message, token=token)
+
+
+def push_router(router: str | Path, repo_id: str | None = None, *, namespace: str | None = None,
+                private: bool = False, revision: str | None = None, commit_message: str | None = None,
+                token: str | None = None, api: HfApi | None = None) -> str:
+    """Library form of :func:`push` with an injectable ``api`` (tests pass a fake)."""
+    folder = Path(router)
+    missing = [f for f in REQUIRED_FILES if not (folder / f).is_file()]
+    if not folder.is_dir() or missing:
+        raise FileNotFoundError(f"router folder {folder}: expected {list(REQUIRED_FILES)} "
+                                f"(an export of whiflash-train fit), missing {missing if folder.is_dir() else 'the folder'}")
+    model = load_router(folder)  # strict: never push weights that do not match their config
+    suggested = suggested_repo_name(model.target, model.drafters, model.tree_budget)
+    api = api or HfApi(token=token)
+    if repo_id is None:
+        namespace = namespace or api.whoami()["name"]
+        repo_id = f"{namespace}/{suggested}"
+        log.info("no --repo_id given; using the upstream name %s", repo_id)
+    elif repo_id.split("/")[-1] != suggested:
+        log.info("repo %s does not follow the upstream naming (suggested: %s)", repo_id, suggested)
+    repo_id = api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True).repo_id
+    if revision and revision != "main":
+        api.create_branch(repo_id=repo_id, branch=revision, exist_ok=True)
+    message = commit_message or (f"Upload WhiFlash-Neural router ({model.drafters}"
+                                 + (f", tree budget {model.tree_budget}" if "ddt" in model.drafters and model.tree_budget else "")
+                                 + f", threshold {model.threshold:g})")
+    info = api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=str(folder), commit_message=message,
+                             revision=revision, allow_patterns=list(REQUIRED_FILES))
+    url = getattr(info, "commit_url", None) or str(info)
+    log.info("pushed %s to %s (%s)", folder, repo_id, url)
+    return url

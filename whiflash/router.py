@@ -1,0 +1,210 @@
+"""The WhiFlash-Neural router: a 2-layer MLP on the target's final post-norm hidden state.
+
+It predicts the acceptance-length gain ``g = tau(slot 0) - tau(slot 1)`` of a round (tau includes the
+bonus token); the routed loop drafts with slot 0 when ``g_hat > threshold``. Shared by ``whiflash-train``
+(which fits and exports it) and the routed decoding loop (which loads it with :func:`load_router`).
+
+On disk a router is either a Hub-style folder (``config.json`` + ``model.safetensors`` [+ ``README.md``]),
+the same folder on the Hub, or one ``.safetensors`` file whose metadata key ``whiflash_router_config``
+holds the JSON config. Weights are always safetensors and always loaded strictly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+DRAFTER_PAIRS = ("df-e3", "ddt-e3", "df-ddt")
+CONFIG_METADATA_KEY = "whiflash_router_config"
+
+
+class NeuralRouter(
+    nn.Module,
+    PyTorchModelHubMixin,
+    library_name="whiflash",
+    tags=["speculative-decoding", "router", "whiflash"],
+):
+    """2-layer MLP ``Linear(H, mlp_dim) -> GELU -> Dropout -> Linear(mlp_dim, 1)`` over standardised input.
+
+    Args:
+        hidden_size: width H of the target's final hidden state.
+        mlp_dim: width of the hidden layer.
+        dropout: dropout after the activation (training only).
+        drafters: slot pair the gain refers to: ``df-e3``, ``ddt-e3`` or ``df-ddt`` (slot 0 first).
+        tree_budget: DDTree node budget the data was generated with (pairs with ``ddt`` only).
+        target: name of the target model the features come from.
+        tap_layers: record of the feature layers logged with the data (the router reads the final
+            post-norm hidden state only).
+        threshold: recommended decision threshold theta (choose slot 0 when ``g_hat > theta``).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        mlp_dim: int = 1024,
+        dropout: float = 0.0,
+        drafters: str = "df-e3",
+        tree_budget: int | None = None,
+        target: str = "",
+        tap_layers: list[int] | None = None,
+        threshold: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if drafters not in DRAFTER_PAIRS:
+            raise ValueError(f"drafters must be one of {DRAFTER_PAIRS}, got {drafters!r}")
+        if hidden_size < 1 or mlp_dim < 1:
+            raise ValueError(f"hidden_size and mlp_dim must be positive, got {hidden_size} and {mlp_dim}")
+        self.hidden_size, self.mlp_dim, self.dropout = int(hidden_size), int(mlp_dim), float(dropout)
+        self.drafters, self.tree_budget, self.target = drafters, tree_budget, target
+        self.tap_layers = list(tap_layers) if tap_layers is not None else None
+        self.threshold = float(threshold)
+        # Standardisation statistics of the training split; buffers, so they travel in model.safetensors.
+        self.register_buffer("mean", torch.zeros(hidden_size))
+        self.register_buffer("std", torch.ones(hidden_size))
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden_size, mlp_dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(mlp_dim, 1)
+        )
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """Predicted gain for ``hidden`` of shape ``[N, H]`` (returns ``[N]``) or ``[H]`` (returns a scalar)."""
+        if hidden.shape[-1] != self.hidden_size:
+            raise ValueError(f"router expects hidden size {self.hidden_size}, got input of shape {tuple(hidden.shape)}")
+        x = (hidden.float() - self.mean) / self.std  # float32 whatever the input dtype (fp16/bf16 features)
+        return self.mlp(x).squeeze(-1)
+
+    @torch.no_grad()
+    def set_normalization(self, mean: Tensor, std: Tensor, eps: float = 1e-6) -> None:
+        """Store input mean/std (size H); std is floored at ``eps`` so constant features stay finite."""
+        if mean.shape != (self.hidden_size,) or std.shape != (self.hidden_size,):
+            raise ValueError(f"mean/std must have shape ({self.hidden_size},), got {tuple(mean.shape)}/{tuple(std.shape)}")
+        self.mean.copy_(mean.float())
+        self.std.copy_(std.float().clamp_min(eps))
+
+    def config(self) -> dict[str, Any]:
+        """The JSON config (the constructor arguments) as currently set, e.g. after changing ``threshold``."""
+        return {
+            "hidden_size": self.hidden_size, "mlp_dim": self.mlp_dim, "dropout": self.dropout,
+            "drafters": self.drafters, "tree_budget": self.tree_budget, "target": self.target,
+            "tap_layers": self.tap_layers, "threshold": self.threshold,
+        }
+
+
+def suggested_repo_name(target: str, drafters: str, tree_budget: int | None) -> str:
+    """Upstream naming: ``{target basename}-NeuralRouter-{pair}[-b{budget}]`` (budget only for DDTree pairs)."""
+    base = target.rstrip("/").split("/")[-1] or "router"
+    name = f"{base}-NeuralRouter-{drafters}"
+    if "ddt" in drafters and tree_budget is not None:
+        name += f"-b{tree_budget}"
+    return name
+
+
+def export_single_file(router: NeuralRouter, path: str | Path) -> Path:
+    """Write weights + config as one ``.safetensors`` file (config JSON in the header metadata)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in router.state_dict().items()}
+    meta = {"format": "pt", CONFIG_METADATA_KEY: json.dumps(router.config(), sort_keys=True)}
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(state, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+    return path
+
+
+def _build(config: dict[str, Any], weights: str | Path, source: str) -> NeuralRouter:
+    try:
+        router = NeuralRouter(**config)
+    except TypeError as e:
+        raise ValueError(f"router {source}: config does not match NeuralRouter's arguments: {e}") from e
+    state = load_file(str(weights))
+    missing = sorted(set(router.state_dict()) - set(state))
+    unexpected = sorted(set(state) - set(router.state_dict()))
+    if missing or unexpected:
+        raise ValueError(f"router {source}: weights {weights} do not match the config "
+                         f"(missing keys {missing}, unexpected keys {unexpected})")
+    try:
+        router.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"router {source}: weights {weights} do not match its config: {e}") from e
+    return router.eval()
+
+
+def _read_config(path: Path, source: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"router {source}: expected {path.name} (the router config) at {path}")
+    return json.loads(path.read_text())
+
+
+def load_router(
+    name_or_path: str | Path,
+    *,
+    hidden_size: int | None = None,
+    drafters: str | None = None,
+    tree_budget: int | None = None,
+    device: str | torch.device = "cpu",
+    revision: str | None = None,
+) -> NeuralRouter:
+    """Load a router from a Hub repo id, a local folder or a single ``.safetensors`` file, strictly.
+
+    ``hidden_size``, ``drafters`` and ``tree_budget`` describe the run that will use the router; when
+    given they must agree with what the router was trained for, otherwise a ``ValueError`` names both.
+    """
+    src = str(name_or_path)
+    path = Path(name_or_path)
+    if path.is_dir():
+        weights = path / "model.safetensors"
+        config = _read_config(path / "config.json", src)
+        if not weights.is_file():
+            raise FileNotFoundError(f"router {src}: expected model.safetensors (the router weights) at {weights}")
+    elif path.is_file():
+        if path.suffix != ".safetensors":
+            raise ValueError(f"router {src}: expected a folder or a .safetensors file, got {path.suffix or 'no suffix'}")
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        if CONFIG_METADATA_KEY not in meta:
+            raise ValueError(f"router {src}: single-file export lacks the '{CONFIG_METADATA_KEY}' metadata entry; "
+                             "export it with whiflash.router.export_single_file or load its folder instead")
+        config, weights = json.loads(meta[CONFIG_METADATA_KEY]), path
+    elif src.endswith(".safetensors") or src.startswith((".", "/", "~")) or src.count("/") != 1:
+        raise FileNotFoundError(f"router {src}: no such file or folder (expected a folder with config.json and "
+                                "model.safetensors, a .safetensors export, or a Hub repo id 'org/name')")
+    else:  # a Hub repo id: config + safetensors only, never a pickle fallback
+        try:
+            config = _read_config(Path(hf_hub_download(src, "config.json", revision=revision)), src)
+            weights = hf_hub_download(src, "model.safetensors", revision=revision)
+        except Exception as e:  # offline, unknown repo, missing file: say what was tried
+            raise FileNotFoundError(f"router {src}: not a local folder or file, and downloading config.json + "
+                                    f"model.safetensors from the Hub repo '{src}' failed: {e}") from e
+    router = _build(config, weights, src)
+    check_compatible(router, src, hidden_size, drafters, tree_budget)
+    return router.to(device)
+
+
+def check_compatible(router: NeuralRouter, src: str, hidden_size: int | None,
+                      drafters: str | None, tree_budget: int | None) -> None:
+    def desc(pair: str, budget: int | None) -> str:
+        return f"'{pair}'" + (f" with tree budget {budget}" if "ddt" in pair and budget is not None else "")
+
+    if hidden_size is not None and hidden_size != router.hidden_size:
+        raise ValueError(f"router {src} was trained on hidden size {router.hidden_size} (target "
+                         f"'{router.target}'), but this run's target has hidden size {hidden_size}")
+    pair_bad = drafters is not None and drafters != router.drafters
+    budget_bad = (tree_budget is not None and router.tree_budget is not None and "ddt" in router.drafters
+                  and tree_budget != router.tree_budget)
+    if pair_bad or budget_bad:
+        run_pair = drafters if drafters is not None else router.drafters
+        raise ValueError(f"router {src} was trained for drafters {desc(router.drafters, router.tree_budget)}, "
+                         f"but this run uses {desc(run_pair, tree_budget)}; use a router trained for this pair "
+                         "and budget (see suggested_repo_name) or change --whiflash-drafters/--ddtree-tree-budget")
+    if "ddt" in router.drafters and tree_budget is not None and router.tree_budget is None:
+        log.warning("router %s does not record its DDTree tree budget; this run uses %d", src, tree_budget)

@@ -1,0 +1,89 @@
+"""Routing policies: at the start of every round, pick which of the two slots drafts.
+
+Every router has the same call: the target's final post-norm hidden state `[H]` and next-token
+logits `[V]` at the last committed position in, a 0-dim long tensor (the slot) out, left on the
+device so the decision travels to the host with the round's one existing read (see
+`whiflash.decoding.routed`). Slot 0 is the diffusion/parallel drafter of the pair (DFlash or
+DDTree), slot 1 the other one (EAGLE-3, or DDTree in `df-ddt`).
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+
+
+def entropy(logits: Tensor) -> Tensor:
+    """Next-token entropy in nats, computed in float32."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+class EntropyRouter:
+    """WhiFlash-Entropy: the parallel slot when the target is confident (entropy below `threshold` nats)."""
+
+    def __init__(self, threshold: float = 0.2, low_entropy_slot: int = 0) -> None:
+        self.threshold, self.low = threshold, low_entropy_slot
+
+    def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
+        low = entropy(logits) < self.threshold
+        return torch.where(low, self.low, 1 - self.low).long()
+
+
+class NeuralPolicy:
+    """WhiFlash-Neural: slot 0 when the predicted gain tau(slot 0) - tau(slot 1) exceeds `threshold`."""
+
+    def __init__(self, router: nn.Module, threshold: float | None = None) -> None:
+        self.router = router
+        self.threshold = float(threshold if threshold is not None else getattr(router, "threshold", 0.0))
+
+    @torch.no_grad()
+    def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
+        gain = self.router(hidden.reshape(1, -1))[0]
+        return (gain <= self.threshold).long()  # 0 when gain > threshold
+
+
+class FixedRouter:
+    """Always the same slot (a standalone drafter run through the routed loop)."""
+
+    def __init__(self, slot: int) -> None:
+        if slot not in (0, 1):
+            raise ValueError(f"slot must be 0 or 1, got {slot}")
+        self.slot = slot
+
+    def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
+        return torch.tensor(self.slot, device=hidden.device)
+
+
+class ScriptedRouter:
+    """Slots from a fixed sequence, cycled (tests: alternating `[0, 1]`, or any switch pattern)."""
+
+    def __init__(self, slots: Iterable[int] = (0, 1)) -> None:
+        self.slots = list(slots)
+        self._it = itertools.cycle(self.slots)
+
+    def reset(self) -> None:
+        self._it = itertools.cycle(self.slots)
+
+    def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
+        return torch.tensor(next(self._it), device=hidden.device)
+
+
+class AlternatingRouter(ScriptedRouter):
+    """Switches slot every `period` rounds."""
+
+    def __init__(self, period: int = 1) -> None:
+        super().__init__([0] * period + [1] * period)
+
+
+class OracleRouter:
+    """Analysis upper bound: both slots draft from the same state, the longer acceptance advances.
+
+    The routed drafter verifies both proposals in one target pass (their union as a tree) and
+    reads each slot's tau off the walk; ties go to slot 1. Greedy decoding only.
+    """
+
+    def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:  # never consulted
+        raise RuntimeError("the oracle is resolved inside RoutedDrafter, not called per round")
