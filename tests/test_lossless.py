@@ -53,9 +53,9 @@ def test_ddtree_accepts_paths_that_are_not_slot_prefixes(worlds, monkeypatch, tm
     real = gen.accept
 
     def spy(proposal, picked):
-        path = real(proposal, picked)
-        seen.append(path.tolist())
-        return path
+        count, best, keep = real(proposal, picked)
+        seen.append(keep[: int(count)].tolist())
+        return count, best, keep
 
     monkeypatch.setattr(gen, "accept", spy)
     ref, _ = whiflash.generate(target, None, PROMPTS[0], 30)
@@ -73,3 +73,21 @@ def test_bad_arguments(worlds):
         whiflash.generate(target, None, [], 3)
     with pytest.raises(ValueError, match="batch size 1"):
         whiflash.generate(target, None, [[1, 2], [3, 4]], 3)
+
+
+@pytest.mark.parametrize("world", ["qwen3-mixed", "llama-crafted"])
+def test_static_shape_path_gives_the_same_tokens_and_taus(worlds, world):
+    """The fixed-shape passes that CUDA graphs capture (full-cache attention under a mask,
+    index_copy_ K/V writes) decode exactly like the eager path."""
+    target, drafters = worlds[world].load()
+    routed = whiflash.RoutedDrafter("df-e3", whiflash.AlternatingRouter(), eagle3=drafters["eagle3"],
+                                    dflash=drafters["ddtree"])
+    members = [target, *drafters.values()]
+    for prompt in PROMPTS:
+        runs = []
+        for static in (False, True):
+            for m in members:
+                m.static = static
+            runs.append([whiflash.generate(target, d, prompt, 30) for d in [None, *drafters.values(), routed]])
+        for (out_e, st_e), (out_s, st_s) in zip(*runs):
+            assert out_e == out_s and st_e.taus == st_s.taus

@@ -94,7 +94,8 @@ def test_a_wrong_walk_fails_the_same_test(world, monkeypatch):
     from whiflash.decoding.verify import accept
 
     def accept_everything(proposal, picked):  # the bug: trust the draft, ignore the target's draws
-        return torch.arange(proposal.size + 1)
+        m = proposal.size
+        return torch.tensor(m + 1), torch.tensor(m), torch.arange(m + 1)
 
     target, drafters, law = world
     monkeypatch.setattr(loop, "accept", accept_everything)

@@ -37,13 +37,15 @@ def _as_ids(input_ids: Tensor | Sequence[int], device: torch.device) -> Tensor:
     return ids
 
 
-def _read(tokens: Tensor, flags: Tensor | None, drafter: Drafter | None) -> list[int]:
-    """The round's one host read: committed tokens, plus the drafter's flags (e.g. a router decision)."""
-    if flags is None:
-        return tokens.tolist()
-    values = torch.cat([tokens, flags.reshape(-1).to(tokens.dtype)]).tolist()
-    drafter.receive(values[tokens.shape[0]:])
-    return values[: tokens.shape[0]]
+def _read(values: list[Tensor], drafter: Drafter | None, flags: Tensor | None) -> list[int]:
+    """The round's one host read: the packed `values`, plus the drafter's flags (a router decision)."""
+    if flags is not None:
+        values = [*values, flags.reshape(-1)]
+    host = torch.cat([v.reshape(-1).long() for v in values]).tolist()
+    if flags is not None:
+        drafter.receive(host[len(host) - flags.numel():])
+        host = host[: len(host) - flags.numel()]
+    return host
 
 
 @torch.no_grad()
@@ -86,10 +88,10 @@ def generate(
     t0 = time.perf_counter()
     out = target(ids, 0, taps=taps, logits="last")
     pending = target_tokens(out.logits, temperature, generator)
-    flags = None
+    flags = drafter.decide(out.hidden[-1], out.logits[-1], None) if drafter is not None else None
+    emitted = _read([pending], drafter, flags)
     if drafter is not None:
-        flags = drafter.observe(Commit(out.feats, torch.cat([ids[1:], pending]), 0, taps, out.hidden[-1], out.logits[-1]))
-    emitted = _read(pending, flags, drafter)
+        drafter.observe(Commit(out.feats, torch.cat([ids[1:], pending]), 0, taps))
     _sync(device)
     t1 = time.perf_counter()
     stats.prefill_seconds = t1 - t0
@@ -102,18 +104,20 @@ def generate(
             positions = n + torch.cat([proposal.depths.new_zeros(1), proposal.depths])
         out = target(verify_ids, n, positions, proposal.tree_mask, taps, logits="all")
         picked = target_tokens(out.logits, temperature, generator)
-        path = accept(proposal, picked)
+        count, best, keep = accept(proposal, picked)
+        path_ids, nxt = verify_ids[keep], picked[best].reshape(1)
+        flags = drafter.decide(out.hidden[best], out.logits[best], picked) if drafter is not None else None
+        host = _read([count, path_ids, nxt], drafter, flags)  # the one host synchronisation of the round
+        tau = host[0]
+        round_tokens = host[2 : 1 + tau] + host[-1:]  # accepted drafts + the next pending token
         if proposal.parents is not None:
-            target.compact(n, path)
-        new = torch.cat([verify_ids[path][1:], picked[path[-1:]]])  # accepted drafts + the next pending token
-        flags = None
+            target.compact(n, keep[:tau])
         if drafter is not None:
-            last = path[-1]
-            flags = drafter.observe(Commit(out.feats[path], new, n, taps, out.hidden[last], out.logits[last], picked))
-        pending = new[-1:]
-        n += path.shape[0]
-        round_tokens = _read(new, flags, drafter)
-        stats.taus.append(len(round_tokens))
+            new = torch.cat([path_ids[1:tau], nxt])
+            drafter.observe(Commit(out.feats[keep[:tau]], new, n, taps))
+        pending = nxt
+        n += tau
+        stats.taus.append(tau)
         emitted.extend(round_tokens)
         if stops and not stops.isdisjoint(round_tokens):
             break

@@ -86,6 +86,10 @@ class RoutedDrafter(Drafter):
     def max_nodes(self) -> int:
         return self._size(0) + self._size(1) if self.oracle else max(self._size(0), self._size(1))
 
+    def use_cuda_graphs(self, enabled: bool = True) -> None:
+        for m in self.members:
+            m.use_cuda_graphs(enabled)
+
     def _setup_cache(self, max_len: int) -> None:
         """Members hold the caches; the router itself has none."""
 
@@ -116,14 +120,16 @@ class RoutedDrafter(Drafter):
         self._sync()
         self.catchup_seconds += time.perf_counter() - t0
 
-    def observe(self, commit: Commit) -> Tensor | None:
+    def observe(self, commit: Commit) -> None:
         for m in self.members:
             m.observe(commit)
             if not self.lazy:
                 self._catch_up(m)
+
+    def decide(self, hidden: Tensor, logits: Tensor, picked: Tensor | None) -> Tensor | None:
         if self.oracle:
-            return self._oracle_taus(commit) if self._union is not None else None
-        return self.router(commit.hidden, commit.logits).reshape(1)
+            return self._oracle_taus(picked) if picked is not None else None
+        return self.router(hidden, logits).reshape(1)
 
     def receive(self, values: list[int]) -> None:
         if self.oracle:
@@ -162,10 +168,9 @@ class RoutedDrafter(Drafter):
         self._union = (union, a.size)
         return union
 
-    def _oracle_taus(self, commit: Commit) -> Tensor:
+    def _oracle_taus(self, picked: Tensor) -> Tensor:
         """tau of each slot's branch, read off the target's picks at every union node (on device)."""
         union, split = self._union
-        picked = commit.picked
         ok = torch.cat([picked.new_ones(1, dtype=torch.bool), union.tokens == picked[union.parents]])
         accepted = ~(union.tree_mask & ~ok).any(1)
         depth = torch.cat([union.depths.new_zeros(1), union.depths])

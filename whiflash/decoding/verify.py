@@ -4,6 +4,9 @@ Proposals are one-hot (the drafter's argmax), so sample-and-walk is exact at any
 the target draws one token per node from its own distribution given that node's ancestors, and
 the walk follows drafted children while they equal the draw. Every emitted token is therefore a
 genuine target sample, and with T = 0 the output is the target's greedy decoding.
+
+The walk runs on the device with fixed shapes; its result reaches the host in the round's one
+read (see `whiflash.decoding.loop`).
 """
 from __future__ import annotations
 
@@ -21,21 +24,25 @@ def target_tokens(logits: Tensor, temperature: float, generator: torch.Generator
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def accept(proposal: Proposal, picked: Tensor) -> Tensor:
-    """Indices (into `[root, nodes]`) of the accepted path, root first, as a device tensor.
+def accept(proposal: Proposal, picked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Walk `[root, nodes]` given the target's token `picked[i]` at every node.
 
-    `picked[i]` is the target's token at node i. Chains accept the leading run of matches; trees
-    accept every node whose whole ancestry matches, and the deepest such node ends the path.
+    Returns device tensors `(count, best, keep)`: the accepted path's length (root included, so
+    count = tau), its last node, and a permutation of all node indices whose first `count`
+    entries are the path, root first. Chains accept the leading run of matches; trees accept
+    every node whose whole ancestry matches, and the deepest such node ends the path.
     """
     m = proposal.size
-    if m == 0:
-        return torch.zeros(1, dtype=torch.long, device=picked.device)
+    device = picked.device
     if proposal.parents is None:
-        run = torch.cumprod((proposal.tokens == picked[:-1]).long(), 0).sum()
-        return torch.arange(m + 1, device=picked.device)[: int(run) + 1]
-    ok = torch.cat([torch.ones(1, dtype=torch.bool, device=picked.device), proposal.tokens == picked[proposal.parents]])
+        keep = torch.arange(m + 1, device=device)
+        count = torch.cumprod((proposal.tokens == picked[:-1]).long(), 0).sum() + 1 if m else keep.new_ones(())
+        return count, count - 1, keep
+    ok = torch.cat([torch.ones(1, dtype=torch.bool, device=device), proposal.tokens == picked[proposal.parents]])
     anc = proposal.tree_mask
     accepted = ~(anc & ~ok).any(1)  # every ancestor (and the node) matched its parent's pick
-    depth = torch.cat([torch.zeros(1, dtype=torch.long, device=picked.device), proposal.depths])
+    depth = torch.cat([proposal.depths.new_zeros(1), proposal.depths])
     best = torch.where(accepted, depth, -1).argmax()
-    return anc[best].nonzero().squeeze(-1)  # ancestors come before descendants in index order
+    on_path = anc[best]
+    keep = torch.argsort((~on_path).to(torch.uint8), stable=True)  # path first, in index (= depth) order
+    return depth[best] + 1, best, keep

@@ -48,12 +48,6 @@ class Commit:
     """Absolute position of the first committed row."""
     taps: tuple[int, ...]
     """Target layers of `feats`' second axis."""
-    hidden: Tensor | None = None
-    """`[H]` final post-norm hidden state at the last committed position (router input)."""
-    logits: Tensor | None = None
-    """`[V]` target logits at the last committed position (router input)."""
-    picked: Tensor | None = None
-    """`[1 + m]` the target's token at every node of the verify pass that produced this commit."""
 
 
 def concat_commits(commits: list[Commit]) -> Commit:
@@ -65,8 +59,6 @@ def concat_commits(commits: list[Commit]) -> Commit:
         next_tokens=torch.cat([c.next_tokens for c in commits]),
         start=commits[0].start,
         taps=commits[0].taps,
-        hidden=commits[-1].hidden,
-        logits=commits[-1].logits,
     )
 
 
@@ -81,6 +73,12 @@ class Drafter(nn.Module):
         self.backlog: list[Commit] = []
         self.target: Any = None
         self.kv_len = 0  # committed positions whose K/V this drafter holds
+        self.static = False  # fixed-shape drafting passes (implied by CUDA graphs)
+        self.graphs: dict[str, Any] | None = None
+
+    def use_cuda_graphs(self, enabled: bool = True) -> None:
+        """Replay captured CUDA graphs for the fixed-shape drafting passes (captured on first use)."""
+        self.graphs = {} if enabled else None
 
     @property
     def max_nodes(self) -> int:
@@ -97,18 +95,22 @@ class Drafter(nn.Module):
     def _setup_cache(self, max_len: int) -> None:
         raise NotImplementedError
 
-    def observe(self, commit: Commit) -> Tensor | None:
-        """Queue newly committed positions; nothing is computed until the next `propose`.
-
-        May return a small long tensor of values the drafter needs on the host next round (a
-        router's decision); the loop reads it together with the round's committed tokens, so it
-        costs no extra host synchronisation, and hands it back through `receive`.
-        """
+    def observe(self, commit: Commit) -> None:
+        """Queue newly committed positions; nothing is computed until the next `propose`."""
         self.backlog.append(commit)
+
+    def decide(self, hidden: Tensor, logits: Tensor, picked: Tensor | None) -> Tensor | None:
+        """Device values the drafter needs on the host next round (a router's slot), or None.
+
+        Called with the target's final post-norm hidden state `[H]` and logits `[V]` at the last
+        committed position, and the target's token at every verified node (None after prefill).
+        The loop reads the result together with the round's tokens, so it costs no extra host
+        synchronisation, and hands the host copy back through `receive`.
+        """
         return None
 
     def receive(self, values: list[int]) -> None:
-        """Host copies of what `observe` returned."""
+        """Host copies of what `decide` returned."""
 
     def annotate(self, stats: Any) -> None:
         """Add drafter-specific per-round records to the sequence's statistics."""

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from whiflash.drafters.base import Drafter, Proposal
 from whiflash.runtime.config import rope_from_config
+from whiflash.runtime.graphs import Graphed
 from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU
 
 
@@ -70,13 +71,23 @@ class BlockAttention(nn.Module):
         v = self.v_proj(x).view(t, self.nkv, self.hd).transpose(0, 1)
         return k, v
 
-    def forward(self, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor, start: int) -> Tensor:
+    def forward(
+        self, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor, start: int | Tensor, mask: Tensor | None
+    ) -> Tensor:
+        """Block rows at slot `start` onward (eager; keys are slots `< start + T`), or at the `[T]` slots
+        tensor `start` with the whole cache under `mask` (static shapes)."""
         t = x.shape[0]
         q = rope(self.q_norm(self.q_proj(x).view(t, self.nh, self.hd)).transpose(0, 1), positions)
         k, v = self.kv(x, rope, positions)
-        kc[:, start : start + t] = k  # scratch slots past the context: dropped after the round
-        vc[:, start : start + t] = v
-        out = F.scaled_dot_product_attention(q[None], kc[None, :, : start + t], vc[None, :, : start + t], enable_gqa=True)
+        # the block's K/V go to scratch slots past the context: dropped (overwritten) after the round
+        if isinstance(start, Tensor):
+            kc.index_copy_(1, start, k)
+            vc.index_copy_(1, start, v)
+        else:
+            kc[:, start : start + t] = k
+            vc[:, start : start + t] = v
+            kc, vc = kc[:, : start + t], vc[:, : start + t]
+        out = F.scaled_dot_product_attention(q[None], kc[None], vc[None], attn_mask=mask, enable_gqa=True)
         return self.o_proj(out[0].transpose(0, 1).reshape(t, -1))
 
 
@@ -89,8 +100,10 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.mlp = SwiGLU(h, cfg["intermediate_size"], bool(cfg.get("mlp_bias", False)))
 
-    def forward(self, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor, start: int) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, positions, kc, vc, start)
+    def forward(
+        self, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor, start: int | Tensor, mask: Tensor | None
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, positions, kc, vc, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -126,7 +139,11 @@ class DFlashDrafter(Drafter):
         if self.k_cache.shape != shape or self.k_cache.device != w.device or self.k_cache.dtype != w.dtype:
             self.k_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
             self.v_cache = torch.zeros_like(self.k_cache)
+            self._cols = torch.arange(shape[2], device=w.device)
+            if self.graphs:  # captured graphs point at the old cache
+                self.graphs = {}
         self.rope.ensure(max_len + self.block_size + 1, w.device)
+        self._masks = torch.full((self.block_size - 1,), self.mask_token_id, dtype=torch.long, device=w.device)
 
     @torch.no_grad()
     def catch_up(self) -> None:
@@ -136,7 +153,7 @@ class DFlashDrafter(Drafter):
             return
         ctx = self.hidden_norm(self.fc(self.select_taps(commit)))
         n = ctx.shape[0]
-        positions = torch.arange(commit.start, commit.start + n, device=ctx.device)
+        positions = self._cols[commit.start : commit.start + n]
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.kv(ctx, self.rope, positions)
             self.k_cache[i, :, commit.start : commit.start + n] = k
@@ -149,12 +166,22 @@ class DFlashDrafter(Drafter):
         self.catch_up()
         if self.kv_len != pos:
             raise RuntimeError(f"dflash: drafter holds {self.kv_len} context positions, pending token sits at {pos}")
-        block = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=pending.device)
-        block[0] = pending.reshape(())
+        b = self.block_size
+        block = torch.cat([pending.reshape(1), self._masks])
+        positions = self._cols[pos : pos + b]
+        if not (self.static or self.graphs is not None):
+            return self._block(block, positions, pos, None)
+        mask = (self._cols < pos + b).expand(b, -1)
+        if self.graphs is None:
+            return self._block(block, positions, positions, mask)
+        if "block" not in self.graphs:
+            self.graphs["block"] = Graphed(self._block, block, positions, positions, mask)
+        return self.graphs["block"](block, positions, positions, mask)
+
+    def _block(self, block: Tensor, positions: Tensor, start: int | Tensor, mask: Tensor | None) -> Tensor:
         x = self.target.embed(block)
-        positions = torch.arange(pos, pos + self.block_size, device=x.device)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self.rope, positions, self.k_cache[i], self.v_cache[i], pos)
+            x = layer(x, self.rope, positions, self.k_cache[i], self.v_cache[i], start, mask)
         return self.target.lm_head(self.norm(x[1:])).float()
 
     def propose(self, pending: Tensor, pos: int) -> Proposal:

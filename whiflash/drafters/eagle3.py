@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from whiflash.drafters.base import Commit, Drafter, Proposal
 from whiflash.runtime.config import rope_from_config
+from whiflash.runtime.graphs import Graphed
 from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU
 
 
@@ -63,12 +64,12 @@ class MidAttention(nn.Module):
         v = self.v_proj(x).view(t, self.nkv, self.hd).transpose(0, 1)
         return k, v
 
-    def attend(self, x: Tensor, rope: Rotary, positions: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Queries of rows `x` (the newest rows of the cache) against cached keys `[kvh, L, hd]`, causally."""
+    def attend(self, x: Tensor, rope: Rotary, positions: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Queries of rows `x` (the newest rows of the cache) against cached keys `[kvh, L, hd]`:
+        causally, or under an explicit `mask` (static shapes)."""
         t = x.shape[0]
         q = rope(self.q_proj(x).view(t, self.nh, self.hd).transpose(0, 1), positions)
-        mask = None
-        if t > 1:  # the t queries are the last t keys: a causal block after a visible prefix
+        if mask is None and t > 1:  # the t queries are the last t keys: a causal block after a visible prefix
             mask = torch.ones(t, k.shape[1], dtype=torch.bool, device=x.device).tril_(k.shape[1] - t)
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)
         return self.o_proj(out[0].transpose(0, 1).reshape(t, -1))
@@ -125,6 +126,9 @@ class Eagle3Drafter(Drafter):
         if self.k_cache.shape[1:2] != (max_len,) or self.k_cache.device != w.device or self.k_cache.dtype != w.dtype:
             self.k_cache = torch.zeros(a.nkv, max_len, a.hd, device=w.device, dtype=w.dtype)
             self.v_cache = torch.zeros_like(self.k_cache)
+            self._cols = torch.arange(max_len, device=w.device)
+            if self.graphs:  # captured graphs point at the old cache
+                self.graphs = {}
         self.rope.ensure(max_len + 1, w.device)
 
     def embed(self, ids: Tensor) -> Tensor:
@@ -146,17 +150,24 @@ class Eagle3Drafter(Drafter):
         x = torch.cat([layer.input_layernorm(self.embed(tokens)), normed], dim=-1)
         return x, normed if self.cfg.get("norm_before_residual") else feature
 
-    def _write(self, x: Tensor, positions: Tensor) -> None:
+    def _write(self, x: Tensor, positions: Tensor, where: int | Tensor) -> None:
+        """Cache the K/V of rows `x` at slot `where` onward (int), or at the `[n]` slots tensor `where`."""
         k, v = self.midlayer.self_attn.kv(x, self.rope, positions)
-        start = int(positions[0])
-        self.k_cache[:, start : start + x.shape[0]] = k
-        self.v_cache[:, start : start + x.shape[0]] = v
+        if isinstance(where, Tensor):
+            self.k_cache.index_copy_(1, where, k)
+            self.v_cache.index_copy_(1, where, v)
+        else:
+            self.k_cache[:, where : where + x.shape[0]] = k
+            self.v_cache[:, where : where + x.shape[0]] = v
 
-    def _finish(self, x: Tensor, residual: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Attention output, MLP and head for the rows `x` whose K/V are already cached."""
+    def _finish(self, x: Tensor, residual: Tensor, positions: Tensor, end: int | None, mask: Tensor | None = None
+                ) -> tuple[Tensor, Tensor]:
+        """Attention output, MLP and head for rows `x` whose K/V are cached: keys are slots `< end`
+        (eager), or the whole cache under `mask` (static shapes, `end=None`)."""
         layer = self.midlayer
-        end = int(positions[-1]) + 1
-        h = residual + layer.self_attn.attend(x, self.rope, positions, self.k_cache[:, :end], self.v_cache[:, :end])
+        keys = self.k_cache if end is None else self.k_cache[:, :end]
+        values = self.v_cache if end is None else self.v_cache[:, :end]
+        h = residual + layer.self_attn.attend(x, self.rope, positions, keys, values, mask)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = self.lm_head(self.norm(h) if self.cfg.get("norm_output", True) else h)
         return h, logits
@@ -174,16 +185,25 @@ class Eagle3Drafter(Drafter):
         if commit is None:
             return None
         feature = self.fuse(self.select_taps(commit))
-        positions = torch.arange(commit.start, commit.start + feature.shape[0], device=feature.device)
+        n = feature.shape[0]
+        end = commit.start + n
+        positions = self._cols[commit.start : end]
         x, residual = self._rows(feature, commit.next_tokens)
-        self._write(x, positions)
-        self.kv_len = int(positions[-1]) + 1
+        self._write(x, positions, commit.start)
+        self.kv_len = end
         if self.full_prefill:
-            h, logits = self._finish(x, residual, positions)
+            h, logits = self._finish(x, residual, positions, end)
             self._last = h[-1:], logits[-1:]
         else:
-            self._last = self._finish(x[-1:], residual[-1:], positions[-1:])
+            self._last = self._finish(x[-1:], residual[-1:], positions[-1:], end)
         return self._last
+
+    def _step(self, h: Tensor, token: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """One static-shape drafting step: (feature, token) at `slots` -> (pre-norm output, next target id)."""
+        x, residual = self._rows(h, token)
+        self._write(x, positions, slots)
+        h, logits = self._finish(x, residual, positions, None, mask)
+        return h, self._to_target(logits[-1].argmax(-1, keepdim=True))
 
     @torch.no_grad()
     def propose(self, pending: Tensor, pos: int) -> Proposal:
@@ -193,9 +213,20 @@ class Eagle3Drafter(Drafter):
         h, logits = self._last
         tokens = [self._to_target(logits[-1].argmax(-1, keepdim=True))]
         for step in range(1, self.num_steps):
-            positions = torch.tensor([pos + step - 1], device=h.device)
-            x, residual = self._rows(h, tokens[-1])
-            self._write(x, positions)  # speculative slot: overwritten by the next catch-up
-            h, logits = self._finish(x, residual, positions)
-            tokens.append(self._to_target(logits[-1].argmax(-1, keepdim=True)))
+            p = pos + step - 1  # speculative slots: overwritten by the next catch-up
+            positions = self._cols[p : p + 1]
+            if self.static or self.graphs is not None:
+                mask = (self._cols <= p)[None]
+                fn = self._step
+                if self.graphs is not None:
+                    if "step" not in self.graphs:
+                        self.graphs["step"] = Graphed(self._step, h, tokens[-1], positions, positions, mask)
+                    fn = self.graphs["step"]
+                h, token = fn(h, tokens[-1], positions, positions, mask)
+                tokens.append(token.clone())
+            else:
+                x, residual = self._rows(h, tokens[-1])
+                self._write(x, positions, p)
+                h, logits = self._finish(x, residual, positions, p + 1)
+                tokens.append(self._to_target(logits[-1].argmax(-1, keepdim=True)))
         return Proposal(tokens=torch.cat(tokens))

@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from whiflash.runtime.config import ModelConfig
+from whiflash.runtime.graphs import Graphed
 from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU
 from whiflash.runtime.weights import load_strict, read_state_dict, resolve_checkpoint
 
@@ -53,8 +55,17 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
 
     def forward(
-        self, x: Tensor, rope: Rotary, positions: Tensor, k_cache: Tensor, v_cache: Tensor, start: int, mask: Tensor | None
+        self,
+        x: Tensor,
+        rope: Rotary,
+        positions: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        start: int | Tensor,
+        mask: Tensor | None,
     ) -> Tensor:
+        """`start` is the first slot (eager: attend to slots `< start + T`), or a `[T]` tensor of slots
+        (static shapes: write with `index_copy_`, attend to the whole cache under `mask [T, max_len]`)."""
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
@@ -63,12 +74,16 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = rope(q.transpose(0, 1), positions)
         k = rope(k.transpose(0, 1), positions)
-        end = start + t
-        k_cache[:, start:end] = k
-        v_cache[:, start:end] = v
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(0), k_cache[None, :, :end], v_cache[None, :, :end], attn_mask=mask, enable_gqa=True
-        )
+        if isinstance(start, Tensor):
+            k_cache.index_copy_(1, start, k)
+            v_cache.index_copy_(1, start, v)
+            keys, values = k_cache, v_cache
+        else:
+            end = start + t
+            k_cache[:, start:end] = k
+            v_cache[:, start:end] = v
+            keys, values = k_cache[:, :end], v_cache[:, :end]
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)
         return self.o_proj(out[0].transpose(0, 1).reshape(t, -1))
 
 
@@ -80,7 +95,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
 
-    def forward(self, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor, start: int, mask: Tensor | None) -> Tensor:
+    def forward(
+        self, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor, start: int | Tensor, mask: Tensor | None
+    ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, positions, kc, vc, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -106,6 +123,17 @@ class Target(nn.Module):
         self.rope = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.k_cache = self.v_cache = torch.empty(0)
         self.max_len = 0
+        self.static = False  # fixed-shape passes (full-cache attention under a mask); implied by graphs
+        self.graphs: dict[tuple[Any, ...], Graphed] | None = None
+
+    def use_cuda_graphs(self, enabled: bool = True) -> None:
+        """Replay captured CUDA graphs for every fixed-shape pass (decode step, chain and tree verify).
+
+        One graph per (tokens, taps, logits) shape, captured on first use; prefill stays eager.
+        """
+        if enabled and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need the target on a CUDA device, it is on {self.device}")
+        self.graphs = {} if enabled else None
 
     @property
     def device(self) -> torch.device:
@@ -125,6 +153,9 @@ class Target(nn.Module):
         self.v_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.rope.ensure(max_len + 1, self.device)
         self.max_len = max_len
+        self._cols = torch.arange(max_len, device=self.device)
+        if self.graphs:  # captured graphs point at the old cache
+            self.graphs = {}
 
     def embed(self, ids: Tensor) -> Tensor:
         return self.model.embed_tokens(ids)
@@ -149,18 +180,33 @@ class Target(nn.Module):
         end = start + t
         if end > self.max_len:
             raise ValueError(f"target cache holds {self.max_len} slots; a pass up to slot {end} does not fit")
+        bad = [layer for layer in taps if not 0 <= layer < len(self.model.layers)]
+        if bad:
+            raise ValueError(f"tap layers {bad} are outside the target's {len(self.model.layers)} layers")
         if positions is None:
             positions = torch.arange(start, end, device=ids.device)
-        mask = self._mask(t, start, tree_mask, ids.device)
+        if not (self.static or self.graphs is not None) or logits == "last":  # prefill: eager, exact shapes
+            return self._run(ids, positions, start, self._mask(t, start, tree_mask, ids.device), taps, logits)
+        slots = self._cols[start:end]
+        mask = self._cols < start
+        mask = mask.expand(t, -1).clone()
+        block = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=ids.device).tril_()
+        mask[:, start:end] = block
+        if self.graphs is None:
+            return self._run(ids, positions, slots, mask, taps, logits)
+        key = (t, taps, logits)
+        if key not in self.graphs:
+            self.graphs[key] = Graphed(lambda *a: self._run(*a[:2], a[2], a[3], taps, logits), ids, positions, slots, mask)
+        return self.graphs[key](ids, positions, slots, mask)
+
+    def _run(self, ids: Tensor, positions: Tensor, start: int | Tensor, mask: Tensor | None,
+             taps: tuple[int, ...], logits: str) -> TargetOutput:
         x = self.embed(ids)
         captured: dict[int, Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             x = layer(x, self.rope, positions, self.k_cache[i], self.v_cache[i], start, mask)
             if i in taps:
                 captured[i] = x
-        bad = [layer for layer in taps if not 0 <= layer < len(self.model.layers)]
-        if bad:
-            raise ValueError(f"tap layers {bad} are outside the target's {len(self.model.layers)} layers")
         stacked = torch.stack([captured[layer] for layer in taps], dim=1) if taps else None
         hidden = self.model.norm(x)
         out_logits = None
@@ -202,7 +248,6 @@ def load_target(
         model.lm_head.weight = model.model.embed_tokens.weight
     allow = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     load_strict(model, read_state_dict(folder), str(folder), allow_missing=allow)
-    model.rope.ensure(256, device)
     model.eval()
     log.info("loaded target %s (%s, %d layers, hidden %d) on %s/%s", name_or_path, cfg.model_type,
              cfg.num_hidden_layers, cfg.hidden_size, device, dtype)
