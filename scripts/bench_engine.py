@@ -64,6 +64,7 @@ def main() -> None:
                 tps.append(s.tokens_per_second)
         rows.append({"method": name, "round_ms": statistics.median(per_round), "tau": statistics.mean(taus),
                      "tokens_per_s": statistics.median(tps)})
+        print(rows[-1], flush=True)
     shares = {}
     for lazy, drafter in timed.items():  # separate runs: the syncs that time catch-up would slow the rows above
         share = []

@@ -14,16 +14,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-_POOL: Any = None  # one memory pool for every graph of the process: graphs replay one at a time
-
-
-def _pool() -> Any:
-    global _POOL
-    if _POOL is None:
-        _POOL = torch.cuda.graph_pool_handle()
-    return _POOL
-
-
 class Graphed:
     """A captured `fn(*tensors)`; replay with new input values of the same shapes."""
 
@@ -36,7 +26,9 @@ class Graphed:
                 fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=_pool()), torch.no_grad():
+        # each graph keeps its own memory pool: a pool shared across graphs must outlive every one
+        # of them, and graphs are dropped and recaptured when a cache is resized
+        with torch.cuda.graph(self.graph), torch.no_grad():
             self.outputs = fn(*self.inputs)
 
     def __call__(self, *inputs: Tensor) -> Any:
