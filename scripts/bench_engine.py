@@ -51,8 +51,9 @@ def main() -> None:
     timed = {lazy: whiflash.RoutedDrafter("df-e3", whiflash.AlternatingRouter(), eagle3=eagle, dflash=ddtree,
                                           lazy_catchup=lazy, time_catchup=True) for lazy in (True, False)}
     prompts = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6]]
-    for drafter in methods.values():  # warm-up
-        whiflash.generate(target, drafter, prompts[0], 16)
+    for drafter in [*methods.values(), *timed.values()]:  # warm-up: lazy CUDA module loading, allocator
+        for p in prompts:
+            whiflash.generate(target, drafter, p, args.new_tokens)
     rows = []
     for name, drafter in methods.items():
         per_round, taus, tps = [], [], []

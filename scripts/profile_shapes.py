@@ -134,7 +134,8 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any
     h = cfg.hidden_size
 
     def commit(start: int, n: int) -> Commit:
-        return Commit(torch.randn(n, len(taps), h, device=DEV, dtype=torch.bfloat16), ids[:n] % 1000, start, taps)
+        return Commit(torch.randn(n, len(taps), h, device=DEV, dtype=torch.bfloat16),
+                      torch.randint(0, 1000, (n,), device=DEV), start, taps)
 
     pending = ids[:1]
     for d in (dflash, eagle):
