@@ -170,3 +170,11 @@ def test_tree_builder_is_prefix_closed_best_first_and_exact(budget):
     assert math.isclose(sum(score[1:]), sum(every[:budget]), rel_tol=1e-5, abs_tol=1e-5)
     mask = ancestor_mask(torch.tensor(parents))
     assert mask.shape == (budget + 1, budget + 1) and mask[:, 0].all()
+
+
+def test_a_drafter_does_not_adopt_its_target(qwen, tmp_path):
+    world, target = qwen
+    drafter = whiflash.load_drafter("dflash", make_dflash(tmp_path / "d", world.target_cfg, [0, 1, 2]), target)
+    keys = set(drafter.state_dict())
+    whiflash.generate(target, drafter, [1, 2, 3], 5)
+    assert set(drafter.state_dict()) == keys and drafter.target is target

@@ -71,7 +71,7 @@ class Drafter(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.backlog: list[Commit] = []
-        self.target: Any = None
+        self._target: tuple[Any, ...] = ()  # a tuple, so nn.Module does not adopt the target as a submodule
         self.kv_len = 0  # committed positions whose K/V this drafter holds
         self.static = False  # fixed-shape drafting passes (implied by CUDA graphs)
         self.graphs: dict[str, Any] | None = None
@@ -81,13 +81,18 @@ class Drafter(nn.Module):
         self.graphs = {} if enabled else None
 
     @property
+    def target(self) -> Any:
+        """The target this drafter runs against (its embedding and LM head; set by `reset`)."""
+        return self._target[0] if self._target else None
+
+    @property
     def max_nodes(self) -> int:
         """Largest proposal (nodes after the root) this drafter makes; sizes the target's verify pass."""
         raise NotImplementedError
 
     def reset(self, target: Any, max_len: int, temperature: float = 0.0) -> None:
         """Start a new sequence: forget the backlog and (re)size the cache for `max_len` positions."""
-        self.target = target
+        self._target = (target,)
         self.backlog = []
         self.kv_len = 0
         self._setup_cache(max_len)

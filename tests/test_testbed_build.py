@@ -1,0 +1,142 @@
+"""End-to-end ``micro`` testbed build (once per session), its contracts and resumability."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from whiflash.testbed.build import STAGES, build
+from whiflash.testbed.presets import CATEGORIES, get_preset
+
+
+@pytest.fixture(scope="session")
+def micro(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("testbed") / "micro"
+    build(out, get_preset("micro"))
+    return out
+
+
+def _manifest(root: Path) -> dict:
+    return json.loads((root / "manifest.json").read_text())
+
+
+def test_manifest_records_every_stage(micro: Path) -> None:
+    m = _manifest(micro)
+    assert m["preset"] == "micro" and len(m["corpus_sha256"]) == 64
+    assert [e["stage"] for e in m["log"]] == list(STAGES)
+    for name in STAGES:
+        rec = m["stages"][name]
+        assert rec["done"] and rec["fingerprint"] and len(rec["output_sha256"]) == 64
+        assert (micro / name).is_dir() and not (micro / f".tmp-{name}").exists()
+    assert m["versions"]["torch"] and m["config"]["target"]["hidden_size"] == 128
+
+
+def test_target_loads_with_transformers_and_beats_unigram(micro: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from whiflash.testbed.target import evaluate_target
+
+    model = AutoModelForCausalLM.from_pretrained(str(micro / "target"))
+    tok = AutoTokenizer.from_pretrained(str(micro / "target"))
+    assert model.config.model_type == "qwen3" and model.config.vocab_size == len(tok)
+    figures = evaluate_target(model, micro / "tokens", seq_len=64, n_windows=4)
+    for cat in CATEGORIES:
+        f = figures[cat]
+        assert math.isfinite(f["loss"]) and f["loss"] < f["unigram_loss"] - 0.3, (cat, f)
+    recorded = _manifest(micro)["stages"]["target"]["test"]
+    assert all(recorded[c]["loss"] < recorded[c]["unigram_loss"] for c in CATEGORIES)
+    # Math is templated: it must be the most predictable category.
+    assert recorded["math"]["loss"] < min(recorded["code"]["loss"], recorded["prose"]["loss"])
+
+
+def test_runtime_matches_transformers_on_the_target(micro: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    import whiflash
+
+    hf = AutoModelForCausalLM.from_pretrained(str(micro / "target")).eval()
+    ours = whiflash.load_target(micro / "target")
+    ids = torch.tensor(json.loads((micro / "responses" / "responses.jsonl").open().readline())["prompt_ids"])
+    ours.setup_cache(ids.numel())
+    with torch.no_grad():
+        ref = hf(input_ids=ids[None]).logits[0]
+    got = ours(ids, 0).logits
+    assert torch.allclose(got, ref, atol=1e-3, rtol=1e-3)
+    assert _manifest(micro)["stages"]["responses"]["runtime_argmax_agreement"] >= 0.99
+
+
+def test_drafters_load_and_accept_more_than_one_token(micro: Path) -> None:
+    from transformers import AutoTokenizer
+
+    import whiflash
+    from whiflash.testbed.prompts import eval_prompts
+
+    tok = AutoTokenizer.from_pretrained(str(micro / "target"))
+    target = whiflash.load_target(micro / "target")
+    e3 = whiflash.load_drafter("eagle3", micro / "eagle3", target)
+    df = whiflash.load_drafter("dflash", micro / "dflash", target)
+    assert df.mask_token_id == tok.mask_token_id
+    assert int(e3.d2t.abs().sum()) > 0  # a reduced vocabulary with real offsets
+    taus = {"eagle3": [], "dflash": []}
+    for cat in CATEGORIES:
+        for prompt in eval_prompts(micro, cat, 2):
+            ids = tok(prompt)["input_ids"]
+            ref, _ = whiflash.generate(target, None, ids, 24)
+            for name, drafter in (("eagle3", e3), ("dflash", df)):
+                out, stats = whiflash.generate(target, drafter, ids, 24)
+                assert out == ref  # lossless: the drafters only change speed
+                taus[name].append(stats.mean_tau)
+    for name, values in taus.items():
+        assert sum(values) / len(values) > 1.0, (name, values)
+    acc = _manifest(micro)["stages"]["acceptance"]
+    assert acc["lossless_mismatches"] == 0
+    assert set(acc["tau"]) == {"eagle3", "dflash", "ddtree", "oracle"}
+    assert all(set(v) == set(CATEGORIES) for v in acc["tau"].values())
+    for cat in CATEGORIES:  # the per-round oracle is never below the better single drafter by much
+        assert acc["tau"]["oracle"][cat] >= 0.95 * max(acc["tau"]["eagle3"][cat], acc["tau"]["dflash"][cat])
+
+
+def test_eval_prompts_come_from_the_test_split(micro: Path) -> None:
+    from whiflash.testbed.corpus import read_corpus
+    from whiflash.testbed.prompts import held_out_prompts
+
+    for cat in CATEGORIES:
+        test_ids = {r["id"] for r in read_corpus(micro / "corpus", "test", cat)}
+        prompts = held_out_prompts(micro, cat, 5)
+        assert len(prompts) == 5 and len({p.id for p in prompts}) == 5
+        assert all(p.id.rsplit("@", 1)[0] in test_ids for p in prompts)
+        assert held_out_prompts(micro, cat, 5) == prompts  # deterministic
+
+
+def test_second_build_reuses_every_stage(micro: Path) -> None:
+    weights = micro / "target" / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+    m = build(micro, get_preset("micro"))
+    last_run = m["log"][-len(STAGES):]
+    assert [e["action"] for e in last_run] == ["reused"] * len(STAGES)
+    assert weights.stat().st_mtime_ns == mtime
+
+
+def test_changed_stage_config_rebuilds_only_downstream(micro: Path) -> None:
+    cfg = get_preset("micro")
+    cfg.dflash.max_steps = 3
+    try:
+        m = build(micro, cfg)
+        actions = {e["stage"]: e["action"] for e in m["log"][-len(STAGES):]}
+        assert actions.pop("dflash") == actions.pop("acceptance") == "built"  # the changed stage and its reader
+        assert set(actions.values()) == {"reused"}
+        assert m["stages"]["dflash"]["steps"] == 3
+    finally:
+        build(micro, get_preset("micro"))  # restore the session's drafter for any later test
+
+
+def test_cli_build_reuses_and_prints_summary(micro: Path, capsys) -> None:
+    from whiflash.testbed.__main__ import main
+
+    main(["build", "--preset", "micro", "--out", str(micro), "--quiet", "true"])
+    text = capsys.readouterr().out
+    assert "reused" in text and "math" in text and "built" not in text

@@ -1,0 +1,147 @@
+"""Testbed corpus, math generator, tokenizer and stage machinery (fast, no model training)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from whiflash.testbed.corpus import SPLITS, assign_split, read_corpus, write_corpus
+from whiflash.testbed.manifest import Manifest
+from whiflash.testbed.mathgen import TEMPLATES, check_solution, generate_problems
+from whiflash.testbed.presets import CATEGORIES, CorpusConfig, TokenizerConfig, apply_overrides, get_preset
+from whiflash.testbed.tokenizer import MASK, SPECIAL_TOKENS, load_tokenizer, train_tokenizer
+
+SMALL = CorpusConfig(math_problems=400, max_file_chars=20_000, validation_fraction=0.1, test_fraction=0.1)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("corpus")
+    write_corpus(SMALL, out)
+    return out
+
+
+def test_math_solutions_are_correct() -> None:
+    problems = list(generate_problems(2000, seed=3))
+    assert {p.template for p in problems} == set(TEMPLATES)
+    for p in problems:
+        assert check_solution(p.text) == p.answer
+        assert p.answer >= 0
+    # Varied numbers and names, not one problem repeated.
+    assert len({p.question for p in problems}) > 1800, len({p.question for p in problems})
+
+
+def test_math_checker_rejects_wrong_arithmetic() -> None:
+    text = next(generate_problems(1, seed=0)).text
+    bad = re.sub(r">>(\d+)", r">>9\1", text, count=1)  # corrupt the first step's shown value
+    assert bad != text
+    with pytest.raises(ValueError):
+        check_solution(bad)
+    with pytest.raises(ValueError):
+        check_solution("Answer: 2+2 = <<2+2=5>>5\n#### 5")
+
+
+def test_math_generator_is_seeded() -> None:
+    a = [p.text for p in generate_problems(50, seed=7)]
+    assert a == [p.text for p in generate_problems(50, seed=7)]
+    assert a != [p.text for p in generate_problems(50, seed=8)]
+
+
+def test_corpus_split_is_by_group_and_deterministic(corpus_dir: Path, tmp_path: Path) -> None:
+    groups: dict[str, str] = {}
+    cats: dict[str, Counter] = {s: Counter() for s in SPLITS}
+    ids: set[str] = set()
+    for split in SPLITS:
+        for rec in read_corpus(corpus_dir, split):
+            assert rec["id"] not in ids
+            ids.add(rec["id"])
+            assert groups.setdefault(rec["group"], split) == split, f"group {rec['group']} straddles splits"
+            assert assign_split(rec["group"], SMALL) == split
+            cats[split][rec["category"]] += 1
+    for split in SPLITS:
+        assert set(cats[split]) == set(CATEGORIES), f"{split} lacks a category: {cats[split]}"
+    # A code file's docstrings (prose) share its group, so they share its split.
+    code_groups = {r["group"] for r in read_corpus(corpus_dir, "test", "code")}
+    assert code_groups & {r["group"] for r in read_corpus(corpus_dir, "test", "prose")}
+    # Same config -> byte-identical corpus and hash.
+    again = write_corpus(SMALL, tmp_path / "again")
+    first = (corpus_dir / "train.jsonl").read_bytes()
+    assert (tmp_path / "again" / "train.jsonl").read_bytes() == first
+    other = write_corpus(CorpusConfig(**{**SMALL.__dict__, "seed": 1}), tmp_path / "other")
+    assert other["sha256"] != again["sha256"]
+
+
+def test_tokenizer_round_trip_and_mask_never_in_training_text(corpus_dir: Path, tmp_path: Path) -> None:
+    info = train_tokenizer(corpus_dir, TokenizerConfig(vocab_size=600, train_chars_per_category=100_000),
+                           tmp_path / "tok")
+    tok = load_tokenizer(tmp_path / "tok")
+    assert len(tok) == info["vocab_size"] == 600
+    assert tok.mask_token == MASK and tok.mask_token_id == info["mask_token_id"]
+    assert tok.eos_token_id is not None and tok.pad_token_id is not None
+    assert len({tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}) == len(SPECIAL_TOKENS)
+    for text in ["def f(x):\n    return x ** 2  # ünïcödé ✓\n", "Question: Ada has 3 apples.\nAnswer: 3"]:
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    special = set(info["special_token_ids"].values())
+    for split in SPLITS:
+        texts = [r["text"] for r in read_corpus(corpus_dir, split)]
+        for enc in tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False):
+            assert not special & set(enc.ids)
+    # The guard is what makes this hold: the raw spelling would map to the mask id.
+    assert tok.mask_token_id in tok.encode("x <|mask|> y", add_special_tokens=False)
+
+
+def test_overrides_and_presets() -> None:
+    cfg = apply_overrides(get_preset("tiny"), ["target.max_steps=7", "device=cuda", 'target.mix={"math": 1.0}'])
+    assert cfg.target.max_steps == 7 and cfg.device == "cuda" and cfg.target.mix == {"math": 1.0}
+    assert get_preset("tiny").target.max_steps != 7  # presets are fresh copies
+    with pytest.raises(ValueError):
+        apply_overrides(cfg, ["target.nope=1"])
+    with pytest.raises(ValueError):
+        get_preset("huge")
+
+
+def test_manifest_stage_is_atomic_and_resumable(tmp_path: Path) -> None:
+    man = Manifest(tmp_path, {"x": 1})
+    calls = []
+
+    def ok(d: Path) -> dict:
+        calls.append(1)
+        (d / "f.txt").write_text("hi")
+        return {"n": 1}
+
+    def crash(d: Path) -> dict:
+        (d / "partial.txt").write_text("half")
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        man.run_stage("a", "fp1", crash)
+    assert not (tmp_path / "a").exists() and "a" not in man.data["stages"]
+    man = Manifest(tmp_path, {"x": 1})  # a new run after the crash
+    man.run_stage("a", "fp1", ok)
+    assert (tmp_path / "a" / "f.txt").read_text() == "hi" and not (tmp_path / ".tmp-a").exists()
+    man = Manifest(tmp_path, {"x": 1})
+    assert man.run_stage("a", "fp1", ok)["n"] == 1 and len(calls) == 1  # reused
+    man.run_stage("a", "fp2", ok)  # changed fingerprint: rebuilt
+    assert len(calls) == 2
+    log = json.loads((tmp_path / "manifest.json").read_text())["log"]
+    assert [e["action"] for e in log] == ["built", "reused", "built"]
+
+
+def test_prompt_cuts() -> None:
+    from whiflash.testbed.prompts import cut_prompt
+
+    rng = random.Random(0)
+    math = next(generate_problems(1, seed=0)).text
+    prompt, ref = cut_prompt("math", math, rng)
+    assert prompt.startswith("Question:") and prompt.endswith("\nAnswer:") and "####" in ref
+    code = "import os\n\n\ndef f(x):\n    return x + 1\n\n\nclass A:\n    def g(self):\n        return 2\n" * 3
+    prompt, ref = cut_prompt("code", code, rng)
+    assert prompt.endswith(":\n") and prompt + ref == code[len(code) - len(prompt + ref):]
+    prose = "Return the thing. It is computed lazily and cached for later calls to the same function."
+    prompt, ref = cut_prompt("prose", prose, rng)
+    assert prose.startswith(prompt) and not prompt.endswith(" ") and prompt + ref == prose

@@ -1,0 +1,144 @@
+"""Build a testbed: corpus -> tokenizer -> tokens -> target -> responses -> EAGLE-3 -> DFlash -> acceptance.
+
+Output layout (``OUT/``)::
+
+    manifest.json        config, versions, per-stage fingerprints/figures, build log
+    corpus/              {train,validation,test}.jsonl
+    tokenizer/           tokenizer.json, tokenizer_config.json
+    tokens/              {split}.{category}.npy token streams
+    target/              config.json, model.safetensors, tokenizer files (Qwen3 save_pretrained)
+    responses/           target-generated continuations + target features for drafter training
+    eagle3/              config.json, model.safetensors (SpecForge/EAGLE-3 layout)
+    dflash/              config.json, model.safetensors (z-lab DFlash layout)
+    acceptance/          acceptance.jsonl: per-prompt tau of EAGLE-3, DFlash, DDTree and the oracle
+
+Every stage is resumable (see ``manifest``): re-running a build reuses finished stages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .manifest import FORMAT_VERSION, Manifest, fingerprint
+from .presets import TestbedConfig
+
+__all__ = ["build", "default_dir", "STAGES"]
+
+log = logging.getLogger(__name__)
+
+STAGES: tuple[str, ...] = ("corpus", "tokenizer", "tokens", "target", "responses", "eagle3", "dflash", "acceptance")
+"""Stage names in build order (also their folder names)."""
+
+
+def default_dir(preset: str) -> Path:
+    """Where a preset is built when no folder is given: ``$WHIFLASH_TESTBED_DIR/<preset>``,
+    else ``~/.cache/whiflash/testbed/<preset>`` (a cache: builds are resumable and reusable)."""
+    root = os.environ.get("WHIFLASH_TESTBED_DIR") or Path.home() / ".cache" / "whiflash" / "testbed"
+    return Path(root) / preset
+
+
+def build(out: str | Path, config: TestbedConfig, until: str | None = None) -> dict[str, Any]:
+    """Build (or resume) the testbed described by ``config`` in ``out``; return the manifest dict.
+
+    ``until`` stops after the named stage (e.g. ``"target"`` when only the target is needed).
+    """
+    out = Path(out)
+    threads = torch.get_num_threads()
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    try:
+        return _build(out, config, until)
+    finally:
+        torch.set_num_threads(threads)  # the caller's process keeps its own setting
+
+
+def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any]:
+    man = Manifest(out, config.to_dict())
+    man.data["preset"] = config.name
+    t_start = time.perf_counter()
+    last = STAGES.index(until) if until else len(STAGES) - 1
+    # Each stage's fingerprint = its config + the output hashes of what it reads (see manifest.py).
+    sha: dict[str, str] = {}
+    dev = {"device": config.device, "precision": config.precision}
+
+    def run(name: str, parts: tuple, fn) -> dict[str, Any] | None:
+        if STAGES.index(name) > last:
+            return None
+        rec = man.run_stage(name, fingerprint(FORMAT_VERSION, name, *parts), fn)
+        sha[name] = rec["output_sha256"]
+        return rec
+
+    from . import corpus as corpus_mod
+
+    rec = run("corpus", (config.corpus, corpus_mod.stdlib_root().as_posix()),
+              lambda d: corpus_mod.write_corpus(config.corpus, d))
+    man.data["corpus_sha256"] = rec["sha256"]
+
+    from .tokenizer import load_tokenizer, train_tokenizer
+
+    tok_info = run("tokenizer", (config.tokenizer, config.corpus.seed, sha["corpus"]),
+                   lambda d: train_tokenizer(out / "corpus", config.tokenizer, d, seed=config.corpus.seed,
+                                             model_max_length=config.target.max_position_embeddings))
+    if tok_info is None:
+        return _finish(man, t_start)
+    tokenizer = load_tokenizer(out / "tokenizer")
+
+    from .data import tokenize_corpus
+
+    run("tokens", (sha["tokenizer"], sha["corpus"]), lambda d: tokenize_corpus(out / "corpus", tokenizer, d))
+
+    def _target(d: Path) -> dict[str, Any]:
+        from transformers import AutoModelForCausalLM
+
+        from .target import evaluate_target, train_target
+
+        figures = train_target(config.target, tok_info, out / "tokens", tokenizer, d, **dev)
+        model = AutoModelForCausalLM.from_pretrained(str(d)).to(config.device)
+        figures["test"] = evaluate_target(model, out / "tokens", config.target.seq_len, config.target.eval_windows)
+        return figures
+
+    if run("target", (config.target, dev, sha.get("tokens"), sha["tokenizer"]), _target) is None:
+        return _finish(man, t_start)
+
+    from .dflash_train import train_dflash
+    from .drafter_data import generate_responses
+    from .eagle3_train import train_eagle3
+
+    seed = config.target.seed
+    if run("responses", (config.responses, config.corpus.seed, sha["target"]),
+           lambda d: generate_responses(out, config.responses, config.target, d, device=config.device,
+                                        seed=config.corpus.seed)) is None:
+        return _finish(man, t_start)
+    run("eagle3", (config.eagle3, dev, sha["responses"], sha["target"]),
+        lambda d: train_eagle3(out, config.eagle3, d, seed=seed, **dev))
+    run("dflash", (config.dflash, dev, sha["responses"], sha["target"]),
+        lambda d: train_dflash(out, config.dflash, d, seed=seed, **dev))
+
+    from .acceptance import measure_acceptance
+
+    acc = config.acceptance
+    rec = run("acceptance", (acc, sha["target"], sha.get("eagle3"), sha.get("dflash")),
+              lambda d: measure_acceptance(out, d, acc.prompts_per_category, acc.max_new_tokens, device=config.device))
+    if rec is not None:
+        man.data["acceptance"] = {"tau": rec["tau"], "oracle_headroom": rec.get("oracle_headroom"),
+                                  "tau_definition": rec["tau_definition"]}
+    return _finish(man, t_start)
+
+
+def _finish(man: Manifest, t_start: float) -> dict[str, Any]:
+    stages = man.data["stages"]
+    man.data["sizes"] = {name: _dir_bytes(man.root / name) for name in STAGES if (man.root / name).is_dir()}
+    man.data["last_run_seconds"] = round(time.perf_counter() - t_start, 1)
+    man.data["build_seconds"] = round(sum(s.get("seconds", 0.0) for s in stages.values()), 1)
+    man.save()
+    return man.data
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

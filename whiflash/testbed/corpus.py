@@ -1,0 +1,183 @@
+"""The testbed corpus: text every Python install has, split by document group.
+
+Three categories:
+
+* ``code``  — the interpreter's standard-library ``.py`` files (encodings tables, ``lib2to3``
+  and very large files excluded; test suites only with ``include_tests``);
+* ``math``  — seeded arithmetic word problems with worked solutions (``mathgen``);
+* ``prose`` — English from the standard library: module/class/function docstrings and the
+  ``pydoc_data`` topic texts.
+
+Splits are assigned per *group* by a seeded hash, not per document: a source file's code
+document and its docstring documents share the group ``stdlib/<path>``, so no held-out code
+file has its docstrings in the training prose (and vice versa). The corpus is written as one
+JSON-lines file per split, each record ``{"id", "category", "group", "text"}``.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import json
+import logging
+import platform
+import sysconfig
+import tokenize
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .mathgen import generate_problems
+from .presets import CATEGORIES, CorpusConfig
+
+__all__ = ["Document", "SPLITS", "stdlib_root", "collect_documents", "assign_split", "write_corpus",
+           "read_corpus", "SPECIAL_TOKEN_GUARD"]
+
+log = logging.getLogger(__name__)
+
+SPLITS: tuple[str, ...] = ("train", "validation", "test")
+
+SPECIAL_TOKEN_GUARD = ("<|", "< |")
+"""Every ``<|`` in source text is rewritten so no document can spell a special token
+(``<|mask|>``, ``<|endoftext|>``): the target must never see the DFlash mask token."""
+
+# Directory names whose contents are not representative library code.
+_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings",
+              "pydoc_data", "_bundled", "lib2to3", "__phello__"}
+_TEST_DIRS = {"test", "tests", "idle_test"}
+
+
+@dataclass(frozen=True)
+class Document:
+    """One corpus document."""
+
+    id: str
+    """Unique id, e.g. ``code:json/decoder.py`` or ``math:123``."""
+    category: str
+    """``code``, ``math`` or ``prose``."""
+    group: str
+    """Split unit: documents of one group always land in the same split."""
+    text: str
+    """Document text (special-token spellings neutralised)."""
+
+
+def stdlib_root() -> Path:
+    """Directory of the running interpreter's pure-Python standard library."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _clean(text: str) -> str:
+    return text.replace(*SPECIAL_TOKEN_GUARD).replace("\r\n", "\n")
+
+
+def _stdlib_files(root: Path, max_chars: int, include_tests: bool = False) -> Iterator[tuple[str, str]]:
+    """(relative path, source) of the library's ``.py`` files in sorted order."""
+    skip = _SKIP_DIRS - _TEST_DIRS if include_tests else _SKIP_DIRS
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        dirs = rel.parts[:-1]
+        if any(part in skip for part in dirs):
+            continue
+        if not include_tests and (rel.name.startswith("test_") or any(p.startswith("test") for p in dirs)):
+            continue
+        if path.stat().st_size > max_chars * 2:
+            continue
+        try:
+            with tokenize.open(path) as fh:  # honours PEP 263 coding cookies
+                source = fh.read()
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
+        if len(source) <= max_chars and source.strip():
+            yield rel.as_posix(), source
+
+
+def _docstrings(source: str) -> Iterator[str]:
+    """Cleaned module, class and function docstrings of one source file."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=True)
+            if doc:
+                yield doc
+
+
+def _topics() -> dict[str, str]:
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # stripped-down interpreters
+        return {}
+    return dict(topics)
+
+
+def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[Document]:
+    """All documents of the corpus in a deterministic order (before splitting)."""
+    root = root or stdlib_root()
+    n_files = 0
+    for rel, source in _stdlib_files(root, cfg.max_file_chars, cfg.include_tests):
+        n_files += 1
+        group = f"stdlib/{rel}"
+        yield Document(f"code:{rel}", "code", group, _clean(source))
+        for i, doc in enumerate(_docstrings(source)):
+            if len(doc) >= cfg.min_docstring_chars:
+                yield Document(f"prose:{rel}:{i}", "prose", group, _clean(doc))
+    for name, text in sorted(_topics().items()):
+        text = inspect.cleandoc(text)
+        if len(text) >= cfg.min_docstring_chars:
+            yield Document(f"prose:topic:{name}", "prose", f"topic/{name}", _clean(text))
+    for i, problem in enumerate(generate_problems(cfg.math_problems, cfg.seed)):
+        yield Document(f"math:{i}", "math", f"math/{i}", problem.text)
+    log.info("collected %d standard-library files from %s", n_files, root)
+
+
+def assign_split(group: str, cfg: CorpusConfig) -> str:
+    """Seeded, order-independent split of a group: the same on every machine and run."""
+    digest = hashlib.sha256(f"{cfg.seed}:{group}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    if u < cfg.test_fraction:
+        return "test"
+    if u < cfg.test_fraction + cfg.validation_fraction:
+        return "validation"
+    return "train"
+
+
+def write_corpus(cfg: CorpusConfig, out_dir: Path, root: Path | None = None) -> dict:
+    """Write ``{split}.jsonl`` files into ``out_dir``; return statistics and the corpus hash.
+
+    The hash covers the ordered records of all splits, so it changes whenever the standard
+    library, the generator or the split rule changes.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    handles = {s: open(out_dir / f"{s}.jsonl", "w", encoding="utf-8") for s in SPLITS}
+    stats = {s: {c: {"documents": 0, "chars": 0} for c in CATEGORIES} for s in SPLITS}
+    hasher = hashlib.sha256()
+    try:
+        for doc in collect_documents(cfg, root):
+            split = assign_split(doc.group, cfg)
+            line = json.dumps({"id": doc.id, "category": doc.category, "group": doc.group, "text": doc.text},
+                              ensure_ascii=False)
+            handles[split].write(line + "\n")
+            hasher.update(split.encode() + b"\0" + line.encode() + b"\n")
+            stats[split][doc.category]["documents"] += 1
+            stats[split][doc.category]["chars"] += len(doc.text)
+    finally:
+        for fh in handles.values():
+            fh.close()
+    for split in SPLITS:
+        for cat in CATEGORIES:
+            if stats[split][cat]["documents"] == 0:
+                raise RuntimeError(f"corpus split {split!r} has no {cat!r} documents; adjust the fractions")
+    return {"sha256": hasher.hexdigest(), "stats": stats, "python": platform.python_version(),
+            "stdlib": str(root or stdlib_root())}
+
+
+def read_corpus(corpus_dir: Path, split: str, category: str | None = None) -> Iterator[dict]:
+    """Records of one split (optionally one category), in file order."""
+    with open(Path(corpus_dir) / f"{split}.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            if category is None or rec["category"] == category:
+                yield rec

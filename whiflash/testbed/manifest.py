@@ -1,0 +1,132 @@
+"""The testbed manifest and resumable, atomic build stages.
+
+Every stage writes into ``OUT/.tmp-<stage>`` and is moved to ``OUT/<stage>`` only when it has
+finished; then the manifest records its fingerprint (a hash of the stage's config and of the
+*output hashes* of the stages it reads), the hash of its own output files, timings and figures.
+A later build reuses a stage whose fingerprint matches and whose folder is present, and
+rebuilds it otherwise; a rebuilt stage whose output differs changes the fingerprints of
+everything downstream, which is then rebuilt too. The
+``log`` list of the manifest says, per run, which stages were built and which were reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Manifest", "fingerprint", "hash_dir", "atomic_write_json", "versions"]
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+"""Bump when a stage's on-disk output changes meaning, so old builds are not reused."""
+
+
+def fingerprint(*parts: Any) -> str:
+    """Stable short hash of JSON-able parts."""
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def hash_dir(path: Path) -> str:
+    """sha256 over the relative names and bytes of every file below ``path`` (sorted)."""
+    h = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(file.relative_to(path).as_posix().encode() + b"\0")
+        with open(file, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Write JSON to a temporary sibling, then rename over ``path`` (never a half-written file)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def versions() -> dict[str, str]:
+    """Versions of the interpreter and the libraries a build depends on."""
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "tokenizers", "lightning", "numpy", "whiflash"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+class Manifest:
+    """``OUT/manifest.json``: config, versions, stage records and the build log."""
+
+    def __init__(self, root: Path, config: dict[str, Any]):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.path = self.root / MANIFEST
+        self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.data.setdefault("format_version", FORMAT_VERSION)
+        self.data.setdefault("stages", {})
+        self.data.setdefault("log", [])
+        self.data["config"] = config
+        self.data["versions"] = versions()
+        self.run_id = time.strftime("%Y-%m-%dT%H:%M:%S")
+
+    def save(self) -> None:
+        atomic_write_json(self.path, self.data)
+
+    def stage(self, name: str) -> dict[str, Any]:
+        """The record of a finished stage (KeyError when it has not finished)."""
+        return self.data["stages"][name]
+
+    def is_done(self, name: str, fp: str) -> bool:
+        rec = self.data["stages"].get(name)
+        return bool(rec and rec.get("fingerprint") == fp and rec.get("done") and (self.root / name).is_dir())
+
+    def run_stage(self, name: str, fp: str, fn: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+        """Run ``fn(tmp_dir) -> figures`` unless the stage is done with this fingerprint.
+
+        ``fn`` writes into a fresh temporary folder; on success the folder replaces
+        ``OUT/<name>`` and the manifest gains ``{fingerprint, done, seconds, output_sha256, **figures}``.
+        """
+        if self.is_done(name, fp):
+            log.info("stage %-9s reused (fingerprint %s)", name, fp)
+            self._log(name, "reused", fp)
+            return self.stage(name)
+        tmp = self.root / f".tmp-{name}"
+        if tmp.exists():
+            shutil.rmtree(tmp)  # leftovers of a killed run
+        tmp.mkdir(parents=True)
+        self.data["stages"].pop(name, None)
+        self.save()  # a crash from here on leaves the stage marked not done
+        log.info("stage %-9s building (fingerprint %s)", name, fp)
+        t0 = time.perf_counter()
+        figures = fn(tmp)
+        seconds = time.perf_counter() - t0
+        final = self.root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        rec = {"fingerprint": fp, "done": True, "seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+               "output_sha256": hash_dir(final), **figures}
+        self.data["stages"][name] = rec
+        self._log(name, "built", fp, seconds)
+        return rec
+
+    def _log(self, name: str, action: str, fp: str, seconds: float | None = None) -> None:
+        entry = {"run": self.run_id, "stage": name, "action": action, "fingerprint": fp}
+        if seconds is not None:
+            entry["seconds"] = round(seconds, 1)
+        self.data["log"].append(entry)
+        self.save()

@@ -1,0 +1,300 @@
+"""Testbed build configurations: one dataclass per stage and the named presets.
+
+``micro`` is for the test suite (tens of seconds on a 2-core CPU), ``tiny`` is the CPU
+default used by the demo (at most ~5 minutes on 2 cores), ``small`` is sized for one H200
+(bf16 autocast, at most ~8 minutes). Stage fingerprints are computed from these dataclasses,
+so changing a field rebuilds exactly the stages that depend on it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any
+
+__all__ = [
+    "CATEGORIES", "CorpusConfig", "TokenizerConfig", "TargetConfig", "ResponsesConfig",
+    "Eagle3Config", "DFlashConfig", "AcceptanceConfig", "TestbedConfig", "PRESETS", "get_preset", "apply_overrides",
+]
+
+CATEGORIES: tuple[str, ...] = ("code", "math", "prose")
+"""Document categories; also the evaluation categories of the testbed."""
+
+
+@dataclass
+class CorpusConfig:
+    """Which documents make up the corpus and how they are split."""
+
+    seed: int = 0
+    """Seed of the split assignment and of the math problem generator."""
+    math_problems: int = 20_000
+    """Number of generated arithmetic word problems (all splits together)."""
+    validation_fraction: float = 0.05
+    """Share of document groups (source files, topics, problems) assigned to validation."""
+    test_fraction: float = 0.05
+    """Share of document groups assigned to test (held out for evaluation prompts)."""
+    min_docstring_chars: int = 80
+    """Docstrings shorter than this are not prose documents (``Return self.`` teaches little)."""
+    max_file_chars: int = 150_000
+    """Standard-library source files longer than this are skipped (huge tables, generated code)."""
+    include_tests: bool = False
+    """Also take the standard library's test suites (triples the code; worth it only for long runs)."""
+
+
+@dataclass
+class TokenizerConfig:
+    """Byte-level BPE tokenizer."""
+
+    vocab_size: int = 4096
+    """Total vocabulary size including the special tokens."""
+    train_chars_per_category: int = 2_000_000
+    """Characters of training documents per category fed to the BPE trainer (balanced sample)."""
+    min_frequency: int = 2
+    """Minimum pair frequency for a merge."""
+
+
+@dataclass
+class TargetConfig:
+    """Qwen3-architecture target and its pre-training run."""
+
+    hidden_size: int = 256
+    """Residual width."""
+    intermediate_size: int = 704
+    """SwiGLU inner width."""
+    num_hidden_layers: int = 4
+    """Decoder layers (drafter tap layers are chosen from these)."""
+    num_attention_heads: int = 4
+    """Query heads."""
+    num_key_value_heads: int = 2
+    """Key/value heads (GQA as in Qwen3)."""
+    head_dim: int = 64
+    """Per-head width."""
+    max_position_embeddings: int = 2048
+    """Longest sequence the runtime may use (prompt + generation + draft block)."""
+    rope_theta: float = 10_000.0
+    """RoPE base."""
+    tie_word_embeddings: bool = False
+    """Tie LM head and embedding (Qwen3-8B does not; the small Qwen3 models do)."""
+    seq_len: int = 256
+    """Training window length in tokens."""
+    batch_size: int = 16
+    """Windows per optimiser step."""
+    max_steps: int = 400
+    """Optimiser steps."""
+    max_minutes: float | None = None
+    """Optional wall-clock cap on training (the step count stays the primary budget)."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate (cosine decay to 10% after linear warmup)."""
+    warmup_steps: int = 30
+    """Linear warmup steps."""
+    weight_decay: float = 0.05
+    """AdamW weight decay on matrices (not on norms)."""
+    mix: dict[str, float] = field(default_factory=lambda: {"code": 0.35, "math": 0.35, "prose": 0.3})
+    """Sampling share of each category's training tokens (the raw corpus is code-heavy)."""
+    val_every: int = 100
+    """Steps between validation passes (per-category loss in the training log)."""
+    eval_windows: int = 32
+    """Held-out windows per category for the final test loss and entropy figures."""
+    seed: int = 0
+    """Initialisation and data-sampling seed."""
+
+
+@dataclass
+class ResponsesConfig:
+    """Target-generated continuations that the drafters are trained on."""
+
+    prompts_per_category: int = 64
+    """Training-split prefixes per category to continue."""
+    max_new_tokens: int = 96
+    """Greedy continuation length (short: small targets fall into repetition loops on code)."""
+    max_prompt_tokens: int = 128
+    """Prefixes are cut to at most this many tokens."""
+    batch_size: int = 16
+    """Sequences generated at once."""
+
+
+@dataclass
+class Eagle3Config:
+    """EAGLE-3 drafter and its training-time-test run."""
+
+    draft_vocab_size: int = 1024
+    """Reduced draft vocabulary (most frequent response tokens; d2t/t2d map it to the target's)."""
+    intermediate_size: int = 704
+    """Midlayer SwiGLU width."""
+    ttt_length: int = 5
+    """Training-time-test unroll steps."""
+    step_decay: float = 0.8
+    """Weight of unroll step k is ``step_decay**k``."""
+    max_steps: int = 300
+    """Optimiser steps."""
+    batch_size: int = 8
+    """Sequences per step."""
+    lr: float = 2e-3
+    """Peak AdamW learning rate."""
+    max_minutes: float | None = None
+    """Optional wall-clock cap on training."""
+
+
+@dataclass
+class DFlashConfig:
+    """DFlash drafter and its random-anchor block training run."""
+
+    block_size: int = 8
+    """Block length (1 anchor + block_size-1 drafted tokens)."""
+    num_hidden_layers: int = 2
+    """Draft layers."""
+    intermediate_size: int = 704
+    """Draft layer SwiGLU width."""
+    num_anchors: int = 32
+    """Random anchors (blocks) per sequence per step."""
+    loss_decay_gamma: float = 4.0
+    """Position weight ``exp(-(k-1)/gamma)`` for block slot k >= 1."""
+    max_steps: int = 300
+    """Optimiser steps."""
+    batch_size: int = 8
+    """Sequences per step."""
+    lr: float = 2e-3
+    """Peak AdamW learning rate."""
+    max_minutes: float | None = None
+    """Optional wall-clock cap on training."""
+
+
+@dataclass
+class AcceptanceConfig:
+    """Final check: tau per category with the real engine on held-out prompts."""
+
+    prompts_per_category: int = 8
+    """Test-split prompts per category."""
+    max_new_tokens: int = 64
+    """Greedy tokens generated per prompt."""
+
+
+@dataclass
+class TestbedConfig:
+    """Everything a testbed build depends on."""
+
+    name: str = "tiny"
+    """Preset name recorded in the manifest."""
+    device: str = "cpu"
+    """Torch device for training (``cpu`` or ``cuda``)."""
+    precision: str = "32-true"
+    """Lightning precision (``bf16-mixed`` on GPUs)."""
+    num_threads: int | None = None
+    """CPU threads for torch during the build (None: torch's default). On a 2-core machine that
+    other processes share, 2 OpenMP threads thrash (10-20x slower steps were measured), so the
+    CPU presets use 1; set 2 on a dedicated machine for ~1.5x faster target training."""
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    """Corpus stage."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """Tokenizer stage."""
+    target: TargetConfig = field(default_factory=TargetConfig)
+    """Target stage."""
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
+    """Drafter-training data stage."""
+    eagle3: Eagle3Config = field(default_factory=Eagle3Config)
+    """EAGLE-3 drafter stage."""
+    dflash: DFlashConfig = field(default_factory=DFlashConfig)
+    """DFlash drafter stage."""
+    acceptance: AcceptanceConfig = field(default_factory=AcceptanceConfig)
+    """Acceptance measurement stage."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (for the manifest and stage fingerprints)."""
+        return asdict(self)
+
+
+def _micro() -> TestbedConfig:
+    # For the test suite: every stage exercised, nothing learned beyond "better than unigram".
+    return TestbedConfig(
+        name="micro",
+        precision="bf16-mixed",
+        num_threads=1,
+        corpus=CorpusConfig(math_problems=3_000, max_file_chars=40_000),
+        tokenizer=TokenizerConfig(vocab_size=1024, train_chars_per_category=300_000),
+        target=TargetConfig(
+            hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=64, seq_len=128, batch_size=16, max_steps=120,
+            warmup_steps=10, lr=4e-3, val_every=60, eval_windows=8, max_position_embeddings=1024,
+        ),
+        responses=ResponsesConfig(prompts_per_category=8, max_new_tokens=32, max_prompt_tokens=64, batch_size=8),
+        eagle3=Eagle3Config(draft_vocab_size=512, intermediate_size=352, ttt_length=3, max_steps=40, batch_size=4),
+        dflash=DFlashConfig(block_size=4, num_hidden_layers=1, intermediate_size=352, num_anchors=8, max_steps=40,
+                            batch_size=4),
+        acceptance=AcceptanceConfig(prompts_per_category=2, max_new_tokens=24),
+    )
+
+
+def _tiny() -> TestbedConfig:
+    # ~2 minutes of target training on 2 CPU cores (bf16 autocast halves the step time there);
+    # math templates are learned to low entropy, code and prose stay uncertain.
+    return TestbedConfig(
+        name="tiny",
+        precision="bf16-mixed",
+        num_threads=1,
+        tokenizer=TokenizerConfig(vocab_size=2048),
+        target=TargetConfig(batch_size=8, max_steps=480, max_minutes=2.5, val_every=240),
+        responses=ResponsesConfig(prompts_per_category=48, max_new_tokens=96, batch_size=16),
+        eagle3=Eagle3Config(draft_vocab_size=1024, ttt_length=4, max_steps=160, batch_size=8, max_minutes=1.0),
+        dflash=DFlashConfig(block_size=8, num_hidden_layers=2, max_steps=200, batch_size=8, max_minutes=0.75),
+    )
+
+
+def _small() -> TestbedConfig:
+    # One H200 under bf16 autocast: a ~40M-parameter target trained for a few minutes.
+    return TestbedConfig(
+        name="small",
+        device="cuda",
+        precision="bf16-mixed",
+        corpus=CorpusConfig(math_problems=100_000, max_file_chars=400_000, include_tests=True),
+        tokenizer=TokenizerConfig(vocab_size=8192, train_chars_per_category=6_000_000),
+        target=TargetConfig(
+            hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
+            num_key_value_heads=4, head_dim=64, seq_len=512, batch_size=32, max_steps=2500,
+            warmup_steps=150, lr=1.5e-3, val_every=500, eval_windows=128, max_minutes=3.0,
+            max_position_embeddings=4096, mix={"code": 0.45, "math": 0.3, "prose": 0.25},
+        ),
+        responses=ResponsesConfig(prompts_per_category=1024, max_new_tokens=192, max_prompt_tokens=256,
+                                  batch_size=256),
+        eagle3=Eagle3Config(draft_vocab_size=4096, intermediate_size=1408, ttt_length=7, max_steps=1000,
+                            batch_size=32, lr=1e-3, max_minutes=1.25),
+        dflash=DFlashConfig(block_size=16, num_hidden_layers=2, intermediate_size=1408, num_anchors=128,
+                            loss_decay_gamma=7.0, max_steps=1000, batch_size=32, lr=1e-3, max_minutes=1.25),
+        acceptance=AcceptanceConfig(prompts_per_category=12, max_new_tokens=96),
+    )
+
+
+PRESETS = {"micro": _micro, "tiny": _tiny, "small": _small}
+"""Preset name -> factory returning a fresh ``TestbedConfig``."""
+
+
+def get_preset(name: str) -> TestbedConfig:
+    """A fresh copy of the named preset."""
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ValueError(f"unknown testbed preset {name!r}; choose one of {sorted(PRESETS)}") from None
+
+
+def apply_overrides(config: TestbedConfig, overrides: list[str]) -> TestbedConfig:
+    """Return a copy with ``section.field=value`` overrides applied (values parsed as JSON, else str).
+
+    Example: ``["target.max_steps=50", "device=cuda"]``.
+    """
+    config = copy.deepcopy(config)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} is not of the form key=value")
+        *path, leaf = key.strip().split(".")
+        obj: Any = config
+        for part in path:
+            obj = getattr(obj, part)
+        if not is_dataclass(obj) or leaf not in {f.name for f in fields(obj)}:
+            raise ValueError(f"unknown config field {key!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        setattr(obj, leaf, value)
+    return config

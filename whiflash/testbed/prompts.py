@@ -1,0 +1,102 @@
+"""Prompts cut from corpus documents: held-out evaluation prompts and drafter-training prefixes.
+
+Each category is cut where a user of that kind of model would stop typing:
+
+* math  — ``Question: ...\\nAnswer:`` (the worked solution is the continuation);
+* code  — the file up to and including a ``def``/``class`` header line (the body follows),
+  keeping at most ``max_chars`` characters of preceding context;
+* prose — the first sentence(s) of a docstring or topic, cut at a word boundary.
+
+Choice is seeded and deterministic; documents are never reused within one call.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .corpus import read_corpus
+from .presets import CATEGORIES
+
+__all__ = ["Prompt", "cut_prompt", "held_out_prompts", "eval_prompts"]
+
+_HEADER = re.compile(r"^[ \t]*(?:async\s+)?(?:def|class)\s+\w+.*:[ \t]*$")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prefix of a corpus document and the document's true continuation."""
+
+    id: str
+    """``<document id>@<cut offset>``."""
+    category: str
+    """``code``, ``math`` or ``prose``."""
+    prompt: str
+    """Text given to the model."""
+    reference: str
+    """What followed in the document (for inspection; never used by acceptance measurements)."""
+
+
+def cut_prompt(category: str, text: str, rng: random.Random, max_chars: int = 600) -> tuple[str, str] | None:
+    """Split one document into (prompt, reference), or None when it has no sensible cut."""
+    if category == "math":
+        i = text.find("\nAnswer:")
+        if i < 0:
+            return None
+        cut = i + len("\nAnswer:")
+        return text[:cut], text[cut:]
+    if category == "code":
+        lines = text.splitlines(keepends=True)
+        offsets, pos = [], 0
+        for line in lines:
+            pos += len(line)
+            if _HEADER.match(line) and pos < len(text) - 40:
+                offsets.append(pos)
+        if not offsets:
+            return None
+        cut = rng.choice(offsets)
+        start = max(0, cut - max_chars)
+        start = text.find("\n", start) + 1 if start > 0 else 0  # begin on a whole line
+        return text[start:cut], text[cut:]
+    if category == "prose":
+        if len(text) < 80:
+            return None
+        limit = min(max(60, len(text) // 3), max_chars)
+        # End after the first sentence that fits, else at the last space before the limit.
+        m = None
+        for m_ in re.finditer(r"[.:;!?]\s", text[:limit]):
+            m = m_
+        cut = m.end() if m and m.end() >= 40 else text.rfind(" ", 0, limit) + 1
+        if cut <= 0:
+            return None
+        # No trailing space: byte-level BPE attaches a space to the word after it.
+        prompt = text[:cut].rstrip()
+        return prompt, text[len(prompt):]
+    raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
+
+
+def held_out_prompts(testbed_dir: str | Path, category: str, n: int, split: str = "test", seed: int = 0,
+                     max_chars: int = 600) -> list[Prompt]:
+    """Up to ``n`` prompts of one category from one corpus split of a built testbed."""
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
+    docs = list(read_corpus(Path(testbed_dir) / "corpus", split, category))
+    rng = random.Random(f"{seed}:{split}:{category}")
+    rng.shuffle(docs)
+    out: list[Prompt] = []
+    for doc in docs:
+        if len(out) >= n:
+            break
+        cut = cut_prompt(category, doc["text"], rng, max_chars)
+        if cut is None:
+            continue
+        prompt, reference = cut
+        out.append(Prompt(f"{doc['id']}@{len(prompt)}", category, prompt, reference))
+    return out
+
+
+def eval_prompts(testbed_dir: str | Path, category: str, n: int, split: str = "test", seed: int = 0) -> list[str]:
+    """Held-out evaluation prompts (prefixes from the test split) of one category, as strings."""
+    return [p.prompt for p in held_out_prompts(testbed_dir, category, n, split=split, seed=seed)]
