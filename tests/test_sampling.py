@@ -34,6 +34,8 @@ def world(tmp_path_factory):
         "dflash": whiflash.load_drafter("dflash", make_dflash(root / "d", cfg, [0, 1], block_size=4, mask_token_id=V - 1, layers=1, crafted=True), target),
     }
     drafters["ddtree"] = whiflash.load_drafter("ddtree", root / "d", target, tree_budget=6)
+    drafters["routed"] = whiflash.RoutedDrafter("ddt-e3", whiflash.AlternatingRouter(), eagle3=drafters["eagle3"],
+                                                dflash=drafters["ddtree"])
     return target, drafters, exact_law(target)
 
 
@@ -81,7 +83,7 @@ def draw(target, drafter, seed0: int) -> tuple[list[tuple[int, int]], float]:
     return out, sum(taus) / len(taus)
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "dflash", "ddtree"])
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "ddtree", "routed"])
 def test_speculative_sampling_matches_target_law(world, kind):
     target, drafters, law = world
     samples, tau = draw(target, drafters[kind], seed0=1000)
