@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from whiflash.decoding.stats import DecodeStats
+from whiflash.decoding.verify import accepted_nodes
 from whiflash.drafters.base import Commit, Drafter, Proposal
 from whiflash.drafters.ddtree import DDTreeDrafter, tree_proposal
 from whiflash.drafters.dflash import DFlashDrafter
@@ -171,9 +172,7 @@ class RoutedDrafter(Drafter):
     def _oracle_taus(self, picked: Tensor) -> Tensor:
         """tau of each slot's branch, read off the target's picks at every union node (on device)."""
         union, split = self._union
-        ok = torch.cat([picked.new_ones(1, dtype=torch.bool), union.tokens == picked[union.parents]])
-        accepted = ~(union.tree_mask & ~ok).any(1)
-        depth = torch.cat([union.depths.new_zeros(1), union.depths])
+        accepted, depth = accepted_nodes(union, picked)
         reach = torch.where(accepted, depth, 0)
         return torch.stack([reach[1 : 1 + split].max(), reach[1 + split :].max()]) + 1
 

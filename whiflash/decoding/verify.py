@@ -24,6 +24,14 @@ def target_tokens(logits: Tensor, temperature: float, generator: torch.Generator
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def accepted_nodes(tree: Proposal, picked: Tensor) -> tuple[Tensor, Tensor]:
+    """For a tree over `[root, nodes]`: which nodes are accepted (their whole ancestry matched the
+    target's picks) and every node's depth (root 0), as `[m+1]` device tensors."""
+    ok = torch.cat([picked.new_ones(1, dtype=torch.bool), tree.tokens == picked[tree.parents]])
+    accepted = ~(tree.tree_mask & ~ok).any(1)
+    return accepted, torch.cat([tree.depths.new_zeros(1), tree.depths])
+
+
 def accept(proposal: Proposal, picked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Walk `[root, nodes]` given the target's token `picked[i]` at every node.
 
@@ -38,11 +46,8 @@ def accept(proposal: Proposal, picked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         keep = torch.arange(m + 1, device=device)
         count = torch.cumprod((proposal.tokens == picked[:-1]).long(), 0).sum() + 1 if m else keep.new_ones(())
         return count, count - 1, keep
-    ok = torch.cat([torch.ones(1, dtype=torch.bool, device=device), proposal.tokens == picked[proposal.parents]])
-    anc = proposal.tree_mask
-    accepted = ~(anc & ~ok).any(1)  # every ancestor (and the node) matched its parent's pick
-    depth = torch.cat([proposal.depths.new_zeros(1), proposal.depths])
+    accepted, depth = accepted_nodes(proposal, picked)
     best = torch.where(accepted, depth, -1).argmax()
-    on_path = anc[best]
+    on_path = proposal.tree_mask[best]
     keep = torch.argsort((~on_path).to(torch.uint8), stable=True)  # path first, in index (= depth) order
     return depth[best] + 1, best, keep
