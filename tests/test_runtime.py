@@ -141,3 +141,26 @@ def test_bf16_forward_runs_and_is_close(worlds):
     a, b = f32(ids, 0).logits, bf16(ids, 0).logits
     assert b.dtype == torch.float32 and bf16.k_cache.dtype == torch.bfloat16
     assert (a - b).abs().max() < 0.1 * a.abs().max()
+
+
+def test_hub_repo_ids_download_only_json_and_safetensors(worlds, monkeypatch):
+    import huggingface_hub
+
+    world = worlds["qwen3-random"]
+    asked = {}
+
+    def fake_snapshot_download(repo_id, allow_patterns=None, **kw):
+        asked["repo"], asked["patterns"] = repo_id, allow_patterns
+        return str(world.target_dir)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    target = whiflash.load_target("Qwen/Qwen3-8B")
+    assert asked["repo"] == "Qwen/Qwen3-8B" and target.name == "Qwen/Qwen3-8B"
+    assert not any(p.endswith((".bin", ".pt", ".pth", ".py")) for p in asked["patterns"])
+
+    def offline(repo_id, **kw):
+        raise OSError("no network")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(FileNotFoundError, match="'org/missing'.*Hub download failed: no network"):
+        whiflash.load_target("org/missing")
