@@ -1,0 +1,171 @@
+"""whiflash-datagen: log per-round router data (features + both drafters' tau) as a router dataset.
+
+Example (the embedded testbed; a real run names Hub ids or folders instead):
+
+    whiflash-datagen --testbed runs/testbed/tiny --prompts '[testbed:validation]' --out data/tiny-df-e3
+"""
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import whiflash
+from whiflash.datagen.prompts import PromptItem, read_source
+from whiflash.datagen.record import OracleRecorder, record_prompt
+from whiflash.train.dataset import TAU_DEFINITION, write_manifest, write_shard
+
+log = logging.getLogger("whiflash.datagen")
+ARGS_FILE = "datagen_args.json"
+
+
+def datagen(
+    *,
+    out: Path,
+    prompts: list[str],
+    target: str | None = None,
+    eagle3: str | None = None,
+    dflash: str | None = None,
+    testbed: Path | None = None,
+    pair: str = "df-e3",
+    tree_budget: int | None = None,
+    num_steps: int = 6,
+    per_category: int = 64,
+    max_prompts: int | None = None,
+    max_prompt_tokens: int = 1024,
+    max_new_tokens: int = 128,
+    shard_size: int = 16,
+    device: str = "cuda" if torch.cuda.is_available() else "cpu",
+    dtype: str = "float32",
+    seed: int = 0,
+) -> Path:
+    """Decode prompts with both drafters from the same state each round and write one row per round.
+
+    Args:
+        out: dataset folder (Parquet shards + manifest.json). A killed run resumed with the same
+            arguments reuses finished shards; other arguments are refused.
+        prompts: sources, each `testbed:SPLIT` or a JSONL file (FastChat `turns`, `prompt` or `input_ids`).
+        target: target model (Hub id or folder); default `<testbed>/target`.
+        eagle3: EAGLE-3 drafter (Hub id or folder); default `<testbed>/eagle3`.
+        dflash: DFlash drafter (Hub id or folder), also used for DDTree; default `<testbed>/dflash`.
+        testbed: a built testbed folder, the default for the three models and `testbed:` sources.
+        pair: drafter pair: df-e3, ddt-e3 or df-ddt (slot 0 first).
+        tree_budget: DDTree nodes for ddt pairs (default block_size - 1).
+        num_steps: EAGLE-3 chain length.
+        per_category: prompts per category taken from each `testbed:` source.
+        max_prompts: cap on the number of prompts (after concatenating the sources).
+        max_prompt_tokens: prompts are cut to their last this-many tokens.
+        max_new_tokens: tokens generated per prompt (greedy).
+        shard_size: prompts per Parquet shard (the unit of resumption).
+        device: torch device.
+        dtype: float32 or bfloat16.
+        seed: recorded in the manifest (decoding is greedy and deterministic).
+    """
+    out = Path(out)
+    args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items() if k != "out"}
+    out.mkdir(parents=True, exist_ok=True)
+    saved = out / ARGS_FILE
+    if saved.exists() and json.loads(saved.read_text()) != args:
+        raise ValueError(f"{out} holds a datagen run with other arguments ({saved}); resume with the same "
+                         "arguments or choose another --out")
+    saved.write_text(json.dumps(args, indent=2, sort_keys=True))
+
+    paths = {k: v or (str(testbed / k) if testbed else None) for k, v in
+             (("target", target), ("eagle3", eagle3), ("dflash", dflash))}
+    if paths["target"] is None or paths["dflash"] is None or ("e3" in pair and paths["eagle3"] is None):
+        raise ValueError("give --testbed DIR, or --target and --dflash (and --eagle3 for e3 pairs)")
+    model = whiflash.load_target(paths["target"], device=device, dtype=getattr(torch, dtype))
+    kind = "ddtree" if "ddt" in pair else "dflash"
+    slots = {"dflash": whiflash.load_drafter(kind, paths["dflash"], model, **({"tree_budget": tree_budget} if kind == "ddtree" else {}))}
+    if "e3" in pair:
+        slots["eagle3"] = whiflash.load_drafter("eagle3", paths["eagle3"], model, num_steps=num_steps)
+    recorder = OracleRecorder(pair, tree_budget=tree_budget, **slots)
+    tokenizer = _tokenizer(paths["target"])
+
+    items = [it for src in prompts for it in read_source(src, testbed, per_category)][:max_prompts]
+    if not items:
+        raise ValueError(f"prompt sources {prompts} gave no prompts")
+    shards = []
+    chunks = [items[i : i + shard_size] for i in range(0, len(items), shard_size)]
+    for index, chunk in enumerate(tqdm(chunks, desc="datagen shards")):
+        path = out / f"shard-{index:05d}.parquet"
+        if path.exists():  # finished before a restart (shards are renamed into place only when complete)
+            from whiflash.train.dataset import sha256_file
+            import pyarrow.parquet as pq
+
+            shards.append({"file": path.name, "rows": pq.read_metadata(path).num_rows, "sha256": sha256_file(path)})
+            continue
+        columns = _record_chunk(model, recorder, tokenizer, chunk, max_prompt_tokens, max_new_tokens)
+        shards.append(write_shard(path, columns, model.config.hidden_size))
+    manifest = {
+        "schema_version": 1, "target": paths["target"], "pair": pair,
+        "drafters": {"slot_0": paths["dflash"], "slot_1": paths["eagle3"] if "e3" in pair else paths["dflash"]},
+        "tree_budget": recorder.tree_budget if "ddt" in pair else None, "tap_layers": list(recorder.tap_layers),
+        "hidden_size": model.config.hidden_size, "dtype": "float16", "tau_definition": TAU_DEFINITION,
+        "prompt_sets": list(prompts), "seed": seed, "shards": shards,
+        "versions": {"whiflash": whiflash.__version__, "torch": torch.__version__, "python": platform.python_version(),
+                     "transformers": version("transformers")},
+        "advance_rule": "the slot with the larger tau advances (ties: slot 1); greedy decoding",
+        "max_new_tokens": max_new_tokens,
+    }
+    write_manifest(out, manifest)
+    rows = sum(s["rows"] for s in shards)
+    log.info("wrote %d rounds from %d prompts to %s", rows, len(items), out)
+    return out
+
+
+def _tokenizer(target_path: str):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(target_path)
+    except Exception as err:  # a target folder without tokenizer files: only input_ids prompts work
+        log.warning("no tokenizer for %s (%s); only input_ids prompts can be used", target_path, err)
+        return None
+
+
+def _encode(tokenizer, item: PromptItem, max_tokens: int) -> list[int]:
+    if item.input_ids is not None:
+        ids = list(item.input_ids)
+    elif tokenizer is None:
+        raise ValueError(f"prompt {item.prompt_id} is text, but the target has no tokenizer files")
+    elif getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": item.text}], add_generation_prompt=True,
+                                            tokenize=True)
+    else:
+        ids = tokenizer(item.text, add_special_tokens=False)["input_ids"]
+    return ids[-max_tokens:]
+
+
+def _record_chunk(model, recorder: OracleRecorder, tokenizer, chunk: list[PromptItem], max_prompt_tokens: int,
+                  max_new_tokens: int) -> dict[str, np.ndarray | list]:
+    stop = [tokenizer.eos_token_id] if tokenizer is not None and tokenizer.eos_token_id is not None else None
+    parts = []
+    for item in chunk:
+        cols = record_prompt(model, recorder, _encode(tokenizer, item, max_prompt_tokens), max_new_tokens, stop)
+        if cols:
+            n = len(cols["round"])
+            cols["prompt_id"], cols["category"] = [item.prompt_id] * n, [item.category] * n
+            parts.append(cols)
+    if not parts:
+        raise ValueError(f"prompts {[i.prompt_id for i in chunk]} produced no decoding rounds")
+    return {k: (np.concatenate([p[k] for p in parts]) if isinstance(parts[0][k], np.ndarray)
+                else sum((p[k] for p in parts), [])) for k in parts[0]}
+
+
+def main() -> None:
+    from jsonargparse import CLI
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
+    CLI(datagen, args=sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""whiflash-datagen: rows follow the DESIGN.md section 6 contract, runs resume, and train reads them."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import whiflash
+from whiflash.datagen.cli import datagen
+from whiflash.train.dataset import check_shards, read_manifest
+
+PROMPTS = [[7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6], [1, 2, 3], [4, 4, 4, 9], [20, 21, 22, 23, 24],
+           [11, 2, 33, 4], [5, 6, 7, 8, 9, 10, 11], [30, 3]]
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "ids.jsonl"
+    cats = ["math", "code"]
+    path.write_text("".join(json.dumps({"id": i, "category": cats[i % 2], "input_ids": p}) + "\n"
+                            for i, p in enumerate(PROMPTS)))
+    return path
+
+
+def _run(world, out, prompt_file, **kw):
+    return datagen(out=out, prompts=[str(prompt_file)], target=str(world.target_dir), eagle3=str(world.eagle_dir),
+                   dflash=str(world.dflash_dir), max_new_tokens=30, shard_size=3, device="cpu", **kw)
+
+
+@pytest.mark.parametrize("pair", ["df-e3", "ddt-e3"])
+def test_rows_follow_the_contract_and_the_oracle(worlds, tmp_path, prompt_file, pair):
+    world = worlds["qwen3-mixed"]
+    out = _run(world, tmp_path / "data", prompt_file, pair=pair, tree_budget=10 if "ddt" in pair else None)
+    manifest = read_manifest(out)
+    files = check_shards(out, manifest)
+    assert len(files) == 3 and manifest["pair"] == pair and manifest["hidden_size"] == 32
+    table = pq.read_table(files).to_pandas()
+    target = whiflash.load_target(world.target_dir)
+    for pid, rows in table.groupby("prompt_id", sort=False):
+        rows = rows.sort_values("round")
+        prompt = PROMPTS[int(pid.split("-")[-1])]
+        assert list(rows["round"]) == list(range(len(rows)))
+        assert (rows["gain"] == rows["tau_0"] - rows["tau_1"]).all()
+        assert (rows["active"] == np.where(rows["tau_0"] > rows["tau_1"], 0, 1)).all()  # ties: slot 1
+        # positions advance by the winning tau; the hidden state is the target's at the last committed token
+        taus = np.maximum(rows["tau_0"], rows["tau_1"]).to_numpy()
+        assert list(rows["position"]) == list(len(prompt) + np.concatenate([[0], np.cumsum(taus[:-1])]))
+        out_ids, _ = whiflash.generate(target, None, prompt, 30)
+        seq = prompt + out_ids
+        for _, row in rows.iloc[:3].iterrows():
+            target.setup_cache(64)
+            ref = target(torch.tensor(seq[: row["position"]]), 0, logits="last")
+            np.testing.assert_allclose(np.asarray(row["hidden"], dtype=np.float32), ref.hidden[-1].numpy(), rtol=2e-3, atol=2e-3)
+            p = torch.softmax(ref.logits[-1], -1)
+            assert abs(row["entropy"] + float((p * p.clamp_min(1e-30).log()).sum())) < 1e-4
+    assert (table["tau_0"] != table["tau_1"]).any(), "the two drafters should disagree somewhere"
+
+
+def test_resume_reuses_finished_shards_and_refuses_other_arguments(worlds, tmp_path, prompt_file):
+    world = worlds["llama-mixed"]
+    out = _run(world, tmp_path / "data", prompt_file)
+    first = read_manifest(out)
+    stamps = {f.name: f.stat().st_mtime_ns for f in out.glob("shard-*.parquet")}
+    os.remove(out / "shard-00002.parquet")  # a run killed before its last shard
+    (out / "manifest.json").unlink()
+    _run(world, out, prompt_file)
+    again = read_manifest(out)
+    assert again["shards"] == first["shards"]  # same rows, same hashes: nothing lost, nothing duplicated
+    assert all((out / n).stat().st_mtime_ns == t for n, t in stamps.items() if n != "shard-00002.parquet")
+    with pytest.raises(ValueError, match="other arguments"):
+        _run(world, out, prompt_file, max_prompts=2)
+
+
+def test_whiflash_train_fits_on_datagen_output(worlds, tmp_path, prompt_file, monkeypatch):
+    from whiflash.router import load_router
+    from whiflash.train.cli import run
+
+    data = _run(worlds["qwen3-mixed"], tmp_path / "data", prompt_file)
+    monkeypatch.setattr("sys.argv", ["whiflash-train"])
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(tmp_path / "out"),
+         "--trainer.max_epochs", "2", "--data.batch_size", "16"])
+    folders = list((tmp_path / "out").glob("**/router"))
+    assert len(folders) == 1
+    router = load_router(folders[0], hidden_size=32, drafters="df-e3")
+    assert router(torch.randn(4, 32)).shape == (4,)
