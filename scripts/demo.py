@@ -1,13 +1,15 @@
 """WhiFlash demo: build (or reuse) the embedded testbed and compare every method on held-out prompts.
 
-Usage: python scripts/demo.py [--preset tiny] [--out DIR] [--prompts 4] [--max-new-tokens 64]
+Usage: python scripts/demo.py [--preset tiny] [--out DIR] [--prompts 4] [--max-new-tokens 64] [--no-neural]
 
 The first run builds the `tiny` testbed (about 4 minutes on 2 CPU cores; later runs reuse it).
-Then, per category (code, math, prose), every method decodes the same held-out prompts greedily:
-plain AR, EAGLE-3, DFlash, DDTree, WhiFlash-Entropy (DFlash vs EAGLE-3, routed on the target's
-next-token entropy) and the per-round oracle of that pair. Every output is checked against AR
-token for token; the table gives tau (accepted drafts + 1 per round; mean over rounds per
-sequence, then over sequences) and decode tokens/s on this machine.
+Unless --no-neural, it then runs the toolkit's pipeline on that world: `whiflash-datagen` on
+training-split prompts (oracle decoding, both drafters' tau every round) and `whiflash-train fit`
+on the result (about a minute together; reused when present). Per category (code, math, prose),
+every method then decodes the same held-out prompts greedily: plain AR, EAGLE-3, DFlash, DDTree,
+WhiFlash-Entropy and WhiFlash-Neural (DFlash vs EAGLE-3) and the per-round oracle of that pair.
+Every output is checked against AR token for token; the table gives tau (accepted drafts + 1 per
+round; mean over rounds per sequence, then over sequences) and decode tokens/s on this machine.
 """
 from __future__ import annotations
 
@@ -23,14 +25,31 @@ from whiflash.testbed import CATEGORIES, ensure_testbed, eval_prompts
 from whiflash.testbed.tokenizer import load_tokenizer
 
 
+def train_router(root: Path) -> Path:
+    """datagen on training-split prompts, then `whiflash-train fit`; returns the exported router folder."""
+    from whiflash.datagen.cli import datagen
+    from whiflash.train.cli import run
+
+    work = root / "demo"
+    routers = sorted((work / "runs").glob("*/router"))
+    if routers:
+        return routers[-1]
+    data = datagen(out=work / "data", prompts=["testbed:train"], testbed=root, per_category=60, max_new_tokens=96,
+                   device="cpu")
+    sys.argv = ["whiflash-train"]  # LightningCLI reads sys.argv alongside args
+    run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(work / "runs")])
+    return sorted((work / "runs").glob("*/router"))[-1]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny", help="testbed preset (tiny: CPU; small: one GPU)")
     ap.add_argument("--out", type=Path, default=None, help="testbed folder (default: the preset's cache folder)")
-    ap.add_argument("--prompts", type=int, default=4, help="held-out prompts per category")
+    ap.add_argument("--prompts", type=int, default=8, help="held-out prompts per category")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--entropy-threshold", type=float, default=0.2, help="WhiFlash-Entropy threshold (nats)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--no-neural", action="store_true", help="skip datagen + router training")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     for name in ("whiflash.runtime", "whiflash.drafters"):
@@ -48,8 +67,12 @@ def main() -> int:
         "DDTree": whiflash.load_drafter("ddtree", root / "dflash", target),
         "WhiFlash-Entropy": whiflash.RoutedDrafter("df-e3", whiflash.EntropyRouter(args.entropy_threshold),
                                                    eagle3=eagle, dflash=dflash),
-        "Oracle (df-e3)": whiflash.RoutedDrafter("df-e3", whiflash.OracleRouter(), eagle3=eagle, dflash=dflash),
     }
+    if not args.no_neural:
+        router = whiflash.load_router(train_router(root), hidden_size=target.config.hidden_size, drafters="df-e3")
+        methods["WhiFlash-Neural"] = whiflash.RoutedDrafter("df-e3", whiflash.NeuralPolicy(router), eagle3=eagle,
+                                                            dflash=dflash)
+    methods["Oracle (df-e3)"] = whiflash.RoutedDrafter("df-e3", whiflash.OracleRouter(), eagle3=eagle, dflash=dflash)
     stats: dict[str, dict[str, list]] = {m: {c: [] for c in CATEGORIES} for m in methods}
     mismatches = 0
     for cat in CATEGORIES:
