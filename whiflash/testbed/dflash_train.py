@@ -188,7 +188,7 @@ def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = 
     trainer.fit(module, train_dataloaders=sample_loader(samples, cfg.batch_size, pad_id, seed + 1))
     seconds = time.perf_counter() - t0
     drafter = module.drafter.float().cpu()
-    write_checkpoint(out_dir, config, {k: v for k, v in drafter.state_dict().items() if not k.startswith("target.")})
+    write_checkpoint(out_dir, config, drafter.state_dict())
     module.to("cpu")
     acc = {}
     with torch.no_grad():  # per-slot argmax agreement with the target's tokens on training sequences
