@@ -196,7 +196,7 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
     trainer.fit(module, train_dataloaders=sample_loader(samples, cfg.batch_size, pad_id, seed))
     seconds = time.perf_counter() - t0
     drafter = module.drafter.float().cpu()
-    state = {k: v for k, v in drafter.state_dict().items() if not k.startswith(("embed_tokens", "target."))}
+    state = {k: v for k, v in drafter.state_dict().items() if not k.startswith("embed_tokens")}
     write_checkpoint(out_dir, config, state)
     module.to("cpu")
     acc = {}
