@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from .drafter_data import even_layers, pad_batch, sample_loader, target_features, to_cpu
 from .presets import CATEGORIES, DFlashConfig
-from .target import lr_lambda, make_trainer, param_groups
+from .target import adamw_schedule, make_trainer
 
 __all__ = ["dflash_config", "DFlashModule", "sample_anchors", "train_dflash"]
 
@@ -149,11 +149,8 @@ class DFlashModule(L.LightningModule):
         self.log("acc1", hit[1], prog_bar=True)
         return loss
 
-    def configure_optimizers(self):
-        opt = torch.optim.AdamW(param_groups(self.drafter, 0.0), lr=self.cfg.lr, betas=(0.9, 0.95))
-        warmup = max(1, self.cfg.max_steps // 20)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(warmup, self.cfg.max_steps))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+    def configure_optimizers(self) -> dict:
+        return adamw_schedule(self.drafter, self.cfg.lr, 0.0, max(1, self.cfg.max_steps // 20), self.cfg.max_steps)
 
 
 def _rope_rows(rope, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from .drafter_data import Sample, even_layers, pad_batch, sample_loader, target_features, to_cpu
 from .presets import CATEGORIES, Eagle3Config
-from .target import lr_lambda, make_trainer, param_groups
+from .target import adamw_schedule, make_trainer
 
 __all__ = ["build_draft_vocab", "eagle3_config", "Eagle3Module", "train_eagle3"]
 
@@ -162,11 +162,8 @@ class Eagle3Module(L.LightningModule):
         self.log("acc0", accs[0], prog_bar=True)
         return loss
 
-    def configure_optimizers(self):
-        opt = torch.optim.AdamW(param_groups(self.drafter, 0.0), lr=self.cfg.lr, betas=(0.9, 0.95))
-        warmup = max(1, self.cfg.max_steps // 20)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(warmup, self.cfg.max_steps))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+    def configure_optimizers(self) -> dict:
+        return adamw_schedule(self.drafter, self.cfg.lr, 0.0, max(1, self.cfg.max_steps // 20), self.cfg.max_steps)
 
 
 def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = "cpu",

@@ -73,6 +73,13 @@ def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
 
 
+def adamw_schedule(module: torch.nn.Module, lr: float, weight_decay: float, warmup: int, max_steps: int) -> dict:
+    """Lightning `configure_optimizers` result: AdamW (0.9, 0.95) with per-step warmup + cosine decay."""
+    opt = torch.optim.AdamW(param_groups(module, weight_decay), lr=lr, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(warmup, max_steps))
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
 class TargetModule(L.LightningModule):
     """Next-token pre-training of ``Qwen3ForCausalLM`` on random corpus windows."""
 
@@ -96,10 +103,8 @@ class TargetModule(L.LightningModule):
     def validation_step(self, batch: list[torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         self.log(f"val_loss_{CATEGORIES[dataloader_idx]}", self._loss(batch[0]), add_dataloader_idx=False)
 
-    def configure_optimizers(self):
-        opt = torch.optim.AdamW(param_groups(self.model, self.cfg.weight_decay), lr=self.cfg.lr, betas=(0.9, 0.95))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(self.cfg.warmup_steps, self.cfg.max_steps))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+    def configure_optimizers(self) -> dict:
+        return adamw_schedule(self.model, self.cfg.lr, self.cfg.weight_decay, self.cfg.warmup_steps, self.cfg.max_steps)
 
 
 def make_trainer(max_steps: int, device: str, precision: str, log_dir: Path, max_minutes: float | None,
