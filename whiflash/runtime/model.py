@@ -123,6 +123,7 @@ class Target(nn.Module):
         self.rope = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.k_cache = self.v_cache = torch.empty(0)
         self.max_len = 0
+        self._cols = torch.empty(0, dtype=torch.long)  # slot indices 0..max_len-1, for fixed-shape passes
         self.static = False  # fixed-shape passes (full-cache attention under a mask); implied by graphs
         self.graphs: dict[tuple[Any, ...], Graphed] | None = None
 
@@ -188,15 +189,14 @@ class Target(nn.Module):
         if not (self.static or self.graphs is not None) or logits == "last":  # prefill: eager, exact shapes
             return self._run(ids, positions, start, self._mask(t, start, tree_mask, ids.device), taps, logits)
         slots = self._cols[start:end]
-        mask = self._cols < start
-        mask = mask.expand(t, -1).clone()
+        mask = (self._cols < start).expand(t, -1).clone()  # the committed prefix...
         block = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=ids.device).tril_()
-        mask[:, start:end] = block
+        mask[:, start:end] = block  # ...and the new block (causal, or the tree's ancestors)
         if self.graphs is None:
             return self._run(ids, positions, slots, mask, taps, logits)
         key = (t, taps, logits)
         if key not in self.graphs:
-            self.graphs[key] = Graphed(lambda *a: self._run(*a[:2], a[2], a[3], taps, logits), ids, positions, slots, mask)
+            self.graphs[key] = Graphed(lambda *a: self._run(*a, taps, logits), ids, positions, slots, mask)
         return self.graphs[key](ids, positions, slots, mask)
 
     def _run(self, ids: Tensor, positions: Tensor, start: int | Tensor, mask: Tensor | None,
