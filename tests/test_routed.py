@@ -135,3 +135,24 @@ def test_entropy_router_and_mismatched_neural_router(world):
         whiflash.generate(target, wrong, PROMPTS[0], 5)
     with pytest.raises(ValueError, match="not one of"):
         RoutedDrafter("e3-e3", FixedRouter(0), eagle3=eagle, dflash=ddtree)
+
+
+def test_one_host_read_per_round(world, monkeypatch):
+    """Every method, routed ones included, reads from the device once per round (plus once after
+    prefill): the router's decision travels with the acceptance count."""
+    target, eagle, ddtree = world
+    reads = []
+    for name in ("tolist", "item", "__int__", "__bool__", "__float__", "nonzero", "cpu", "numpy"):
+        real = getattr(torch.Tensor, name)
+
+        def spy(self, *a, _real=real, _name=name, **k):
+            reads.append(_name)
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    drafters = [None, eagle, ddtree, RoutedDrafter("ddt-e3", EntropyRouter(1.0), eagle3=eagle, dflash=ddtree),
+                RoutedDrafter("df-e3", OracleRouter(), eagle3=eagle, dflash=ddtree)]
+    for drafter in drafters:
+        reads.clear()
+        _, stats = whiflash.generate(target, drafter, PROMPTS[1], 30)
+        assert reads == ["tolist"] * (stats.rounds + 1), (drafter, reads[:10])
