@@ -89,3 +89,26 @@ def test_whiflash_train_fits_on_datagen_output(worlds, tmp_path, prompt_file, mo
     assert len(folders) == 1
     router = load_router(folders[0], hidden_size=32, drafters="df-e3")
     assert router(torch.randn(4, 32)).shape == (4,)
+
+
+def test_entropy_threshold_calibration_finds_the_planted_cut(tmp_path):
+    from whiflash.train.calibrate import calibrate_entropy
+    from whiflash.train.dataset import TAU_DEFINITION, write_manifest, write_shard
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    ent = rng.uniform(0, 3, n).astype(np.float32)
+    low = ent < 1.2  # the parallel drafter (slot 0) wins below 1.2 nats, the AR drafter above
+    tau_0 = np.where(low, 6, 2).astype(np.int16)
+    tau_1 = np.where(low, 3, 4).astype(np.int16)
+    cols = {"prompt_id": [f"p{i // 20}" for i in range(n)], "category": ["math"] * n, "round": np.arange(n) % 20,
+            "position": np.arange(n), "hidden": np.zeros((n, 4), np.float16), "entropy": ent, "tau_0": tau_0,
+            "tau_1": tau_1, "gain": (tau_0 - tau_1).astype(np.float32), "active": (tau_0 <= tau_1).astype(np.int8)}
+    shard = write_shard(tmp_path / "shard-00000.parquet", cols, 4)
+    write_manifest(tmp_path, {"schema_version": 1, "target": "t", "drafters": {"slot_0": "d", "slot_1": "e"},
+                              "pair": "df-e3", "tree_budget": None, "tap_layers": [], "hidden_size": 4,
+                              "dtype": "float16", "tau_definition": TAU_DEFINITION, "prompt_sets": [], "seed": 0,
+                              "versions": {}, "shards": [shard]})
+    best = calibrate_entropy(tmp_path)
+    assert abs(best["threshold"] - 1.2) <= 0.05 and best["share"] > 0.95
+    assert best["tau"] > max(best["tau_slot0"], best["tau_slot1"])
