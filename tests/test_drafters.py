@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import whiflash
 from whiflash.drafters.ddtree import ancestor_mask, build_tree, build_tree_device
+from whiflash.drafters.base import Commit
 from whiflash.drafters.dflash import fallback_layer_ids
 
 
@@ -201,3 +202,30 @@ def test_device_tree_builder_picks_the_same_prefixes_as_the_heap(seed):
     assert set(heap) == set(dev) and len(dev) == budget + 1
     assert torch.equal(tree.tree_mask, ancestor_mask(tree.parents))
     assert tree.depths.tolist() == [len(p) for p in dev[1:]]
+
+
+def test_eagle3_speculators_layout_loads_like_specforge(qwen, tmp_path):
+    """vLLM speculators checkpoints nest the layer config and count taps in HF hidden_states indices."""
+    world, target = qwen
+    spec = make_eagle3(tmp_path / "spec", world.target_cfg, [0, 1, 2], 24, layout="layers0", norm_before_residual=True)
+    cfg = json.loads((spec / "config.json").read_text())
+    layer = {k: cfg.pop(k) for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                     "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size")}
+    del cfg["eagle_config"]
+    cfg.update(speculators_model_type="eagle3", transformer_layer_config={"model_type": "llama", **layer},
+               eagle_aux_hidden_state_layer_ids=[1, 2, 3])  # HF indices = output of layers 0, 1, 2
+    (spec / "config.json").write_text(json.dumps(cfg))
+    flat = make_eagle3(tmp_path / "flat", world.target_cfg, [0, 1, 2], 24, norm_before_residual=True)
+    a = whiflash.load_drafter("eagle3", spec, target, num_steps=3)
+    b = whiflash.load_drafter("eagle3", flat, target, num_steps=3)
+    assert a.tap_layers == b.tap_layers == (0, 1, 2) and a.cfg["norm_before_residual"]
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+    proposals = []
+    for d in (a, b):
+        d.reset(target, 32)
+        target.setup_cache(32)
+        out = target(torch.tensor([1, 2, 3, 4]), 0, taps=(0, 1, 2), logits="last")
+        d.observe(Commit(out.feats, torch.tensor([2, 3, 4, 7]), 0, (0, 1, 2)))
+        proposals.append(d.propose(torch.tensor([7]), 4).tokens.tolist())
+    assert proposals[0] == proposals[1]
