@@ -71,7 +71,7 @@ class RoutedDrafter(Drafter):
         self.tap_layers = tuple(sorted({t for m in self.members for t in m.tap_layers}))
         self.oracle = isinstance(router, OracleRouter)
         self.slot = 1
-        self._union: tuple[Tensor, int] | None = None
+        self._union: tuple[Proposal, int] | None = None  # the oracle's last union tree and slot 0's node count
         self.slot_log: list[int] = []
         self.backlog_log: list[int] = []
         self.tau_log: list[tuple[int, int]] = []
