@@ -10,6 +10,10 @@ events around back-to-back replays) and as eager calls; each drafter's round at 
 1-64; for the first model also the same AR step and DFlash-shaped round with stock transformers
 (eager modules, DynamicCache) and the full speculative loop, graph vs eager, with the per-round time
 spent outside GPU kernels. Tables are printed last.
+
+`--smoke` runs every step of the script on the CPU with the configs shrunk to toy widths (same layer
+counts and tap layers, graphs off, wall-clock timing): a check of the script itself before spending
+GPU time on it; its figures mean nothing.
 """
 from __future__ import annotations
 
@@ -29,12 +33,37 @@ from whiflash.drafters.ddtree import ancestor_mask
 from whiflash.runtime import ModelConfig, Target
 
 ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
-DEV = torch.device("cuda")
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DTYPE = torch.bfloat16
+SMOKE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+         "head_dim": 32, "vocab_size": 2048, "draft_vocab_size": 512}
+"""Widths that --smoke writes over every config (layer counts and taps stay)."""
+_smoke = False
+
+
+def load_config(name: str, part: str) -> dict:
+    """One offline config from checkpoints/, shrunk to toy widths under --smoke."""
+    cfg = json.loads((ROOT / name / part / "config.json").read_text())
+    if _smoke:
+        cfg.update({k: v for k, v in SMOKE.items() if k in cfg})
+        cfg.get("dflash_config", {})["mask_token_id"] = SMOKE["vocab_size"] - 1
+    return cfg
+
+
+def graphs_on(*modules: Any, enabled: bool = True) -> None:
+    """CUDA graphs on or off for every module (always off on the CPU, where there are none)."""
+    for m in modules:
+        m.use_cuda_graphs(enabled and DEV.type == "cuda")
+
+
+def sync() -> None:
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def randomise(module: torch.nn.Module) -> torch.nn.Module:
     """Materialise a meta-built module on the GPU in bf16 with small random weights (norms at 1)."""
-    module = module.to(dtype=torch.bfloat16).to_empty(device=DEV)
+    module = module.to(dtype=DTYPE).to_empty(device=DEV)
     with torch.no_grad():
         for name, p in module.named_parameters():
             p.fill_(1.0) if p.dim() == 1 else p.normal_(0, 0.02)
@@ -48,6 +77,8 @@ def randomise(module: torch.nn.Module) -> torch.nn.Module:
 
 def gpu_ms(fn: Callable[[], Any], n: int = 30) -> float:
     """Median GPU time of one call, from CUDA events around n back-to-back calls (3 batches)."""
+    if DEV.type != "cuda":
+        return wall_ms(fn, n=3)
     fn(); fn()
     times = []
     for _ in range(3):
@@ -63,18 +94,19 @@ def gpu_ms(fn: Callable[[], Any], n: int = 30) -> float:
 
 def wall_ms(fn: Callable[[], Any], n: int = 20) -> float:
     """Median wall latency of one synchronised call."""
-    fn(); torch.cuda.synchronize()
+    fn(); sync()
     times = []
     for _ in range(n):
         t = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync()
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
 
 
 def copy_bandwidth() -> float:
-    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device=DEV)
+    """Device copy bandwidth in bytes/s (read + write) over a 2 GiB buffer."""
+    x = torch.empty(2 * 1024**3 if DEV.type == "cuda" else 2**24, dtype=torch.uint8, device=DEV)
     y = torch.empty_like(x)
     ms = gpu_ms(lambda: y.copy_(x), n=10)
     return 2 * x.numel() / (ms / 1e3)  # bytes read + written per second
@@ -89,7 +121,7 @@ def chain_tree(n_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any]:
-    tcfg = json.loads((ROOT / name / "target" / "config.json").read_text())
+    tcfg = load_config(name, "target")
     cfg = ModelConfig.from_dict(tcfg)
     with torch.device("meta"):
         target = Target(cfg, name=name)
@@ -113,19 +145,19 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any
         return lambda: target(ids[:t], ctx, pos, mask, logits="all")
 
     for graphs in (True, False):
-        target.use_cuda_graphs(graphs)
+        graphs_on(target, enabled=graphs)
         tag = "graph" if graphs else "eager"
         res[f"ar_{tag}_gpu_ms"] = gpu_ms(target_pass(1))
         res[f"ar_{tag}_wall_ms"] = wall_ms(target_pass(1))
-    target.use_cuda_graphs(True)
+    graphs_on(target)
     for t in (8, 16):
         res[f"verify{t}_ms"] = gpu_ms(target_pass(t))
     for t in (33, 129):
         res[f"tree{t}_ms"] = gpu_ms(target_pass(t, tree=True))
 
     # drafters at the released shapes
-    dcfg = json.loads((ROOT / name / "dflash" / "config.json").read_text())
-    ecfg = json.loads((ROOT / name / "eagle3" / "config.json").read_text())
+    dcfg = load_config(name, "dflash")
+    ecfg = load_config(name, "eagle3")
     with torch.device("meta"):
         dflash = build_drafter("dflash", dcfg, target)
         eagle = build_drafter("eagle3", ecfg, target, num_steps=6)
@@ -134,7 +166,7 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any
     h = cfg.hidden_size
 
     def commit(start: int, n: int) -> Commit:
-        return Commit(torch.randn(n, len(taps), h, device=DEV, dtype=torch.bfloat16),
+        return Commit(torch.randn(n, len(taps), h, device=DEV, dtype=DTYPE),
                       torch.randint(0, 1000, (n,), device=DEV), start, taps)
 
     pending = ids[:1]
@@ -142,8 +174,9 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any
         d.reset(target, max_len)
         d.observe(commit(0, ctx))
         d.catch_up()
-        d.use_cuda_graphs(True)
+        graphs_on(d)
     res["dflash_round_ms"] = gpu_ms(lambda: dflash.propose(pending, ctx))
+    res["dflash_round_wall_ms"] = wall_ms(lambda: dflash.propose(pending, ctx))
 
     def eagle_round() -> Any:
         eagle.kv_len = ctx - 4
@@ -171,7 +204,8 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any
             ddtree = build_drafter("ddtree", dcfg, target, tree_budget=32)
         res["loop"] = full_loop(target, eagle, dflash, randomise(ddtree), ctx)
     del target, dflash, eagle
-    torch.cuda.empty_cache()
+    if DEV.type == "cuda":
+        torch.cuda.empty_cache()
     return res
 
 
@@ -185,7 +219,7 @@ def hf_anchor(tcfg: dict, dcfg: dict, ctx: int) -> dict[str, float]:
         config = AutoConfig.for_model(**{k: v for k, v in cfg_dict.items() if k != "architectures"})
         config._attn_implementation = "sdpa"
         with torch.device(DEV):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+            model = AutoModelForCausalLM.from_config(config, dtype=DTYPE).eval()
         prompt = torch.randint(0, 1000, (1, ctx), device=DEV)
         with torch.no_grad():
             cache = DynamicCache(config=config)
@@ -194,32 +228,69 @@ def hf_anchor(tcfg: dict, dcfg: dict, ctx: int) -> dict[str, float]:
 
             def step() -> Any:
                 o = model(step_ids, past_key_values=cache, use_cache=True, logits_to_keep=n_new)
-                cache.crop(ctx)
+                cache.crop(-n_new)  # back to the context (negative: tokens to drop, every transformers 5.x)
                 return o
 
             out[f"{label}_gpu_ms"] = gpu_ms(step, n=10)
             out[f"{label}_wall_ms"] = wall_ms(step, n=10)
+            if n_new == 1:  # the whole stock loop at equal work: greedy generate() of 48 tokens
+                model.generation_config.eos_token_id = None  # random weights: never stop early
+
+                def loop(n: int) -> Callable[[], Any]:
+                    return lambda: model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+
+                # the difference drops the prefill and the first token, which both runs share
+                out["hf_ar_loop_ms_per_token"] = (wall_ms(loop(49), n=3) - wall_ms(loop(1), n=3)) / 48
         del model, cache
-        torch.cuda.empty_cache()
+        if DEV.type == "cuda":
+            torch.cuda.empty_cache()
     return out
 
 
+def kernel_ms(fn: Callable[[], Any]) -> float | None:
+    """Summed GPU kernel time of one call (torch.profiler over CUPTI); None where it cannot be read."""
+    if DEV.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+    except Exception as exc:  # no CUPTI on this machine: report the gap instead of failing the run
+        print(f"kernel time not measured: {exc}", flush=True)
+        return None
+
+
 def full_loop(target: Target, eagle, dflash, ddtree, ctx: int) -> dict[str, dict[str, float]]:
-    """Whole rounds (random weights: tau ~ 1, every component still runs), graph vs eager."""
+    """Whole rounds (random weights: tau ~ 1, every component still runs), graph vs eager.
+
+    Per method: median wall ms per round over 3 generations of 48 tokens in each mode, and for the
+    graph mode the summed kernel time per round of one profiled generation; ``outside_kernels`` =
+    1 - kernel / wall is the share of the round the GPU is not running a kernel (host work, launch
+    gaps, the one device read).
+    """
     routed = whiflash.RoutedDrafter("df-e3", whiflash.AlternatingRouter(), eagle3=eagle, dflash=dflash)
     prompt = torch.randint(0, 1000, (ctx,), device=DEV)
     table = {}
     for name, d in (("ar", None), ("eagle3", eagle), ("dflash", dflash), ("ddtree-b32", ddtree), ("whiflash-alt", routed)):
-        row = {}
+        row: dict[str, float] = {}
         for graphs in (True, False):
-            for m in (target, eagle, dflash, ddtree):
-                m.use_cuda_graphs(graphs)
+            graphs_on(target, eagle, dflash, ddtree, enabled=graphs)
             whiflash.generate(target, d, prompt, 8)
             per_round = []
             for _ in range(3):
                 _, s = whiflash.generate(target, d, prompt, 48)
                 per_round.append(s.decode_seconds / s.rounds * 1e3)
             row["graph_round_ms" if graphs else "eager_round_ms"] = statistics.median(per_round)
+            if graphs:
+                stats = []
+                k = kernel_ms(lambda: stats.append(whiflash.generate(target, d, prompt, 48)[1]))
+                if k is not None:  # the prefill's kernels are not part of a round
+                    prefill = kernel_ms(lambda: target.forward(prompt, 0, logits="last"))
+                    row["kernel_round_ms"] = (k - (prefill or 0.0)) / stats[0].rounds
+                    row["outside_kernels"] = 1 - row["kernel_round_ms"] / row["graph_round_ms"]
         table[name] = row
     return table
 
@@ -229,43 +300,49 @@ def main() -> None:
     ap.add_argument("--models", default="qwen3-8b,qwen3-4b,llama3.1-8b-instruct")
     ap.add_argument("--ctx", type=int, default=1024, help="committed context length for every measurement")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--smoke", action="store_true", help="check the script on the CPU at toy widths")
     args = ap.parse_args()
+    global DEV, DTYPE, _smoke
+    if args.smoke:
+        DEV, DTYPE, _smoke = torch.device("cpu"), torch.float32, True
+    elif DEV.type != "cuda":
+        raise SystemExit("profile_shapes.py needs a CUDA device (or --smoke for a CPU check of the script)")
     torch.backends.cuda.matmul.allow_tf32 = True
     bw = copy_bandwidth()
     results = []
     for i, m in enumerate(args.models.split(",")):
         results.append(profile_model(m, args.ctx, bw, anchor=(i == 0)))
         print(json.dumps(results[-1]), flush=True)  # partial results survive a time limit
-    dev = torch.cuda.get_device_name()
-    print(f"\n{dev}, bf16, random weights, context {args.ctx}, copy bandwidth {bw / 1e12:.2f} TB/s (read+write)")
+    dev = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu (smoke: toy widths)"
+    print(f"\n{dev}, {str(DTYPE).removeprefix('torch.')}, random weights, context {args.ctx}, copy bandwidth {bw / 1e12:.2f} TB/s (read+write)")
     print(f"{'model':<22}{'floor':>7}{'AR graph':>9}{'x floor':>8}{'AR eager':>9}{'ver8':>7}{'ver16':>7}{'tree33':>7}"
           f"{'tree129':>8}{'DF rnd':>7}{'E3 rnd':>7}   (ms; GPU time)")
     for r in results:
         print(f"{r['model']:<22}{r['floor_ms']:>7.3f}{r['ar_graph_gpu_ms']:>9.3f}{r['ar_graph_gpu_ms'] / r['floor_ms']:>8.2f}"
               f"{r['ar_eager_wall_ms']:>9.3f}{r['verify8_ms']:>7.3f}{r['verify16_ms']:>7.3f}{r['tree33_ms']:>7.3f}"
               f"{r['tree129_ms']:>8.3f}{r['dflash_round_ms']:>7.3f}{r['eagle3_round_ms']:>7.3f}")
-    print("\ncatch-up (KV-only prefill) GPU ms by backlog, eager: model: n -> eagle3 / dflash")
+    print("\ncatch-up (KV-only prefill, eager) by backlog n, GPU ms and share of that drafter's round "
+          "(its draft + verify GPU time): model: n -> eagle3 / dflash")
     for r in results:
-        print(f"  {r['model']}: " + ", ".join(f"{n}: {v['eagle3']:.3f}/{v['dflash']:.3f}" for n, v in r["catchup_ms"].items()))
+        e3 = r["eagle3_round_ms"] + r["verify8_ms"]
+        df = r["dflash_round_ms"] + r["verify16_ms"]
+        print(f"  {r['model']}: " + ", ".join(f"{n}: {v['eagle3']:.3f} ({v['eagle3'] / e3:.1%}) / {v['dflash']:.3f} "
+                                             f"({v['dflash'] / df:.1%})" for n, v in r["catchup_ms"].items()))
     a = results[0]
     if "hf_ar_gpu_ms" in a:
         print(f"\nstock transformers anchor ({a['model']}): AR step wall {a['hf_ar_wall_ms']:.2f} ms vs ours (graph) "
               f"{a['ar_graph_wall_ms']:.2f} ms = {a['hf_ar_wall_ms'] / a['ar_graph_wall_ms']:.2f}x; DFlash-shaped round wall "
-              f"{a['hf_dflash_shape_wall_ms']:.2f} ms vs ours {a['dflash_round_ms']:.2f} ms (GPU) = "
-              f"{a['hf_dflash_shape_wall_ms'] / a['dflash_round_ms']:.2f}x")
+              f"{a['hf_dflash_shape_wall_ms']:.2f} ms vs ours (graph) {a['dflash_round_wall_ms']:.2f} ms = "
+              f"{a['hf_dflash_shape_wall_ms'] / a['dflash_round_wall_ms']:.2f}x")
         print(f"\nfull rounds ({a['model']}, random weights so tau ~ 1), wall ms per round:")
-        kernels = {  # GPU time of the round's components, measured above (tau ~ 1: backlog of 1)
-            "ar": a["ar_graph_gpu_ms"],
-            "eagle3": a["eagle3_round_ms"] + a["verify8_ms"],
-            "dflash": a["dflash_round_ms"] + a["verify16_ms"] + a["catchup_ms"][1]["dflash"],
-        }
         for name, row in a["loop"].items():
-            extra = ""
-            if name in kernels:
-                outside = 1 - kernels[name] / row["graph_round_ms"]
-                extra = f"   outside GPU kernels ~{outside:.0%}"
+            extra = f"   outside GPU kernels {row['outside_kernels']:.1%}" if "outside_kernels" in row else ""
             print(f"  {name:<14} graph {row['graph_round_ms']:7.3f}   eager {row['eager_round_ms']:7.3f}   "
                   f"eager/graph {row['eager_round_ms'] / row['graph_round_ms']:.2f}x{extra}")
+        if "hf_ar_loop_ms_per_token" in a:
+            ours = a["loop"]["ar"]["graph_round_ms"]
+            print(f"  stock transformers generate(), greedy AR: {a['hf_ar_loop_ms_per_token']:.3f} ms/token vs ours "
+                  f"(graph) {ours:.3f} = {a['hf_ar_loop_ms_per_token'] / ours:.2f}x")
     if args.json:
         args.json.write_text(json.dumps({"device": dev, "ctx": args.ctx, "bandwidth": bw, "results": results}, indent=2))
 

@@ -112,6 +112,19 @@ def test_eval_prompts_come_from_the_test_split(micro: Path) -> None:
         assert held_out_prompts(micro, cat, 5) == prompts  # deterministic
 
 
+def test_code_prompts_take_further_cuts_when_documents_run_out(micro: Path) -> None:
+    from whiflash.testbed.corpus import read_corpus
+    from whiflash.testbed.prompts import held_out_prompts
+
+    docs = list(read_corpus(micro / "corpus", "test", "code"))
+    prompts = held_out_prompts(micro, "code", 3 * len(docs))
+    assert len(prompts) > len(docs)  # source files have many def/class headers to cut at
+    assert len({p.id for p in prompts}) == len(prompts) == len({(p.id.split("@")[0], p.prompt) for p in prompts})
+    assert held_out_prompts(micro, "code", len(docs)) == prompts[:len(docs)]  # the first pass is unchanged
+    math_docs = list(read_corpus(micro / "corpus", "test", "math"))
+    assert len(held_out_prompts(micro, "math", 2 * len(math_docs))) == len(math_docs)  # one cut per problem
+
+
 def test_second_build_reuses_every_stage(micro: Path) -> None:
     weights = micro / "target" / "model.safetensors"
     mtime = weights.stat().st_mtime_ns

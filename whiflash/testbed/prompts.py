@@ -7,7 +7,9 @@ Each category is cut where a user of that kind of model would stop typing:
   keeping at most ``max_chars`` characters of preceding context;
 * prose — the first sentence(s) of a docstring or topic, cut at a word boundary.
 
-Choice is seeded and deterministic; documents are never reused within one call.
+Choice is seeded and deterministic. A document gives one prompt per pass; further passes (new cuts
+of the same documents) are made only when a split has fewer usable documents than prompts asked for,
+which is how drafter training gets thousands of code prefixes out of a few hundred source files.
 """
 
 from __future__ import annotations
@@ -78,22 +80,34 @@ def cut_prompt(category: str, text: str, rng: random.Random, max_chars: int = 60
 
 
 def held_out_prompts(testbed_dir: str | Path, category: str, n: int, split: str = "test", seed: int = 0,
-                     max_chars: int = 600) -> list[Prompt]:
-    """Up to ``n`` prompts of one category from one corpus split of a built testbed."""
+                     max_chars: int = 600, max_passes: int = 8) -> list[Prompt]:
+    """Up to ``n`` distinct prompts of one category from one corpus split of a built testbed.
+
+    Documents are visited in a seeded order, one cut each; while fewer than ``n`` prompts exist the
+    documents are visited again (at most ``max_passes`` times) for cuts not taken yet.
+    """
     if category not in CATEGORIES:
         raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
     docs = list(read_corpus(Path(testbed_dir) / "corpus", split, category))
     rng = random.Random(f"{seed}:{split}:{category}")
     rng.shuffle(docs)
     out: list[Prompt] = []
-    for doc in docs:
-        if len(out) >= n:
+    seen: set[str] = set()
+    for _ in range(max_passes):
+        grown = len(out)
+        for doc in docs:
+            if len(out) >= n:
+                return out
+            cut = cut_prompt(category, doc["text"], rng, max_chars)
+            if cut is None:
+                continue
+            prompt, reference = cut
+            pid = f"{doc['id']}@{len(prompt)}"
+            if pid not in seen:
+                seen.add(pid)
+                out.append(Prompt(pid, category, prompt, reference))
+        if len(out) == grown:  # no document has a cut left that was not taken
             break
-        cut = cut_prompt(category, doc["text"], rng, max_chars)
-        if cut is None:
-            continue
-        prompt, reference = cut
-        out.append(Prompt(f"{doc['id']}@{len(prompt)}", category, prompt, reference))
     return out
 
 
