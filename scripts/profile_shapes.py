@@ -149,6 +149,21 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any
         tag = "graph" if graphs else "eager"
         res[f"ar_{tag}_gpu_ms"] = gpu_ms(target_pass(1))
         res[f"ar_{tag}_wall_ms"] = wall_ms(target_pass(1))
+    if anchor:  # the same step with torch.compile'd layers inside the graph: how much fusion buys
+        try:
+            if DEV.type == "cuda":
+                target.use_cuda_graphs(True, compile=True)
+            else:
+                target.static = True
+                target.compile_layers(True)
+            t0 = time.perf_counter()
+            target_pass(1)()
+            res["compile_s"] = time.perf_counter() - t0
+            res["ar_compiled_gpu_ms"] = gpu_ms(target_pass(1))
+        except Exception as exc:  # report, keep profiling
+            res["compile_error"] = f"{type(exc).__name__}: {exc}"[:400]
+        target.static = False
+        target.compile_layers(False)
     graphs_on(target)
     for t in (8, 16):
         res[f"verify{t}_ms"] = gpu_ms(target_pass(t))
@@ -178,22 +193,26 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any
     res["dflash_round_ms"] = gpu_ms(lambda: dflash.propose(pending, ctx))
     res["dflash_round_wall_ms"] = wall_ms(lambda: dflash.propose(pending, ctx))
 
+    tau4 = commit(ctx - 4, 4)  # a typical backlog: the round before accepted 3 drafts + the bonus
+
     def eagle_round() -> Any:
         eagle.kv_len = ctx - 4
-        eagle.observe(commit(ctx - 4, 4))  # a typical backlog of tau = 4
+        eagle.observe(tau4)
         return eagle.propose(pending, ctx)
 
     res["eagle3_round_ms"] = gpu_ms(eagle_round)
     res["catchup_ms"] = {}
     for n in (1, 4, 16, 64):
-        def cu_e(n=n) -> None:
+        backlog = commit(ctx - n, n)
+
+        def cu_e(n: int = n, backlog: Commit = backlog) -> None:
             eagle.kv_len = ctx - n
-            eagle.observe(commit(ctx - n, n))
+            eagle.observe(backlog)
             eagle.catch_up()
 
-        def cu_d(n=n) -> None:
+        def cu_d(n: int = n, backlog: Commit = backlog) -> None:
             dflash.kv_len = ctx - n
-            dflash.observe(commit(ctx - n, n))
+            dflash.observe(backlog)
             dflash.catch_up()
 
         res["catchup_ms"][n] = {"eagle3": gpu_ms(cu_e), "dflash": gpu_ms(cu_d)}
@@ -321,14 +340,19 @@ def main() -> None:
         print(f"{r['model']:<22}{r['floor_ms']:>7.3f}{r['ar_graph_gpu_ms']:>9.3f}{r['ar_graph_gpu_ms'] / r['floor_ms']:>8.2f}"
               f"{r['ar_eager_wall_ms']:>9.3f}{r['verify8_ms']:>7.3f}{r['verify16_ms']:>7.3f}{r['tree33_ms']:>7.3f}"
               f"{r['tree129_ms']:>8.3f}{r['dflash_round_ms']:>7.3f}{r['eagle3_round_ms']:>7.3f}")
-    print("\ncatch-up (KV-only prefill, eager) by backlog n, GPU ms and share of that drafter's round "
+    a = results[0]
+    if "ar_compiled_gpu_ms" in a:
+        print(f"\n{a['model']} AR step with torch.compile'd layers in the graph: {a['ar_compiled_gpu_ms']:.3f} ms = "
+              f"{a['ar_compiled_gpu_ms'] / a['floor_ms']:.2f}x floor (compiled in {a['compile_s']:.0f} s)")
+    elif "compile_error" in a:
+        print(f"\n{a['model']} AR step with torch.compile'd layers: failed: {a['compile_error']}")
+    print("\ncatch-up (KV-only prefill, fixed-shape passes) by backlog n, GPU ms and share of that drafter's round "
           "(its draft + verify GPU time): model: n -> eagle3 / dflash")
     for r in results:
         e3 = r["eagle3_round_ms"] + r["verify8_ms"]
         df = r["dflash_round_ms"] + r["verify16_ms"]
         print(f"  {r['model']}: " + ", ".join(f"{n}: {v['eagle3']:.3f} ({v['eagle3'] / e3:.1%}) / {v['dflash']:.3f} "
                                              f"({v['dflash'] / df:.1%})" for n, v in r["catchup_ms"].items()))
-    a = results[0]
     if "hf_ar_gpu_ms" in a:
         print(f"\nstock transformers anchor ({a['model']}): AR step wall {a['hf_ar_wall_ms']:.2f} ms vs ours (graph) "
               f"{a['ar_graph_wall_ms']:.2f} ms = {a['hf_ar_wall_ms'] / a['ar_graph_wall_ms']:.2f}x; DFlash-shaped round wall "

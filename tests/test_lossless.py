@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 import whiflash
+from whiflash.routers import ScriptedRouter
 
 PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6]]
 LENGTHS = [1, 9, 40]
@@ -82,12 +83,16 @@ def test_static_shape_path_gives_the_same_tokens_and_taus(worlds, world):
     target, drafters = worlds[world].load()
     routed = whiflash.RoutedDrafter("df-e3", whiflash.AlternatingRouter(), eagle3=drafters["eagle3"],
                                     dflash=drafters["ddtree"])
+    # long stretches on one drafter: lazy backlogs longer than one fixed-shape catch-up pass
+    stretches = whiflash.RoutedDrafter("df-e3", ScriptedRouter([0] * 6 + [1] * 5), eagle3=drafters["eagle3"],
+                                       dflash=drafters["dflash"])
     members = [target, *drafters.values()]
     for prompt in PROMPTS:
         runs = []
         for static in (False, True):
             for m in members:
                 m.static = static
-            runs.append([whiflash.generate(target, d, prompt, 30) for d in [None, *drafters.values(), routed]])
+            runs.append([whiflash.generate(target, d, prompt, 40) for d in [None, *drafters.values(), routed, stretches]])
+        assert max(runs[0][-1][1].backlogs) > drafters["eagle3"].num_steps + 1  # several catch-up passes
         for (out_e, st_e), (out_s, st_s) in zip(*runs):
             assert out_e == out_s and st_e.taus == st_s.taus

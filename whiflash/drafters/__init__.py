@@ -6,8 +6,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from whiflash.drafters import dflash, eagle3
 from whiflash.drafters.base import Commit, Drafter, Proposal, write_checkpoint
 from whiflash.drafters.ddtree import DDTreeDrafter

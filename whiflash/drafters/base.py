@@ -9,6 +9,7 @@ inactive drafter's backlog simply grows until it is chosen again (Lazy Catch-up)
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
+
+from whiflash.runtime.graphs import Graphed
 
 
 @dataclass
@@ -138,6 +141,19 @@ class Drafter(nn.Module):
         index = [commit.taps.index(layer) for layer in self.tap_layers]
         return commit.feats[:, index].flatten(1)
 
+    @property
+    def fixed_shapes(self) -> bool:
+        """True when drafting passes run at fixed shapes (static mode or CUDA graphs)."""
+        return self.static or self.graphs is not None
+
+    def run_fixed(self, key: str, fn: Callable[..., Any], *inputs: Tensor) -> Any:
+        """Run a fixed-shape pass: directly, or as the CUDA graph `key` (captured on first use)."""
+        if self.graphs is None:
+            return fn(*inputs)
+        if key not in self.graphs:
+            self.graphs[key] = Graphed(fn, *inputs)
+        return self.graphs[key](*inputs)
+
     def catch_up(self) -> None:
         """Consume the whole backlog now (used by eager per-round updates in routed decoding)."""
         raise NotImplementedError
@@ -145,6 +161,12 @@ class Drafter(nn.Module):
     def propose(self, pending: Tensor, pos: int) -> Proposal:
         """Draft continuations of the `pending` token, which sits at absolute position `pos`."""
         raise NotImplementedError
+
+
+def pad_rows(x: Tensor, rows: int) -> Tensor:
+    """`x` with zero rows appended up to `rows` (fixed-shape passes over a shorter backlog)."""
+    n = x.shape[0]
+    return x if n == rows else torch.cat([x, x.new_zeros((rows - n, *x.shape[1:]))])
 
 
 def write_checkpoint(folder: str | Path, config: dict[str, Any], state: dict[str, Tensor]) -> Path:

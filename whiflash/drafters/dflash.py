@@ -13,13 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from whiflash.drafters.base import Drafter, Proposal
+from whiflash.drafters.base import Drafter, Proposal, pad_rows
 from whiflash.runtime.config import rope_from_config
-from whiflash.runtime.graphs import Graphed
-from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU
+from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU, attention
 
 
 def fallback_layer_ids(target_layers: int, n: int) -> list[int]:
@@ -87,8 +85,7 @@ class BlockAttention(nn.Module):
             kc[:, start : start + t] = k
             vc[:, start : start + t] = v
             kc, vc = kc[:, : start + t], vc[:, : start + t]
-        out = F.scaled_dot_product_attention(q[None], kc[None], vc[None], attn_mask=mask, enable_gqa=True)
-        return self.o_proj(out[0].transpose(0, 1).reshape(t, -1))
+        return self.o_proj(attention(q, kc, vc, mask).transpose(0, 1).reshape(t, -1))
 
 
 class DFlashLayer(nn.Module):
@@ -147,18 +144,38 @@ class DFlashDrafter(Drafter):
 
     @torch.no_grad()
     def catch_up(self) -> None:
-        """Write the context K/V of every backlog position, for all layers, in one batched pass."""
+        """Write the context K/V of every backlog position, for all layers.
+
+        Eager: one pass over exactly the backlog. Fixed shapes: passes of `block_size` rows, the
+        last zero-padded; padded rows write slots past the context, which the next block pass
+        overwrites before any query can see them.
+        """
         commit = self.take_backlog()
         if commit is None:
             return
-        ctx = self.hidden_norm(self.fc(self.select_taps(commit)))
-        n = ctx.shape[0]
-        positions = self._cols[commit.start : commit.start + n]
+        taps = self.select_taps(commit)
+        n, start = taps.shape[0], commit.start
+        if not self.fixed_shapes:
+            self._context(taps, self._cols[start : start + n], start)
+        else:
+            c = self.block_size
+            for s in range(0, n, c):
+                slots = self._cols[start + s : start + s + c]
+                self.run_fixed("context", self._context, pad_rows(taps[s : s + c], c), slots, slots)
+        self.kv_len = start + n
+
+    def _context(self, taps: Tensor, positions: Tensor, where: int | Tensor) -> None:
+        """K/V of context rows (`hidden_norm(fc(taps))` through each layer's projections) at slot
+        `where` onward (int), or at the slots tensor `where`."""
+        ctx = self.hidden_norm(self.fc(taps))
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.kv(ctx, self.rope, positions)
-            self.k_cache[i, :, commit.start : commit.start + n] = k
-            self.v_cache[i, :, commit.start : commit.start + n] = v
-        self.kv_len = commit.start + n
+            if isinstance(where, Tensor):
+                self.k_cache[i].index_copy_(1, where, k)
+                self.v_cache[i].index_copy_(1, where, v)
+            else:
+                self.k_cache[i, :, where : where + k.shape[1]] = k
+                self.v_cache[i, :, where : where + k.shape[1]] = v
 
     @torch.no_grad()
     def block_logits(self, pending: Tensor, pos: int) -> Tensor:
@@ -169,14 +186,10 @@ class DFlashDrafter(Drafter):
         b = self.block_size
         block = torch.cat([pending.reshape(1), self._masks])
         positions = self._cols[pos : pos + b]
-        if not (self.static or self.graphs is not None):
+        if not self.fixed_shapes:
             return self._block(block, positions, pos, None)
         mask = (self._cols < pos + b).expand(b, -1)
-        if self.graphs is None:
-            return self._block(block, positions, positions, mask)
-        if "block" not in self.graphs:
-            self.graphs["block"] = Graphed(self._block, block, positions, positions, mask)
-        return self.graphs["block"](block, positions, positions, mask)
+        return self.run_fixed("block", self._block, block, positions, positions, mask)
 
     def _block(self, block: Tensor, positions: Tensor, start: int | Tensor, mask: Tensor | None) -> Tensor:
         x = self.target.embed(block)

@@ -12,13 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from whiflash.drafters.base import Commit, Drafter, Proposal
+from whiflash.drafters.base import Drafter, Proposal, pad_rows
 from whiflash.runtime.config import rope_from_config
-from whiflash.runtime.graphs import Graphed
-from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU
+from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU, attention
 
 
 def normalise_config(cfg: dict[str, Any], target_layers: int) -> dict[str, Any]:
@@ -71,8 +69,7 @@ class MidAttention(nn.Module):
         q = rope(self.q_proj(x).view(t, self.nh, self.hd).transpose(0, 1), positions)
         if mask is None and t > 1:  # the t queries are the last t keys: a causal block after a visible prefix
             mask = torch.ones(t, k.shape[1], dtype=torch.bool, device=x.device).tril_(k.shape[1] - t)
-        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)
-        return self.o_proj(out[0].transpose(0, 1).reshape(t, -1))
+        return self.o_proj(attention(q, k, v, mask).transpose(0, 1).reshape(t, -1))
 
 
 class MidLayer(nn.Module):
@@ -123,13 +120,14 @@ class Eagle3Drafter(Drafter):
     def _setup_cache(self, max_len: int) -> None:
         a = self.midlayer.self_attn
         w = self.fc.weight
-        if self.k_cache.shape[1:2] != (max_len,) or self.k_cache.device != w.device or self.k_cache.dtype != w.dtype:
-            self.k_cache = torch.zeros(a.nkv, max_len, a.hd, device=w.device, dtype=w.dtype)
+        slots = max_len + self.num_steps + 1  # room for a padded fixed-shape catch-up pass at the end
+        if self.k_cache.shape[1:2] != (slots,) or self.k_cache.device != w.device or self.k_cache.dtype != w.dtype:
+            self.k_cache = torch.zeros(a.nkv, slots, a.hd, device=w.device, dtype=w.dtype)
             self.v_cache = torch.zeros_like(self.k_cache)
-            self._cols = torch.arange(max_len, device=w.device)
+            self._cols = torch.arange(slots, device=w.device)
             if self.graphs:  # captured graphs point at the old cache
                 self.graphs = {}
-        self.rope.ensure(max_len + 1, w.device)
+        self.rope.ensure(slots + 1, w.device)
 
     def embed(self, ids: Tensor) -> Tensor:
         return self.embed_tokens(ids) if self.embed_tokens is not None else self.target.embed(ids)
@@ -179,24 +177,43 @@ class Eagle3Drafter(Drafter):
     def catch_up(self) -> tuple[Tensor, Tensor] | None:
         """KV-only prefill of the backlog: K/V for every row, the full layer only for the last.
 
-        Returns the last row's pre-norm output and logits (they start the next draft).
+        Returns the last row's pre-norm output and logits (they start the next draft). Fixed
+        shapes: passes of `num_steps + 1` rows (the most one round commits), the last zero-padded;
+        padded rows write slots past the context that drafting overwrites before reading them.
         """
         commit = self.take_backlog()
         if commit is None:
             return None
-        feature = self.fuse(self.select_taps(commit))
-        n = feature.shape[0]
-        end = commit.start + n
-        positions = self._cols[commit.start : end]
-        x, residual = self._rows(feature, commit.next_tokens)
-        self._write(x, positions, commit.start)
+        taps, tokens, start = self.select_taps(commit), commit.next_tokens, commit.start
+        n = taps.shape[0]
+        end = start + n
         self.kv_len = end
+        if self.fixed_shapes and not self.full_prefill:
+            c = self.num_steps + 1
+            for s in range(0, n, c):
+                m = min(c, n - s)
+                slots = self._cols[start + s : start + s + c]
+                mask = (self._cols < start + s + m)[None]
+                self._last = self.run_fixed("catch_up", self._catch_up, pad_rows(taps[s : s + c], c),
+                                            pad_rows(tokens[s : s + c], c), slots, self._cols[m - 1 : m], mask)
+            return self._last
+        positions = self._cols[start:end]
+        x, residual = self._rows(self.fuse(taps), tokens)
+        self._write(x, positions, start)
         if self.full_prefill:
             h, logits = self._finish(x, residual, positions, end)
             self._last = h[-1:], logits[-1:]
         else:
             self._last = self._finish(x[-1:], residual[-1:], positions[-1:], end)
         return self._last
+
+    def _catch_up(self, taps: Tensor, tokens: Tensor, slots: Tensor, last: Tensor, mask: Tensor
+                  ) -> tuple[Tensor, Tensor]:
+        """Fixed-shape catch-up pass: K/V of every row at `slots`, then row `last` ([1] index) through
+        attention (keys under `mask [1, L]`), MLP and head."""
+        x, residual = self._rows(self.fuse(taps), tokens)
+        self._write(x, slots, slots)
+        return self._finish(x[last], residual[last], slots[last], None, mask)
 
     def _step(self, h: Tensor, token: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """One static-shape drafting step: (feature, token) at `slots` -> (pre-norm output, next target id)."""
@@ -215,14 +232,9 @@ class Eagle3Drafter(Drafter):
         for step in range(1, self.num_steps):
             p = pos + step - 1  # speculative slots: overwritten by the next catch-up
             positions = self._cols[p : p + 1]
-            if self.static or self.graphs is not None:
+            if self.fixed_shapes:
                 mask = (self._cols <= p)[None]
-                fn = self._step
-                if self.graphs is not None:
-                    if "step" not in self.graphs:
-                        self.graphs["step"] = Graphed(self._step, h, tokens[-1], positions, positions, mask)
-                    fn = self.graphs["step"]
-                h, token = fn(h, tokens[-1], positions, positions, mask)
+                h, token = self.run_fixed("step", self._step, h, tokens[-1], positions, positions, mask)
                 tokens.append(token.clone())
             else:
                 x, residual = self._rows(h, tokens[-1])

@@ -1,4 +1,4 @@
-"""Building blocks shared by the target runtime and the drafters: RMSNorm, SwiGLU, RoPE."""
+"""Building blocks shared by the target runtime and the drafters: RMSNorm, SwiGLU, RoPE, attention."""
 from __future__ import annotations
 
 import math
@@ -18,10 +18,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # one fused kernel for the normalisation (the composite form is 6 launches per call, and a
+        # decode step makes ~150 of these calls)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 class SwiGLU(nn.Module):
@@ -68,6 +67,7 @@ class Rotary:
     def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None) -> None:
         self.head_dim, self.theta, self.scaling = head_dim, theta, scaling
         self.cos = self.sin = None  # built by `ensure` once the device and cache length are known
+        self._cast: dict[torch.dtype, Tensor] = {}
 
     def ensure(self, n: int, device: torch.device | str) -> None:
         """Make the tables cover positions `< n` on `device` (called when a cache is sized)."""
@@ -81,11 +81,38 @@ class Rotary:
         freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=cpu), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos().to(device), emb.sin().to(device)
+        self._cast = {}
+
+    def table(self, dtype: torch.dtype) -> Tensor:
+        """`[n, 2, head_dim]`: cos and sign-folded sin rounded to `dtype` (as transformers rounds them).
+
+        The sin half that multiplies the negated half of rotate-half carries the minus sign, so the
+        rotation is `x * cos + roll(x, half) * sin'`: no negation and no concatenation per call.
+        """
+        if dtype not in self._cast:
+            half = self.head_dim // 2
+            sin = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1)
+            self._cast[dtype] = torch.stack([self.cos, sin], dim=1).to(dtype)
+        return self._cast[dtype]
 
     def __call__(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate `x [..., T, head_dim]` by the angles of `positions [T]` (HF rotate-half convention)."""
-        cos = self.cos[positions].to(x.dtype)
-        sin = self.sin[positions].to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        cos_sin = self.table(x.dtype)[positions]
+        return x * cos_sin[:, 0] + x.roll(x.shape[-1] // 2, dims=-1) * cos_sin[:, 1]
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """Grouped-query attention of `q [Hq, T, D]` over `k, v [Hkv, S, D]` -> `[Hq, T, D]`.
+
+    `mask [T, S]` is boolean (True: may attend), or None when every query sees every key. Query
+    heads sharing a K/V head (transformers' `repeat_kv` grouping: head `h` reads K/V head
+    `h // (Hq / Hkv)`) are folded into the query length, so K/V are never expanded and a fused
+    kernel serves every shape (flash without a mask, memory-efficient with one).
+    """
+    hq, t, d = q.shape
+    group = hq // k.shape[0]
+    q = q.reshape(k.shape[0], group * t, d)
+    if mask is not None and group > 1:
+        mask = mask.repeat(group, 1)
+    out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask)
+    return out[0].view(hq, t, d)

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from whiflash.runtime.config import ModelConfig
 from whiflash.runtime.graphs import Graphed
-from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU
+from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU, attention
 from whiflash.runtime.weights import load_strict, read_state_dict, resolve_checkpoint
 
 log = logging.getLogger(__name__)
@@ -83,8 +82,7 @@ class Attention(nn.Module):
             k_cache[:, start:end] = k
             v_cache[:, start:end] = v
             keys, values = k_cache[:, :end], v_cache[:, :end]
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)
-        return self.o_proj(out[0].transpose(0, 1).reshape(t, -1))
+        return self.o_proj(attention(q, keys, values, mask).transpose(0, 1).reshape(t, -1))
 
 
 class DecoderLayer(nn.Module):
@@ -100,6 +98,12 @@ class DecoderLayer(nn.Module):
     ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, positions, kc, vc, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _layer(layer: DecoderLayer, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor,
+           start: int | Tensor, mask: Tensor | None) -> Tensor:
+    """One decoder layer as a free function: what `torch.compile` compiles once for all layers."""
+    return layer(x, rope, positions, kc, vc, start, mask)
 
 
 class Backbone(nn.Module):
@@ -126,15 +130,24 @@ class Target(nn.Module):
         self._cols = torch.empty(0, dtype=torch.long)  # slot indices 0..max_len-1, for fixed-shape passes
         self.static = False  # fixed-shape passes (full-cache attention under a mask); implied by graphs
         self.graphs: dict[tuple[Any, ...], Graphed] | None = None
+        self._fixed_layer = _layer  # what fixed-shape passes run per layer (compiled or not)
 
-    def use_cuda_graphs(self, enabled: bool = True) -> None:
+    def use_cuda_graphs(self, enabled: bool = True, compile: bool = False) -> None:
         """Replay captured CUDA graphs for every fixed-shape pass (decode step, chain and tree verify).
 
         One graph per (tokens, taps, logits) shape, captured on first use; prefill stays eager.
+        `compile=True` also runs the decoder layers of those passes through `torch.compile` before
+        capture (one compiled layer shared by every layer, its norms, RoPE and gating fused into
+        few kernels); each new pass shape then costs a compilation on first use.
         """
         if enabled and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the target on a CUDA device, it is on {self.device}")
         self.graphs = {} if enabled else None
+        self.compile_layers(compile and enabled)
+
+    def compile_layers(self, enabled: bool = True) -> None:
+        """`torch.compile` the decoder layer of fixed-shape passes (also without graphs, for checks)."""
+        self._fixed_layer = torch.compile(_layer, fullgraph=True, dynamic=False) if enabled else _layer
 
     @property
     def device(self) -> torch.device:
@@ -203,8 +216,9 @@ class Target(nn.Module):
              taps: tuple[int, ...], logits: str) -> TargetOutput:
         x = self.embed(ids)
         captured: dict[int, Tensor] = {}
+        run = self._fixed_layer if isinstance(start, Tensor) else _layer
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, self.rope, positions, self.k_cache[i], self.v_cache[i], start, mask)
+            x = run(layer, x, self.rope, positions, self.k_cache[i], self.v_cache[i], start, mask)
             if i in taps:
                 captured[i] = x
         stacked = torch.stack([captured[layer] for layer in taps], dim=1) if taps else None
