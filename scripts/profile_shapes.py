@@ -149,6 +149,11 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any
         tag = "graph" if graphs else "eager"
         res[f"ar_{tag}_gpu_ms"] = gpu_ms(target_pass(1))
         res[f"ar_{tag}_wall_ms"] = wall_ms(target_pass(1))
+    if anchor:  # where an AR step's GPU time goes: the graph's kernels, run as fixed-shape eager calls
+        graphs_on(target, enabled=False)
+        target.static = True
+        res["ar_kernels"] = kernel_table(target_pass(1))
+        target.static = False
     if anchor:  # the same step with torch.compile'd layers inside the graph: how much fusion buys
         try:
             if DEV.type == "cuda":
@@ -282,6 +287,22 @@ def kernel_ms(fn: Callable[[], Any]) -> float | None:
         return None
 
 
+def kernel_table(fn: Callable[[], Any], top: int = 12) -> dict[str, Any] | None:
+    """Kernels of one call grouped by name: launch count, the `top` names by GPU time, and totals."""
+    if DEV.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
+                  key=lambda e: -e.self_device_time_total)
+    return {"kernels": sum(e.count for e in rows), "gpu_ms": sum(e.self_device_time_total for e in rows) / 1e3,
+            "top": [(e.key[:70], e.count, e.self_device_time_total / 1e3) for e in rows[:top]]}
+
+
 def full_loop(target: Target, eagle, dflash, ddtree, ctx: int) -> dict[str, dict[str, float]]:
     """Whole rounds (random weights: tau ~ 1, every component still runs), graph vs eager.
 
@@ -346,6 +367,12 @@ def main() -> None:
               f"{a['ar_compiled_gpu_ms'] / a['floor_ms']:.2f}x floor (compiled in {a['compile_s']:.0f} s)")
     elif "compile_error" in a:
         print(f"\n{a['model']} AR step with torch.compile'd layers: failed: {a['compile_error']}")
+    if a.get("ar_kernels"):
+        k = a["ar_kernels"]
+        print(f"\n{a['model']} AR step kernels (fixed-shape pass, eager): {k['kernels']} launches, {k['gpu_ms']:.3f} ms "
+              "of kernel time; by name: launches, ms")
+        for name, count, ms in k["top"]:
+            print(f"  {count:>5} {ms:8.3f}  {name}")
     print("\ncatch-up (KV-only prefill, fixed-shape passes) by backlog n, GPU ms and share of that drafter's round "
           "(its draft + verify GPU time): model: n -> eagle3 / dflash")
     for r in results:

@@ -229,3 +229,32 @@ def test_eagle3_speculators_layout_loads_like_specforge(qwen, tmp_path):
         d.observe(Commit(out.feats, torch.tensor([2, 3, 4, 7]), 0, (0, 1, 2)))
         proposals.append(d.propose(torch.tensor([7]), 4).tokens.tolist())
     assert proposals[0] == proposals[1]
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_fixed_shape_catch_up_writes_what_the_eager_one_does(worlds, kind):
+    """Padded fixed-shape catch-up passes (one round's size, then 4x wider ones, several of them)
+    leave the same context K/V (and EAGLE-3's next-draft state) as one exact eager pass."""
+    target, drafters = worlds["qwen3-mixed"].load()
+    drafter = drafters[kind]
+    c = drafter.catch_up_rows
+    ids = torch.arange(3, 3 + 9 * c + 3) % target.config.vocab_size
+    target.setup_cache(ids.numel() + 1)
+    taps = tuple(sorted(drafter.tap_layers))
+    feats = target.forward(ids, 0, taps=taps, logits="none").feats
+    for n in (1, c, c + 1, 4 * c, 9 * c + 2):
+        results = []
+        for static in (False, True):
+            drafter.static = static
+            drafter.reset(target, ids.numel() + 1)
+            drafter.observe(Commit(feats[:n], ids[1 : n + 1], 0, taps))
+            last = drafter.catch_up()
+            results.append((drafter.k_cache.clone(), drafter.v_cache.clone(), last))
+        (k0, v0, last0), (k1, v1, last1) = results
+        assert drafter.kv_len == n
+        torch.testing.assert_close(k1[..., :n, :], k0[..., :n, :], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v1[..., :n, :], v0[..., :n, :], atol=1e-5, rtol=1e-5)
+        if kind == "eagle3":
+            torch.testing.assert_close(last1[0], last0[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(last1[1], last0[1], atol=1e-4, rtol=1e-4)
+    drafter.static = False

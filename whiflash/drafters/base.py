@@ -146,6 +146,21 @@ class Drafter(nn.Module):
         """True when drafting passes run at fixed shapes (static mode or CUDA graphs)."""
         return self.static or self.graphs is not None
 
+    @property
+    def catch_up_rows(self) -> int:
+        """Rows of a usual fixed-shape catch-up pass: the most that one round commits."""
+        raise NotImplementedError
+
+    def catch_up_passes(self, n: int) -> tuple[int, range]:
+        """(rows per pass, pass offsets) for a fixed-shape catch-up of `n` backlog rows.
+
+        One pass of `catch_up_rows` for a backlog of one round; passes 4x as wide for the long
+        backlogs that lazy switching leaves. Two captured shapes in all; caches keep
+        `4 * catch_up_rows` spare slots for the zero-padded tail of the last pass.
+        """
+        c = self.catch_up_rows if n <= self.catch_up_rows else 4 * self.catch_up_rows
+        return c, range(0, n, c)
+
     def run_fixed(self, key: str, fn: Callable[..., Any], *inputs: Tensor) -> Any:
         """Run a fixed-shape pass: directly, or as the CUDA graph `key` (captured on first use)."""
         if self.graphs is None:

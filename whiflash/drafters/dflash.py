@@ -132,22 +132,26 @@ class DFlashDrafter(Drafter):
 
     def _setup_cache(self, max_len: int) -> None:
         a, w = self.layers[0].self_attn, self.fc.weight
-        shape = (len(self.layers), a.nkv, max_len + self.block_size, a.hd)
+        shape = (len(self.layers), a.nkv, max_len + 4 * self.catch_up_rows, a.hd)  # block / padded catch-up room
         if self.k_cache.shape != shape or self.k_cache.device != w.device or self.k_cache.dtype != w.dtype:
             self.k_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
             self.v_cache = torch.zeros_like(self.k_cache)
             self._cols = torch.arange(shape[2], device=w.device)
             if self.graphs:  # captured graphs point at the old cache
                 self.graphs = {}
-        self.rope.ensure(max_len + self.block_size + 1, w.device)
+        self.rope.ensure(shape[2] + 1, w.device)
         self._masks = torch.full((self.block_size - 1,), self.mask_token_id, dtype=torch.long, device=w.device)
+
+    @property
+    def catch_up_rows(self) -> int:
+        return self.block_size
 
     @torch.no_grad()
     def catch_up(self) -> None:
         """Write the context K/V of every backlog position, for all layers.
 
-        Eager: one pass over exactly the backlog. Fixed shapes: passes of `block_size` rows, the
-        last zero-padded; padded rows write slots past the context, which the next block pass
+        Eager: one pass over exactly the backlog. Fixed shapes: `catch_up_passes`, the last
+        zero-padded; padded rows write slots past the context, which the next block pass
         overwrites before any query can see them.
         """
         commit = self.take_backlog()
@@ -158,10 +162,10 @@ class DFlashDrafter(Drafter):
         if not self.fixed_shapes:
             self._context(taps, self._cols[start : start + n], start)
         else:
-            c = self.block_size
-            for s in range(0, n, c):
+            c, passes = self.catch_up_passes(n)
+            for s in passes:
                 slots = self._cols[start + s : start + s + c]
-                self.run_fixed("context", self._context, pad_rows(taps[s : s + c], c), slots, slots)
+                self.run_fixed(f"context{c}", self._context, pad_rows(taps[s : s + c], c), slots, slots)
         self.kv_len = start + n
 
     def _context(self, taps: Tensor, positions: Tensor, where: int | Tensor) -> None:

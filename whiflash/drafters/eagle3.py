@@ -117,10 +117,14 @@ class Eagle3Drafter(Drafter):
     def max_nodes(self) -> int:
         return self.num_steps
 
+    @property
+    def catch_up_rows(self) -> int:
+        return self.num_steps + 1
+
     def _setup_cache(self, max_len: int) -> None:
         a = self.midlayer.self_attn
         w = self.fc.weight
-        slots = max_len + self.num_steps + 1  # room for a padded fixed-shape catch-up pass at the end
+        slots = max_len + 4 * self.catch_up_rows  # room for a padded fixed-shape catch-up pass at the end
         if self.k_cache.shape[1:2] != (slots,) or self.k_cache.device != w.device or self.k_cache.dtype != w.dtype:
             self.k_cache = torch.zeros(a.nkv, slots, a.hd, device=w.device, dtype=w.dtype)
             self.v_cache = torch.zeros_like(self.k_cache)
@@ -178,8 +182,8 @@ class Eagle3Drafter(Drafter):
         """KV-only prefill of the backlog: K/V for every row, the full layer only for the last.
 
         Returns the last row's pre-norm output and logits (they start the next draft). Fixed
-        shapes: passes of `num_steps + 1` rows (the most one round commits), the last zero-padded;
-        padded rows write slots past the context that drafting overwrites before reading them.
+        shapes: `catch_up_passes`, the last zero-padded; padded rows write slots past the context
+        that drafting overwrites before reading them.
         """
         commit = self.take_backlog()
         if commit is None:
@@ -189,12 +193,12 @@ class Eagle3Drafter(Drafter):
         end = start + n
         self.kv_len = end
         if self.fixed_shapes and not self.full_prefill:
-            c = self.num_steps + 1
-            for s in range(0, n, c):
+            c, passes = self.catch_up_passes(n)
+            for s in passes:
                 m = min(c, n - s)
                 slots = self._cols[start + s : start + s + c]
                 mask = (self._cols < start + s + m)[None]
-                self._last = self.run_fixed("catch_up", self._catch_up, pad_rows(taps[s : s + c], c),
+                self._last = self.run_fixed(f"catch_up{c}", self._catch_up, pad_rows(taps[s : s + c], c),
                                             pad_rows(tokens[s : s + c], c), slots, self._cols[m - 1 : m], mask)
             return self._last
         positions = self._cols[start:end]

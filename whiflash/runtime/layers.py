@@ -115,4 +115,4 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     if mask is not None and group > 1:
         mask = mask.repeat(group, 1)
     out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask)
-    return out[0].view(hq, t, d)
+    return out[0].reshape(hq, t, d)  # fused kernels return a head-strided layout: not viewable
