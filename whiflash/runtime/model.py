@@ -102,7 +102,7 @@ class DecoderLayer(nn.Module):
 
 def _layer(layer: DecoderLayer, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor,
            start: int | Tensor, mask: Tensor | None) -> Tensor:
-    """One decoder layer as a free function: what `torch.compile` compiles once for all layers."""
+    """One decoder layer as a free function (compiled once, it would serve every layer)."""
     return layer(x, rope, positions, kc, vc, start, mask)
 
 
@@ -130,24 +130,18 @@ class Target(nn.Module):
         self._cols = torch.empty(0, dtype=torch.long)  # slot indices 0..max_len-1, for fixed-shape passes
         self.static = False  # fixed-shape passes (full-cache attention under a mask); implied by graphs
         self.graphs: dict[tuple[Any, ...], Graphed] | None = None
-        self._fixed_layer = _layer  # what fixed-shape passes run per layer (compiled or not)
+        # What fixed-shape passes run per layer. A hook: scripts/profile_shapes.py swaps in a
+        # torch.compile'd layer to measure what kernel fusion would buy.
+        self._fixed_layer = _layer
 
-    def use_cuda_graphs(self, enabled: bool = True, compile: bool = False) -> None:
+    def use_cuda_graphs(self, enabled: bool = True) -> None:
         """Replay captured CUDA graphs for every fixed-shape pass (decode step, chain and tree verify).
 
         One graph per (tokens, taps, logits) shape, captured on first use; prefill stays eager.
-        `compile=True` also runs the decoder layers of those passes through `torch.compile` before
-        capture (one compiled layer shared by every layer, its norms, RoPE and gating fused into
-        few kernels); each new pass shape then costs a compilation on first use.
         """
         if enabled and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the target on a CUDA device, it is on {self.device}")
         self.graphs = {} if enabled else None
-        self.compile_layers(compile and enabled)
-
-    def compile_layers(self, enabled: bool = True) -> None:
-        """`torch.compile` the decoder layer of fixed-shape passes (also without graphs, for checks)."""
-        self._fixed_layer = torch.compile(_layer, fullgraph=True, dynamic=False) if enabled else _layer
 
     @property
     def device(self) -> torch.device:

@@ -250,8 +250,8 @@ def _small() -> TestbedConfig:
         tokenizer=TokenizerConfig(vocab_size=8192, train_chars_per_category=6_000_000),
         target=TargetConfig(
             hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
-            num_key_value_heads=4, head_dim=64, seq_len=512, batch_size=32, max_steps=2500,
-            warmup_steps=150, lr=1.5e-3, val_every=500, eval_windows=128, max_minutes=3.0,
+            num_key_value_heads=4, head_dim=64, seq_len=512, batch_size=32, max_steps=2000,
+            warmup_steps=150, lr=1.5e-3, val_every=500, eval_windows=128, max_minutes=2.5,
             max_position_embeddings=4096, mix={"code": 0.45, "math": 0.3, "prose": 0.25},
         ),
         # The first H200 build (1024 prompts/category, 362 of them code: one cut per source file) gave
@@ -261,10 +261,10 @@ def _small() -> TestbedConfig:
         responses=ResponsesConfig(prompts_per_category=2048, max_new_tokens=192, max_prompt_tokens=256,
                                   batch_size=512),
         eagle3=Eagle3Config(draft_vocab_size=4096, intermediate_size=1408, ttt_length=7, max_steps=1500,
-                            batch_size=32, lr=1e-3, max_minutes=1.25),
+                            batch_size=32, lr=1e-3, max_minutes=1.0),
         dflash=DFlashConfig(block_size=16, num_hidden_layers=2, intermediate_size=1408, num_anchors=128,
-                            loss_decay_gamma=7.0, max_steps=1500, batch_size=32, lr=1e-3, max_minutes=1.25),
-        acceptance=AcceptanceConfig(prompts_per_category=12, max_new_tokens=96),
+                            loss_decay_gamma=7.0, max_steps=1500, batch_size=32, lr=1e-3, max_minutes=1.0),
+        acceptance=AcceptanceConfig(prompts_per_category=10, max_new_tokens=96),
     )
 
 
