@@ -68,7 +68,8 @@ def test_cuda_graphs_decode_like_the_eager_path(worlds, dtype):
     # long stretches per drafter: lazy backlogs that take several fixed-shape catch-up passes
     stretches = whiflash.RoutedDrafter("df-e3", ScriptedRouter([0] * 6 + [1] * 5), eagle3=drafters["eagle3"],
                                        dflash=drafters["dflash"])
-    methods = [None, *drafters.values(), routed, stretches]
+    oracle = whiflash.RoutedDrafter("df-e3", whiflash.OracleRouter(), eagle3=drafters["eagle3"], dflash=drafters["dflash"])
+    methods = [None, *drafters.values(), routed, stretches, oracle]
     fp32, _ = world.load(device="cuda")
     for prompt in PROMPTS:
         eager = [whiflash.generate(target, d, prompt, 40)[0] for d in methods]

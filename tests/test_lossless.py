@@ -86,13 +86,15 @@ def test_static_shape_path_gives_the_same_tokens_and_taus(worlds, world):
     # long stretches on one drafter: lazy backlogs longer than one fixed-shape catch-up pass
     stretches = whiflash.RoutedDrafter("df-e3", ScriptedRouter([0] * 6 + [1] * 5), eagle3=drafters["eagle3"],
                                        dflash=drafters["dflash"])
+    oracle = whiflash.RoutedDrafter("df-e3", whiflash.OracleRouter(), eagle3=drafters["eagle3"], dflash=drafters["dflash"])
     members = [target, *drafters.values()]
     for prompt in PROMPTS:
         runs = []
         for static in (False, True):
             for m in members:
                 m.static = static
-            runs.append([whiflash.generate(target, d, prompt, 40) for d in [None, *drafters.values(), routed, stretches]])
+            runs.append([whiflash.generate(target, d, prompt, 40) for d in [None, *drafters.values(), routed, oracle,
+                                                                             stretches]])
         assert max(runs[0][-1][1].backlogs) > drafters["eagle3"].num_steps + 1  # several catch-up passes
         for (out_e, st_e), (out_s, st_s) in zip(*runs):
             assert out_e == out_s and st_e.taus == st_s.taus

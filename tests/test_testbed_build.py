@@ -125,6 +125,18 @@ def test_code_prompts_take_further_cuts_when_documents_run_out(micro: Path) -> N
     assert len(held_out_prompts(micro, "math", 2 * len(math_docs))) == len(math_docs)  # one cut per problem
 
 
+def test_packed_target_features_equal_one_pass_per_sequence(micro: Path) -> None:
+    from whiflash.testbed.drafter_data import target_features
+
+    alone, _ = target_features(micro, [0, 1], pack_tokens=0)
+    packed, _ = target_features(micro, [1, 0], pack_tokens=400)  # several sequences per pass, taps reordered
+    assert len(packed) == len(alone) > 4
+    for a, b in zip(alone, packed):
+        assert torch.equal(a.ids, b.ids) and torch.equal(a.loss_mask, b.loss_mask) and a.category == b.category
+        torch.testing.assert_close(b.feats, a.feats[:, [1, 0]], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(b.hidden, a.hidden, atol=1e-4, rtol=1e-4)
+
+
 def test_second_build_reuses_every_stage(micro: Path) -> None:
     weights = micro / "target" / "model.safetensors"
     mtime = weights.stat().st_mtime_ns

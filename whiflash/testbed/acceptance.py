@@ -30,8 +30,12 @@ TAU_DEFINITION = "tau of a round = accepted draft tokens + 1 (bonus included); m
 
 @torch.no_grad()
 def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8, max_new_tokens: int = 64,
-                       max_prompt_tokens: int = 256, device: str = "cpu") -> dict:
-    """tau per category and drafter on held-out prompts; rows per prompt go to ``acceptance.jsonl``."""
+                       max_prompt_tokens: int = 256, device: str = "cpu", cuda_graphs: bool = True) -> dict:
+    """tau per category and drafter on held-out prompts; rows per prompt go to ``acceptance.jsonl``.
+
+    ``cuda_graphs`` (CUDA only) replays captured graphs for every fixed-shape pass; outputs stay
+    checked against plain autoregressive decoding either way.
+    """
     import whiflash
     from whiflash.testbed.tokenizer import load_tokenizer
 
@@ -41,6 +45,9 @@ def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8,
     drafters["ddtree"] = whiflash.load_drafter("ddtree", root / "dflash", target)
     drafters["oracle"] = whiflash.RoutedDrafter("df-e3", whiflash.OracleRouter(), eagle3=drafters["eagle3"],
                                                 dflash=drafters["dflash"])
+    if cuda_graphs and target.device.type == "cuda":
+        for m in [target, *drafters.values()]:
+            m.use_cuda_graphs(True)
     stats: dict[str, dict[str, list]] = {k: {c: [] for c in CATEGORIES} for k in drafters}
     mismatches = 0
     rows = []

@@ -124,7 +124,8 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
 
     acc = config.acceptance
     rec = run("acceptance", (acc, sha["target"], sha.get("eagle3"), sha.get("dflash")),
-              lambda d: measure_acceptance(out, d, acc.prompts_per_category, acc.max_new_tokens, device=config.device))
+              lambda d: measure_acceptance(out, d, acc.prompts_per_category, acc.max_new_tokens, device=config.device,
+                                                 cuda_graphs=acc.cuda_graphs))
     if rec is not None:
         man.data["acceptance"] = {"tau": rec["tau"], "oracle_headroom": rec.get("oracle_headroom"),
                                   "tau_definition": rec["tau_definition"]}

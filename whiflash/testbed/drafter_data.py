@@ -144,25 +144,59 @@ class Sample:
 
 
 @torch.no_grad()
-def target_features(root: Path, taps: list[int], device: str = "cpu", dtype: torch.dtype = torch.float32
-                    ) -> tuple[list[Sample], object]:
-    """Run our runtime over every response sequence once; return samples and the loaded target."""
+def target_features(root: Path, taps: list[int], device: str = "cpu", dtype: torch.dtype = torch.float32,
+                    pack_tokens: int | None = None) -> tuple[list[Sample], object]:
+    """Run our runtime over every response sequence once; return samples and the loaded target.
+
+    Sequences are packed up to ``pack_tokens`` tokens per pass (default: 8192 on CUDA, where a
+    pass per sequence is launch-bound; none on the CPU, where attention over the packed length
+    costs more than it saves): positions restart at 0 for each sequence and a block-diagonal
+    causal mask keeps sequences apart, so every feature equals that of a pass over the sequence
+    alone.
+    """
     from whiflash.runtime import load_target
 
     target = load_target(root / "target", device=device)
-    samples: list[Sample] = []
     uniq = tuple(sorted(set(taps)))
-    for row in tqdm(load_responses(root), desc="target features", leave=False):
-        ids = torch.tensor(row["prompt_ids"] + row["response_ids"], device=device)
-        if len(row["response_ids"]) < 2:
-            continue
+    order = [uniq.index(t) for t in taps]
+    rows = [r for r in load_responses(root) if len(r["response_ids"]) >= 2]
+    pack = pack_tokens if pack_tokens is not None else (8192 if str(device).startswith("cuda") else 0)
+    samples: list[Sample] = []
+    for group in tqdm(_packs(rows, pack), desc="target features", leave=False):
+        seqs = [torch.tensor(r["prompt_ids"] + r["response_ids"], device=device) for r in group]
+        lens = torch.tensor([x.numel() for x in seqs], device=device)
+        ids = torch.cat(seqs)
+        seg = torch.repeat_interleave(torch.arange(len(seqs), device=device), lens)
+        first = torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+        positions = torch.arange(ids.numel(), device=device) - first
+        mask = None
+        if len(seqs) > 1:
+            mask = (seg[:, None] == seg[None, :]) & torch.ones(ids.numel(), ids.numel(), dtype=torch.bool,
+                                                                device=device).tril_()
         target.setup_cache(ids.numel())
-        out = target.forward(ids, 0, taps=uniq, logits="none")
-        feats = out.feats[:, [uniq.index(t) for t in taps]]
-        mask = torch.zeros(ids.numel(), dtype=torch.bool, device=device)
-        mask[len(row["prompt_ids"]):] = True
-        samples.append(Sample(ids, mask, feats.to(dtype), out.hidden.to(dtype), row["category"]))
+        out = target.forward(ids, 0, positions=positions, tree_mask=mask, taps=uniq, logits="none")
+        for row, x, feats, hidden in zip(group, seqs, out.feats[:, order].split(lens.tolist()),
+                                         out.hidden.split(lens.tolist())):
+            loss_mask = torch.zeros(x.numel(), dtype=torch.bool, device=device)
+            loss_mask[len(row["prompt_ids"]):] = True
+            samples.append(Sample(x, loss_mask, feats.to(dtype), hidden.to(dtype), row["category"]))
     return samples, target
+
+
+def _packs(rows: list[dict], pack_tokens: int) -> list[list[dict]]:
+    """Consecutive rows grouped while their total length stays within ``pack_tokens`` (one row per group
+    when ``pack_tokens`` is 0 or a row alone exceeds it)."""
+    groups: list[list[dict]] = []
+    size = 0
+    for row in rows:
+        n = len(row["prompt_ids"]) + len(row["response_ids"])
+        if groups and size + n <= pack_tokens:
+            groups[-1].append(row)
+            size += n
+        else:
+            groups.append([row])
+            size = n
+    return groups
 
 
 def pad_batch(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
