@@ -106,8 +106,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
 
     `mask [T, S]` is boolean (True: may attend), or None when every query sees every key. Query
     heads sharing a K/V head (transformers' `repeat_kv` grouping: head `h` reads K/V head
-    `h // (Hq / Hkv)`) are folded into the query length, so K/V are never expanded and a fused
-    kernel serves every shape (flash without a mask, memory-efficient with one).
+    `h // (Hq / Hkv)`) are folded into the query length, so K/V are never expanded and one fused
+    SDPA kernel (flash, cuDNN or memory-efficient, as PyTorch picks) serves every shape.
     """
     hq, t, d = q.shape
     group = hq // k.shape[0]
