@@ -86,8 +86,9 @@ def run_mode(graphs: bool, target, methods: dict, prompts: dict[str, list[list[i
              eos: int, rows: list[dict]) -> int:
     """Every method on every category in one mode (eager or CUDA graphs); returns outputs unequal to AR."""
     mismatches = 0
-    for m in {id(x): x for x in [target, *methods.values()] if x is not None}.values():
-        m.use_cuda_graphs(graphs)
+    for m in [target, *methods.values()]:
+        if m is not None:
+            m.use_cuda_graphs(graphs)
     for drafter in methods.values():  # warm-up: capture graphs, load kernels
         whiflash.generate(target, drafter, prompts["math"][0], 32)
     for cat, plist in prompts.items():

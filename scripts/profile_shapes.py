@@ -271,8 +271,9 @@ def hf_anchor(tcfg: dict, dcfg: dict, ctx: int) -> dict[str, float]:
     return out
 
 
-def kernel_ms(fn: Callable[[], Any]) -> float | None:
-    """Summed GPU kernel time of one call (torch.profiler over CUPTI); None where it cannot be read."""
+def kernel_table(fn: Callable[[], Any], top: int = 12) -> dict[str, Any] | None:
+    """Kernels of one call (torch.profiler over CUPTI) grouped by name: total launches and GPU ms,
+    and the `top` names by GPU time; None on the CPU or where CUPTI cannot be read."""
     if DEV.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -281,22 +282,9 @@ def kernel_ms(fn: Callable[[], Any]) -> float | None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
     except Exception as exc:  # no CUPTI on this machine: report the gap instead of failing the run
         print(f"kernel time not measured: {exc}", flush=True)
         return None
-
-
-def kernel_table(fn: Callable[[], Any], top: int = 12) -> dict[str, Any] | None:
-    """Kernels of one call grouped by name: launch count, the `top` names by GPU time, and totals."""
-    if DEV.type != "cuda":
-        return None
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
     rows = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
                   key=lambda e: -e.self_device_time_total)
     return {"kernels": sum(e.count for e in rows), "gpu_ms": sum(e.self_device_time_total for e in rows) / 1e3,
@@ -326,10 +314,10 @@ def full_loop(target: Target, eagle, dflash, ddtree, ctx: int) -> dict[str, dict
             row["graph_round_ms" if graphs else "eager_round_ms"] = statistics.median(per_round)
             if graphs:
                 stats = []
-                k = kernel_ms(lambda: stats.append(whiflash.generate(target, d, prompt, 48)[1]))
+                k = kernel_table(lambda: stats.append(whiflash.generate(target, d, prompt, 48)[1]))
                 if k is not None:  # the prefill's kernels are not part of a round
-                    prefill = kernel_ms(lambda: target.forward(prompt, 0, logits="last"))
-                    row["kernel_round_ms"] = (k - (prefill or 0.0)) / stats[0].rounds
+                    prefill = kernel_table(lambda: target.forward(prompt, 0, logits="last"))
+                    row["kernel_round_ms"] = (k["gpu_ms"] - (prefill["gpu_ms"] if prefill else 0.0)) / stats[0].rounds
                     row["outside_kernels"] = 1 - row["kernel_round_ms"] / row["graph_round_ms"]
         table[name] = row
     return table

@@ -241,14 +241,19 @@ def test_fixed_shape_catch_up_writes_what_the_eager_one_does(worlds, kind):
     target.setup_cache(ids.numel() + 1)
     taps = tuple(sorted(drafter.tap_layers))
     feats = target.forward(ids, 0, taps=taps, logits="none").feats
-    for n in (1, c, c + 1, 4 * c, 9 * c + 2):
+    passes: list[str] = []
+    run_fixed = drafter.run_fixed
+    drafter.run_fixed = lambda key, fn, *a: passes.append(key) or run_fixed(key, fn, *a)
+    for n, expected in ((1, [c]), (c, [c]), (c + 1, [4 * c]), (4 * c, [4 * c]), (9 * c + 2, [4 * c] * 3)):
         results = []
         for static in (False, True):
             drafter.static = static
             drafter.reset(target, ids.numel() + 1)
             drafter.observe(Commit(feats[:n], ids[1 : n + 1], 0, taps))
+            passes.clear()
             last = drafter.catch_up()
             results.append((drafter.k_cache.clone(), drafter.v_cache.clone(), last))
+        assert [int(k.removeprefix("catch_up").removeprefix("context")) for k in passes] == expected
         (k0, v0, last0), (k1, v1, last1) = results
         assert drafter.kv_len == n
         torch.testing.assert_close(k1[..., :n, :], k0[..., :n, :], atol=1e-5, rtol=1e-5)

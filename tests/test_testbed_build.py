@@ -125,12 +125,18 @@ def test_code_prompts_take_further_cuts_when_documents_run_out(micro: Path) -> N
     assert len(held_out_prompts(micro, "math", 2 * len(math_docs))) == len(math_docs)  # one cut per problem
 
 
-def test_packed_target_features_equal_one_pass_per_sequence(micro: Path) -> None:
+def test_packed_target_features_equal_one_pass_per_sequence(micro: Path, monkeypatch) -> None:
+    from whiflash.runtime.model import Target
     from whiflash.testbed.drafter_data import target_features
 
+    calls: list[int] = []
+    forward = Target.forward
+    monkeypatch.setattr(Target, "forward", lambda self, ids, *a, **k: calls.append(ids.numel()) or forward(self, ids, *a, **k))
     alone, _ = target_features(micro, [0, 1], pack_tokens=0)
+    n_alone = len(calls)
     packed, _ = target_features(micro, [1, 0], pack_tokens=400)  # several sequences per pass, taps reordered
     assert len(packed) == len(alone) > 4
+    assert len(calls) - n_alone < n_alone / 2 and max(calls) <= 400  # passes really hold several sequences
     for a, b in zip(alone, packed):
         assert torch.equal(a.ids, b.ids) and torch.equal(a.loss_mask, b.loss_mask) and a.category == b.category
         torch.testing.assert_close(b.feats, a.feats[:, [1, 0]], atol=1e-4, rtol=1e-4)

@@ -164,7 +164,8 @@ def target_features(root: Path, taps: list[int], device: str = "cpu", dtype: tor
     samples: list[Sample] = []
     for group in tqdm(_packs(rows, pack), desc="target features", leave=False):
         seqs = [torch.tensor(r["prompt_ids"] + r["response_ids"], device=device) for r in group]
-        lens = torch.tensor([x.numel() for x in seqs], device=device)
+        sizes = [x.numel() for x in seqs]
+        lens = torch.tensor(sizes, device=device)
         ids = torch.cat(seqs)
         seg = torch.repeat_interleave(torch.arange(len(seqs), device=device), lens)
         first = torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
@@ -175,8 +176,7 @@ def target_features(root: Path, taps: list[int], device: str = "cpu", dtype: tor
                                                                 device=device).tril_()
         target.setup_cache(ids.numel())
         out = target.forward(ids, 0, positions=positions, tree_mask=mask, taps=uniq, logits="none")
-        for row, x, feats, hidden in zip(group, seqs, out.feats[:, order].split(lens.tolist()),
-                                         out.hidden.split(lens.tolist())):
+        for row, x, feats, hidden in zip(group, seqs, out.feats[:, order].split(sizes), out.hidden.split(sizes)):
             loss_mask = torch.zeros(x.numel(), dtype=torch.bool, device=device)
             loss_mask[len(row["prompt_ids"]):] = True
             samples.append(Sample(x, loss_mask, feats.to(dtype), hidden.to(dtype), row["category"]))
