@@ -1,26 +1,65 @@
 #!/usr/bin/env bash
-# Everything this project measures on one GPU, in one command (~9 minutes on an H200):
-#   1. the CUDA tests (lossless in fp32 / near-ties in bf16, graphs == eager, transformers parity);
-#   2. the `small` testbed build (prints its stage times and the per-category tau table);
-#   3. end-to-end tokens/s and speedup of every method on it, eager and CUDA graphs side by side.
-# Usage: scripts/gpu_session.sh [LOG_DIR] [TESTBED_DIR]   (defaults: runs/gpu, runs/testbed/small)
-# Runs from a checkout without installing it (PYTHONPATH), so a machine that has torch,
-# transformers and lightning but not this package's other CLI dependencies can run it.
+# Everything this project measures on one GPU, step by step (each step under its own time limit, so a
+# slow one cannot cost the results of the others inside one 10-minute device command):
+#   build   the `small` testbed (prints stage times and the per-category tau table; resumable);
+#   bench   end-to-end tokens/s and speedup of every method on it, eager and CUDA graphs side by side
+#           (adds WhiFlash-Neural when the `router` step has left a router in TESTBED_DIR/router);
+#   router  whiflash-datagen on training-split prompts + whiflash-train fit, router into TESTBED_DIR/router
+#           (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse` importable);
+#   tests   the CUDA tests (lossless in fp32 / near-ties in bf16, graphs == eager, transformers parity).
+# Usage: scripts/gpu_session.sh LOG_DIR TESTBED_DIR [STEP...]   (default steps: build bench tests)
+# Runs from a checkout without installing it (PYTHONPATH) for every step but `router`, so a machine that
+# has torch, transformers and lightning but not this package's other dependencies can run them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOG=${1:-runs/gpu}
-TB=${2:-runs/testbed/small}
+LOG=${1:?LOG_DIR}
+TB=${2:?TESTBED_DIR}
+shift 2
+STEPS=${*:-build bench tests}
+PRESET=${PRESET:-small}  # PRESET=micro checks the script on a CPU in a minute
 mkdir -p "$LOG"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$LOG/gpu_tests.log" | tail -5
-python3 - "$TB" 2>&1 <<'PY' | tee "$LOG/build.log" | grep -v "it/s\|s/it" | tail -30
+quiet() { grep -v -i "it/s\|s/it\|warn"; }  # progress bars and library warnings stay in the logs only
+
+for step in $STEPS; do
+  echo "=== $step ($(date +%T))"
+  case $step in
+    build)
+      timeout 460 python3 - "$TB" "$PRESET" 2>&1 <<'PY' | tee "$LOG/build.log" | quiet | tail -30
 import sys
 from pathlib import Path
 
 from whiflash.testbed.__main__ import build
 
-build("small", Path(sys.argv[1]))  # the function behind `python -m whiflash.testbed build`
+build(sys.argv[2], Path(sys.argv[1]))  # the function behind `python -m whiflash.testbed build`
 PY
-cp "$TB/manifest.json" "$LOG/small_manifest.json" 2>/dev/null
-python3 scripts/bench_testbed.py --testbed "$TB" --prompts 4 --max-new-tokens 96 --json "$LOG/bench_small.json" 2>&1 \
-  | grep -v -i warn | tee "$LOG/bench_small.log" | tail -16
+      cp "$TB/manifest.json" "$LOG/${PRESET}_manifest.json" 2>/dev/null ;;
+    router)
+      timeout 300 python3 - "$TB" 2>&1 <<'PY' | tee "$LOG/router.log" | quiet | tail -30
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from whiflash.datagen.cli import datagen
+from whiflash.train.cli import run
+
+tb = Path(sys.argv[1])
+data = datagen(out=tb / "router_data", prompts=["testbed:train"], testbed=tb, per_category=48,
+               max_new_tokens=96, dtype="bfloat16" if torch.cuda.is_available() else "float32")
+sys.argv = ["whiflash-train"]  # LightningCLI reads sys.argv alongside args
+run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(tb / "router_runs")])
+shutil.copytree(sorted((tb / "router_runs").glob("*/router"))[-1], tb / "router", dirs_exist_ok=True)
+PY
+      cp -r "$TB/router" "$LOG/router" 2>/dev/null ;;
+    bench)
+      router=(); [ -d "$TB/router" ] && router=(--router "$TB/router")
+      timeout 300 python3 scripts/bench_testbed.py --testbed "$TB" --prompts 4 --max-new-tokens 96 "${router[@]}" \
+        --json "$LOG/bench_${PRESET}.json" 2>&1 | tee "$LOG/bench_${PRESET}.log" | quiet | tail -18 ;;
+    tests)
+      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$LOG/gpu_tests.log" | tail -5 ;;
+    *) echo "unknown step $step (build, router, bench, tests)"; exit 2 ;;
+  esac
+done
+echo "=== done ($(date +%T))"
