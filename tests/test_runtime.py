@@ -1,6 +1,7 @@
 """Our forward against transformers, tree verify against chains, and KV compaction."""
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 
@@ -11,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 import whiflash
 from whiflash.drafters.ddtree import ancestor_mask
+from whiflash.runtime import layers
 from whiflash.runtime.layers import rope_inv_freq
 
 
@@ -141,6 +143,46 @@ def test_bf16_forward_runs_and_is_close(worlds):
     a, b = f32(ids, 0).logits, bf16(ids, 0).logits
     assert b.dtype == torch.float32 and bf16.k_cache.dtype == torch.bfloat16
     assert (a - b).abs().max() < 0.1 * a.abs().max()
+
+
+def test_cudnn_attention_is_kept_for_fixed_shape_passes(worlds, monkeypatch):
+    """cuDNN attention builds a plan per new shape, so passes whose key length changes (eager decoding,
+    prefill) run without it, and the fixed-shape passes that CUDA graphs capture (whole cache under a
+    mask) keep PyTorch's choice."""
+    restricted: list[bool] = []
+    calls: list[tuple[bool, int]] = []  # (cuDNN left out, key length) per attention call
+
+    @contextlib.contextmanager
+    def spy_kernel(backends):
+        assert torch.nn.attention.SDPBackend.CUDNN_ATTENTION not in backends
+        restricted.append(True)
+        try:
+            yield
+        finally:
+            restricted.pop()
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy_sdpa(q, k, v, **kwargs):
+        calls.append((bool(restricted), k.shape[-2]))
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(layers, "sdpa_kernel", spy_kernel)
+    monkeypatch.setattr(layers.F, "scaled_dot_product_attention", spy_sdpa)
+    target, drafters = worlds["qwen3-mixed"].load()
+    for static in (False, True):
+        calls.clear()
+        for m in [target, *drafters.values()]:
+            m.static = static
+        for drafter in [None, *drafters.values()]:
+            whiflash.generate(target, drafter, [7, 8, 9, 10, 11, 12], 12)
+        cache_lengths = {m.k_cache.shape[-2] for m in [target, *drafters.values()]}
+        unrestricted = {length for left_out, length in calls if not left_out}
+        if static:
+            assert unrestricted and unrestricted <= cache_lengths  # only whole-cache passes keep cuDNN
+            assert any(left_out for left_out, _ in calls)  # prefill: a new length per prompt
+        else:
+            assert not unrestricted
 
 
 def test_hub_repo_ids_download_only_json_and_safetensors(worlds, monkeypatch):

@@ -85,7 +85,7 @@ class BlockAttention(nn.Module):
             kc[:, start : start + t] = k
             vc[:, start : start + t] = v
             kc, vc = kc[:, : start + t], vc[:, : start + t]
-        return self.o_proj(attention(q, kc, vc, mask).transpose(0, 1).reshape(t, -1))
+        return self.o_proj(attention(q, kc, vc, mask, isinstance(start, Tensor)).transpose(0, 1).reshape(t, -1))
 
 
 class DFlashLayer(nn.Module):

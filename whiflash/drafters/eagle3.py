@@ -67,9 +67,10 @@ class MidAttention(nn.Module):
         causally, or under an explicit `mask` (static shapes)."""
         t = x.shape[0]
         q = rope(self.q_proj(x).view(t, self.nh, self.hd).transpose(0, 1), positions)
+        fixed_shape = mask is not None  # static passes bring their mask; eager ones see a new key length
         if mask is None and t > 1:  # the t queries are the last t keys: a causal block after a visible prefix
             mask = torch.ones(t, k.shape[1], dtype=torch.bool, device=x.device).tril_(k.shape[1] - t)
-        return self.o_proj(attention(q, k, v, mask).transpose(0, 1).reshape(t, -1))
+        return self.o_proj(attention(q, k, v, mask, fixed_shape).transpose(0, 1).reshape(t, -1))
 
 
 class MidLayer(nn.Module):

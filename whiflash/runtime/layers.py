@@ -7,6 +7,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+VARYING_SHAPE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""SDPA kernels for passes whose shapes change from call to call (eager decoding, prefill).
+
+cuDNN attention builds an execution plan for every new shape: on the H200, eager decoding at the
+small testbed's shapes (a new key length every step) took 53-88 ms per token with it and 6 ms
+without. Fixed-shape passes (CUDA graphs) keep PyTorch's choice: their one plan is built once."""
 
 
 class RMSNorm(nn.Module):
@@ -101,18 +109,23 @@ class Rotary:
         return x * cos_sin[:, 0] + x.roll(x.shape[-1] // 2, dims=-1) * cos_sin[:, 1]
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, fixed_shape: bool = False) -> Tensor:
     """Grouped-query attention of `q [Hq, T, D]` over `k, v [Hkv, S, D]` -> `[Hq, T, D]`.
 
     `mask [T, S]` is boolean (True: may attend), or None when every query sees every key. Query
     heads sharing a K/V head (transformers' `repeat_kv` grouping: head `h` reads K/V head
     `h // (Hq / Hkv)`) are folded into the query length, so K/V are never expanded and one fused
-    SDPA kernel (flash, cuDNN or memory-efficient, as PyTorch picks) serves every shape.
+    SDPA kernel (flash, cuDNN or memory-efficient, as PyTorch picks) serves every shape;
+    `fixed_shape=False` (a shape this call may never see again) leaves cuDNN out.
     """
     hq, t, d = q.shape
     group = hq // k.shape[0]
     q = q.reshape(k.shape[0], group * t, d)
     if mask is not None and group > 1:
         mask = mask.repeat(group, 1)
-    out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask)
+    if fixed_shape:
+        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask)
+    else:
+        with sdpa_kernel(VARYING_SHAPE_BACKENDS):
+            out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask)
     return out[0].reshape(hq, t, d)  # fused kernels return a head-strided layout: not viewable

@@ -82,7 +82,7 @@ class Attention(nn.Module):
             k_cache[:, start:end] = k
             v_cache[:, start:end] = v
             keys, values = k_cache[:, :end], v_cache[:, :end]
-        return self.o_proj(attention(q, keys, values, mask).transpose(0, 1).reshape(t, -1))
+        return self.o_proj(attention(q, keys, values, mask, isinstance(start, Tensor)).transpose(0, 1).reshape(t, -1))
 
 
 class DecoderLayer(nn.Module):
