@@ -6,8 +6,11 @@
 #           (adds WhiFlash-Neural when the `router` step has left a router in TESTBED_DIR/router);
 #   router  whiflash-datagen on training-split prompts + whiflash-train fit, router into TESTBED_DIR/router
 #           (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse` importable);
-#   tests   the CUDA tests (lossless in fp32 / near-ties in bf16, graphs == eager, transformers parity).
+#   tests   the CUDA tests (lossless in fp32 / near-ties in bf16, graphs == eager, transformers parity);
+#   profile real-shape latency of Qwen3-8B, Qwen3-4B and Llama-3.1-8B (scripts/profile_shapes.py, 3.5 min;
+#           --smoke at toy widths when there is no GPU).
 # Usage: scripts/gpu_session.sh LOG_DIR TESTBED_DIR [STEP...]   (default steps: build bench tests)
+# With a built testbed, `bench profile` is the whole of docs/engine.md's H200 figures in under 7 minutes.
 # Runs from a checkout without installing it (PYTHONPATH) for every step but `router`, so a machine that
 # has torch, transformers and lightning but not this package's other dependencies can run them.
 set -uo pipefail
@@ -59,7 +62,11 @@ PY
         --json "$LOG/bench_${PRESET}.json" 2>&1 | tee "$LOG/bench_${PRESET}.log" | quiet | tail -18 ;;
     tests)
       timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$LOG/gpu_tests.log" | tail -5 ;;
-    *) echo "unknown step $step (build, router, bench, tests)"; exit 2 ;;
+    profile)
+      smoke=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || smoke=(--smoke --ctx 64)
+      timeout 300 python3 scripts/profile_shapes.py "${smoke[@]}" --json "$LOG/profile.json" 2>&1 \
+        | tee "$LOG/profile.log" | quiet | tail -40 ;;
+    *) echo "unknown step $step (build, router, bench, tests, profile)"; exit 2 ;;
   esac
 done
 echo "=== done ($(date +%T))"
