@@ -44,6 +44,7 @@ def datagen(
     shard_size: int = 16,
     device: str = "cuda" if torch.cuda.is_available() else "cpu",
     dtype: str = "float32",
+    cuda_graphs: bool = True,
     seed: int = 0,
 ) -> Path:
     """Decode prompts with both drafters from the same state each round and write one row per round.
@@ -66,6 +67,8 @@ def datagen(
         shard_size: prompts per Parquet shard (the unit of resumption).
         device: torch device.
         dtype: float32 or bfloat16.
+        cuda_graphs: on CUDA, replay captured graphs for the fixed-shape passes (target verify, drafting,
+            catch-up); the eager path rebuilds its work every round. Ignored on the CPU.
         seed: recorded in the manifest (decoding is greedy and deterministic).
     """
     out = Path(out)
@@ -87,6 +90,9 @@ def datagen(
     if "e3" in pair:
         slots["eagle3"] = whiflash.load_drafter("eagle3", paths["eagle3"], model, num_steps=num_steps)
     recorder = OracleRecorder(pair, tree_budget=tree_budget, **slots)
+    if cuda_graphs and model.device.type == "cuda":
+        model.use_cuda_graphs()
+        recorder.use_cuda_graphs()
     tokenizer = _tokenizer(paths["target"])
 
     items = [it for src in prompts for it in read_source(src, testbed, per_category)][:max_prompts]

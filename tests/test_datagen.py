@@ -11,6 +11,7 @@ import torch
 
 import whiflash
 from whiflash.datagen.cli import datagen
+from whiflash.datagen.record import OracleRecorder, record_prompt
 from whiflash.train.dataset import check_shards, read_manifest
 
 PROMPTS = [[7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6], [1, 2, 3], [4, 4, 4, 9], [20, 21, 22, 23, 24],
@@ -112,3 +113,21 @@ def test_entropy_threshold_calibration_finds_the_planted_cut(tmp_path):
     best = calibrate_entropy(tmp_path)
     assert abs(best["threshold"] - 1.2) <= 0.05 and best["share"] > 0.95
     assert best["tau"] > max(best["tau_slot0"], best["tau_slot1"])
+
+
+def test_fixed_shape_passes_record_the_eager_rows(worlds):
+    """The passes CUDA graphs capture (datagen's default on CUDA) record what the eager path records."""
+    target, drafters = worlds["qwen3-mixed"].load()
+    recorder = OracleRecorder("df-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"])
+    runs = []
+    for static in (False, True):
+        for m in [target, *recorder.members]:
+            m.static = static
+        runs.append([record_prompt(target, recorder, prompt, 30) for prompt in PROMPTS[:4]])
+    for eager, fixed in zip(*runs):
+        assert eager.keys() == fixed.keys() and len(eager["round"]) > 3
+        for key in eager:
+            if key in ("hidden", "entropy"):  # full-cache attention sums in another order
+                np.testing.assert_allclose(eager[key], fixed[key], rtol=1e-3, atol=1e-3)
+            else:
+                np.testing.assert_array_equal(eager[key], fixed[key])

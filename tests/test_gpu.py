@@ -96,3 +96,29 @@ def test_cuda_matches_transformers(worlds):
         expected = ref(ids[None]).logits[0]
     ours.setup_cache(32)
     torch.testing.assert_close(ours(ids, 0).logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_datagen_with_cuda_graphs_records_the_eager_rows(worlds, tmp_path):
+    import json
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from whiflash.datagen.cli import datagen
+
+    world = worlds["qwen3-mixed"]
+    prompts = tmp_path / "ids.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "category": "math", "input_ids": p}) + "\n"
+                               for i, p in enumerate(PROMPTS)))
+    tables = []
+    for graphs in (False, True):
+        out = datagen(out=tmp_path / f"graphs-{graphs}", prompts=[str(prompts)], target=str(world.target_dir),
+                      eagle3=str(world.eagle_dir), dflash=str(world.dflash_dir), max_new_tokens=30, device="cuda",
+                      cuda_graphs=graphs)
+        tables.append(pq.read_table(sorted(out.glob("shard-*.parquet"))).to_pandas())
+    eager, graphed = tables
+    assert len(eager) > 3
+    for column in ("prompt_id", "round", "position", "tau_0", "tau_1", "active"):
+        assert (eager[column] == graphed[column]).all()
+    hidden = [torch.from_numpy(np.stack(t["hidden"].to_numpy()).astype(np.float32)) for t in tables]
+    torch.testing.assert_close(hidden[0], hidden[1], rtol=2e-3, atol=2e-3)
