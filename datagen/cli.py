@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import sys
-from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,8 @@ from tqdm import tqdm
 import whiflash
 from whiflash.datagen.prompts import PromptItem, read_source
 from whiflash.datagen.record import OracleRecorder, record_prompt
-from whiflash.train.dataset import TAU_DEFINITION, write_manifest, write_shard
+from whiflash.train.dataset import SCHEMA_VERSION, TAU_DEFINITION, shard_entry, write_manifest, write_shard
+from whiflash.versions import package_versions
 
 log = logging.getLogger("whiflash.datagen")
 ARGS_FILE = "datagen_args.json"
@@ -72,18 +71,22 @@ def datagen(
         seed: recorded in the manifest (decoding is greedy and deterministic).
     """
     out = Path(out)
-    args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items() if k != "out"}
-    out.mkdir(parents=True, exist_ok=True)
+    # what the rows depend on (the execution mode does not count: graphs and eager record the same rows)
+    args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items() if k not in ("out", "cuda_graphs")}
     saved = out / ARGS_FILE
     if saved.exists() and json.loads(saved.read_text()) != args:
         raise ValueError(f"{out} holds a datagen run with other arguments ({saved}); resume with the same "
                          "arguments or choose another --out")
-    saved.write_text(json.dumps(args, indent=2, sort_keys=True))
-
     paths = {k: v or (str(testbed / k) if testbed else None) for k, v in
              (("target", target), ("eagle3", eagle3), ("dflash", dflash))}
     if paths["target"] is None or paths["dflash"] is None or ("e3" in pair and paths["eagle3"] is None):
         raise ValueError("give --testbed DIR, or --target and --dflash (and --eagle3 for e3 pairs)")
+    items = [it for src in prompts for it in read_source(src, testbed, per_category)][:max_prompts]
+    if not items:
+        raise ValueError(f"prompt sources {prompts} gave no prompts")
+    out.mkdir(parents=True, exist_ok=True)  # only once the arguments are known to be usable
+    saved.write_text(json.dumps(args, indent=2, sort_keys=True))
+
     model = whiflash.load_target(paths["target"], device=device, dtype=getattr(torch, dtype))
     kind = "ddtree" if "ddt" in pair else "dflash"
     slots = {"dflash": whiflash.load_drafter(kind, paths["dflash"], model, **({"tree_budget": tree_budget} if kind == "ddtree" else {}))}
@@ -95,29 +98,22 @@ def datagen(
         recorder.use_cuda_graphs()
     tokenizer = _tokenizer(paths["target"])
 
-    items = [it for src in prompts for it in read_source(src, testbed, per_category)][:max_prompts]
-    if not items:
-        raise ValueError(f"prompt sources {prompts} gave no prompts")
     shards = []
     chunks = [items[i : i + shard_size] for i in range(0, len(items), shard_size)]
     for index, chunk in enumerate(tqdm(chunks, desc="datagen shards")):
         path = out / f"shard-{index:05d}.parquet"
         if path.exists():  # finished before a restart (shards are renamed into place only when complete)
-            from whiflash.train.dataset import sha256_file
-            import pyarrow.parquet as pq
-
-            shards.append({"file": path.name, "rows": pq.read_metadata(path).num_rows, "sha256": sha256_file(path)})
+            shards.append(shard_entry(path))
             continue
         columns = _record_chunk(model, recorder, tokenizer, chunk, max_prompt_tokens, max_new_tokens)
         shards.append(write_shard(path, columns, model.config.hidden_size))
     manifest = {
-        "schema_version": 1, "target": paths["target"], "pair": pair,
+        "schema_version": SCHEMA_VERSION, "target": paths["target"], "pair": pair,
         "drafters": {"slot_0": paths["dflash"], "slot_1": paths["eagle3"] if "e3" in pair else paths["dflash"]},
         "tree_budget": recorder.tree_budget if "ddt" in pair else None, "tap_layers": list(recorder.tap_layers),
         "hidden_size": model.config.hidden_size, "dtype": "float16", "tau_definition": TAU_DEFINITION,
         "prompt_sets": list(prompts), "seed": seed, "shards": shards,
-        "versions": {"whiflash": whiflash.__version__, "torch": torch.__version__, "python": platform.python_version(),
-                     "transformers": version("transformers")},
+        "versions": package_versions("whiflash", "torch", "transformers"),
         "advance_rule": "the slot with the larger tau advances (ties: slot 1); greedy decoding",
         "max_new_tokens": max_new_tokens,
     }
@@ -144,26 +140,25 @@ def _encode(tokenizer, item: PromptItem, max_tokens: int) -> list[int]:
         raise ValueError(f"prompt {item.prompt_id} is text, but the target has no tokenizer files")
     elif getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": item.text}], add_generation_prompt=True,
-                                            tokenize=True)
+                                            tokenize=True, return_dict=False)  # transformers 5 returns a dict by default
     else:
         ids = tokenizer(item.text, add_special_tokens=False)["input_ids"]
     return ids[-max_tokens:]
 
 
 def _record_chunk(model, recorder: OracleRecorder, tokenizer, chunk: list[PromptItem], max_prompt_tokens: int,
-                  max_new_tokens: int) -> dict[str, np.ndarray | list]:
+                  max_new_tokens: int) -> dict[str, np.ndarray]:
     stop = [tokenizer.eos_token_id] if tokenizer is not None and tokenizer.eos_token_id is not None else None
     parts = []
     for item in chunk:
         cols = record_prompt(model, recorder, _encode(tokenizer, item, max_prompt_tokens), max_new_tokens, stop)
         if cols:
             n = len(cols["round"])
-            cols["prompt_id"], cols["category"] = [item.prompt_id] * n, [item.category] * n
+            cols["prompt_id"], cols["category"] = np.full(n, item.prompt_id), np.full(n, item.category)
             parts.append(cols)
     if not parts:
         raise ValueError(f"prompts {[i.prompt_id for i in chunk]} produced no decoding rounds")
-    return {k: (np.concatenate([p[k] for p in parts]) if isinstance(parts[0][k], np.ndarray)
-                else sum((p[k] for p in parts), [])) for k in parts[0]}
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def main() -> None:

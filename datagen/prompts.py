@@ -37,7 +37,12 @@ def read_source(source: str, testbed: Path | None, per_category: int) -> list[Pr
     for line_no, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
-        rec: dict[str, Any] = json.loads(line)
+        try:
+            rec: dict[str, Any] = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{line_no}: not a JSON record ({err.msg})") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(rec).__name__}")
         pid = f"{path.stem}-{rec.get('question_id', rec.get('id', line_no))}"
         cat = str(rec.get("category") or path.stem)
         if "input_ids" in rec:

@@ -76,6 +76,35 @@ def test_resume_reuses_finished_shards_and_refuses_other_arguments(worlds, tmp_p
         _run(world, out, prompt_file, max_prompts=2)
 
 
+def test_bad_input_names_the_problem_and_leaves_the_folder_usable(worlds, tmp_path, prompt_file):
+    world = worlds["qwen3-mixed"]
+    out = tmp_path / "data"
+    with pytest.raises(ValueError, match="--testbed DIR"):
+        datagen(out=out, prompts=[str(prompt_file)], max_new_tokens=30, device="cpu")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "fine"}\n{"prompt": \n')
+    with pytest.raises(ValueError, match=r"broken.jsonl:2: not a JSON record"):
+        _run(world, out, broken)
+    assert not out.exists()  # a refused call pins no arguments: the corrected call below runs
+    assert read_manifest(_run(world, out, prompt_file))["shards"]
+
+
+def test_chat_template_prompts_encode_to_token_ids():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from whiflash.datagen.cli import _encode
+    from whiflash.datagen.prompts import PromptItem
+
+    backend = Tokenizer(models.WordLevel({"<unk>": 0, "hi": 1, "user": 2, "assistant": 3, ":": 4}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+    tok.chat_template = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+                         "{% if add_generation_prompt %}assistant :{% endif %}")
+    assert _encode(tok, PromptItem("p", "chat", text="hi"), 16) == [2, 4, 1, 3, 4]
+    assert _encode(tok, PromptItem("p", "chat", text="hi"), 2) == [3, 4]  # the prompt's last tokens
+
+
 def test_whiflash_train_fits_on_datagen_output(worlds, tmp_path, prompt_file, monkeypatch):
     from whiflash.router import load_router
     from whiflash.train.cli import run
@@ -90,6 +119,8 @@ def test_whiflash_train_fits_on_datagen_output(worlds, tmp_path, prompt_file, mo
     assert len(folders) == 1
     router = load_router(folders[0], hidden_size=32, drafters="df-e3")
     assert router(torch.randn(4, 32)).shape == (4,)
+    rows = sum(s["rows"] for s in read_manifest(data)["shards"])
+    assert f"| data | {rows} rounds, prompt sets" in (folders[0] / "README.md").read_text()
 
 
 def test_entropy_threshold_calibration_finds_the_planted_cut(tmp_path):

@@ -120,6 +120,10 @@ def test_code_prompts_take_further_cuts_when_documents_run_out(micro: Path) -> N
     prompts = held_out_prompts(micro, "code", 3 * len(docs))
     assert len(prompts) > len(docs)  # source files have many def/class headers to cut at
     assert len({p.id for p in prompts}) == len(prompts) == len({(p.id.split("@")[0], p.prompt) for p in prompts})
+    texts = {d["id"]: d["text"] for d in docs}
+    for p in prompts:  # ids are `<document>@<cut offset>`
+        doc, offset = p.id.rsplit("@", 1)
+        assert texts[doc][int(offset):] == p.reference and texts[doc][:int(offset)].endswith(p.prompt)
     assert held_out_prompts(micro, "code", len(docs)) == prompts[:len(docs)]  # the first pass is unchanged
     math_docs = list(read_corpus(micro / "corpus", "test", "math"))
     assert len(held_out_prompts(micro, "math", 2 * len(math_docs))) == len(math_docs)  # one cut per problem

@@ -20,7 +20,6 @@ import platform
 import subprocess
 import sys
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,8 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
+
+from whiflash.versions import package_versions
 
 from .data import RouterDataModule
 from .task import RouterTask
@@ -137,12 +138,8 @@ def _git_sha() -> str | None:
 
 
 def _write_run_manifest(run_dir: Path, extra: dict[str, Any]) -> None:
-    versions = {}
-    for pkg in ("whiflash", "torch", "lightning", "torchmetrics", "datasets", "huggingface_hub", "safetensors"):
-        try:
-            versions[pkg] = version(pkg)
-        except PackageNotFoundError:
-            versions[pkg] = None
+    versions = package_versions("whiflash", "torch", "lightning", "torchmetrics", "datasets", "huggingface_hub",
+                                "safetensors")
     manifest = {"tool": "whiflash-train", "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "git_sha": _git_sha(), "versions": versions, "python": platform.python_version(),
                 "machine": platform.platform(), **extra}

@@ -87,7 +87,12 @@ def write_shard(path: str | Path, columns: dict[str, np.ndarray | list], hidden_
     # fp16 activations barely compress; skip compression so writing and reading stay I/O bound, not CPU bound.
     pq.write_table(table, tmp, compression="none", row_group_size=max(1, min(len(table), 1 << 14)))
     os.replace(tmp, path)
-    return {"file": path.name, "rows": len(table), "sha256": sha256_file(path)}
+    return shard_entry(path)
+
+
+def shard_entry(path: Path) -> dict[str, Any]:
+    """The manifest entry of a written shard: file name, row count, sha256."""
+    return {"file": path.name, "rows": pq.read_metadata(path).num_rows, "sha256": sha256_file(path)}
 
 
 def write_manifest(out_dir: str | Path, manifest: dict[str, Any]) -> Path:

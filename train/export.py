@@ -91,7 +91,7 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
         f"| hidden size / MLP width | {router.hidden_size} / {router.mlp_dim} |",
         f"| recommended threshold | **{router.threshold:g}** (re-calibrate per hardware and category) |",
         f"| data manifest sha256 | `{dm.manifest_sha256}` |",
-        f"| data | {m['num_rows'] if 'num_rows' in m else '?'} rounds, prompt sets "
+        f"| data | {sum(s['rows'] for s in m['shards'])} rounds, prompt sets "
         f"{[p.get('name', p) if isinstance(p, dict) else p for p in m['prompt_sets']]}, seed {m['seed']} |",
         f"| checkpoint | `{Path(ckpt).name if ckpt else 'last weights'}` |", "",
         f"## Validation ({results['rows']} rounds, prompts disjoint from training)", "",

@@ -10,28 +10,19 @@ and carry independent noise, so even a perfect router stays below the oracle.
 from __future__ import annotations
 
 import logging
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import pyarrow as pa
 from tqdm.auto import tqdm
+
+from whiflash.versions import package_versions
 
 from .dataset import SCHEMA_VERSION, TAU_DEFINITION, write_manifest, write_shard
 
 log = logging.getLogger(__name__)
 
 _SLOT_NAMES = {"df": "dflash", "ddt": "ddtree", "e3": "eagle3"}
-
-
-def _versions() -> dict[str, str]:
-    out = {"numpy": np.__version__, "pyarrow": pa.__version__}
-    try:
-        out["whiflash"] = version("whiflash")
-    except PackageNotFoundError:
-        out["whiflash"] = "unknown"
-    return out
 
 
 def write_synthetic_dataset(
@@ -96,7 +87,7 @@ def write_synthetic_dataset(
         "tau_definition": TAU_DEFINITION,
         "prompt_sets": [{"name": "synthetic", "categories": list(categories), "num_prompts": num_prompts}],
         "seed": seed,
-        "versions": _versions(),
+        "versions": package_versions("numpy", "pyarrow", "whiflash"),
         "generator": {"name": "whiflash.train.synthetic", "signal": signal, "noise": noise,
                       "rounds_per_prompt": rounds_per_prompt},
         "num_rows": sum(s["rows"] for s in shards),

@@ -54,7 +54,7 @@ class FixedRouter:
         self.slot = slot
 
     def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
-        return torch.tensor(self.slot, device=hidden.device)
+        return _slot_tensor(hidden, self.slot)
 
 
 class ScriptedRouter:
@@ -68,7 +68,13 @@ class ScriptedRouter:
         self._it = itertools.cycle(self.slots)
 
     def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
-        return torch.tensor(next(self._it), device=hidden.device)
+        return _slot_tensor(hidden, next(self._it))
+
+
+def _slot_tensor(like: Tensor, slot: int) -> Tensor:
+    # a fill kernel on the device: torch.tensor(slot, device=...) copies from pageable host memory,
+    # which waits for the GPU to finish and would add a second host synchronisation per round
+    return like.new_full((), slot, dtype=torch.long)
 
 
 class AlternatingRouter(ScriptedRouter):

@@ -25,10 +25,10 @@ from whiflash.drafters.base import Commit, Drafter, Proposal
 from whiflash.drafters.ddtree import DDTreeDrafter, tree_proposal
 from whiflash.drafters.dflash import DFlashDrafter
 from whiflash.drafters.eagle3 import Eagle3Drafter
-from whiflash.router import check_compatible
+from whiflash.router import DRAFTER_PAIRS, check_compatible
 from whiflash.routers import NeuralPolicy, OracleRouter, ScriptedRouter
 
-PAIRS = ("df-e3", "ddt-e3", "df-ddt")
+PAIRS = DRAFTER_PAIRS
 
 
 class RoutedDrafter(Drafter):

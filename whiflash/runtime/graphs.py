@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+
 class Graphed:
     """A captured `fn(*tensors)`; replay with new input values of the same shapes."""
 

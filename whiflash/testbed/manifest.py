@@ -15,14 +15,15 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Manifest", "fingerprint", "hash_dir", "atomic_write_json", "versions"]
+from whiflash.versions import package_versions
+
+__all__ = ["Manifest", "fingerprint", "hash_dir", "atomic_write_json"]
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +56,6 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def versions() -> dict[str, str]:
-    """Versions of the interpreter and the libraries a build depends on."""
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "tokenizers", "lightning", "numpy", "whiflash"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    return out
-
-
 class Manifest:
     """``OUT/manifest.json``: config, versions, stage records and the build log."""
 
@@ -80,7 +68,7 @@ class Manifest:
         self.data.setdefault("stages", {})
         self.data.setdefault("log", [])
         self.data["config"] = config
-        self.data["versions"] = versions()
+        self.data["versions"] = package_versions("torch", "transformers", "tokenizers", "lightning", "numpy", "whiflash")
         self.run_id = time.strftime("%Y-%m-%dT%H:%M:%S")
 
     def save(self) -> None:

@@ -102,7 +102,8 @@ def held_out_prompts(testbed_dir: str | Path, category: str, n: int, split: str 
             if cut is None:
                 continue
             prompt, reference = cut
-            pid = f"{doc['id']}@{len(prompt)}"
+            pid = f"{doc['id']}@{len(doc['text']) - len(reference)}"  # the cut offset: code prompts of one
+            # length cut at different headers are different prompts
             if pid not in seen:
                 seen.add(pid)
                 out.append(Prompt(pid, category, prompt, reference))
