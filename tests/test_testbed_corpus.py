@@ -99,10 +99,20 @@ def test_overrides_and_presets() -> None:
     cfg = apply_overrides(get_preset("tiny"), ["target.max_steps=7", "device=cuda", 'target.mix={"math": 1.0}'])
     assert cfg.target.max_steps == 7 and cfg.device == "cuda" and cfg.target.mix == {"math": 1.0}
     assert get_preset("tiny").target.max_steps != 7  # presets are fresh copies
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"'nope' is not one of \['hidden_size'"):
         apply_overrides(cfg, ["target.nope=1"])
+    with pytest.raises(ValueError, match=r"'targt' is not one of \['name'"):
+        apply_overrides(cfg, ["targt.max_steps=1"])
     with pytest.raises(ValueError):
         get_preset("huge")
+
+
+def test_build_refuses_an_unknown_stage_before_writing(tmp_path: Path) -> None:
+    from whiflash.testbed.build import build
+
+    with pytest.raises(ValueError, match=r"until='taget': expected one of corpus, tokenizer"):
+        build(tmp_path / "tb", get_preset("micro"), until="taget")
+    assert not (tmp_path / "tb").exists()
 
 
 def test_manifest_stage_is_atomic_and_resumable(tmp_path: Path) -> None:

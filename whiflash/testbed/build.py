@@ -48,6 +48,8 @@ def build(out: str | Path, config: TestbedConfig, until: str | None = None) -> d
 
     ``until`` stops after the named stage (e.g. ``"target"`` when only the target is needed).
     """
+    if until is not None and until not in STAGES:
+        raise ValueError(f"until={until!r}: expected one of {', '.join(STAGES)}")
     out = Path(out)
     threads = torch.get_num_threads()
     if config.num_threads:
@@ -112,7 +114,7 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
 
     seed = config.target.seed
     if run("responses", (config.responses, config.corpus.seed, sha["target"]),
-           lambda d: generate_responses(out, config.responses, config.target, d, device=config.device,
+           lambda d: generate_responses(out, config.responses, d, device=config.device,
                                         seed=config.corpus.seed)) is None:
         return _finish(man, t_start)
     run("eagle3", (config.eagle3, dev, sha["responses"], sha["target"]),

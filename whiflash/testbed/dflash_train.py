@@ -190,7 +190,7 @@ def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = 
     acc = {}
     with torch.no_grad():  # per-slot argmax agreement with the target's tokens on training sequences
         for cat in CATEGORIES:
-            some = [to_cpu(s) for s in samples if s.category == cat][:8]
+            some = [to_cpu(s) for s in [s for s in samples if s.category == cat][:8]]  # copy only the 8 used
             if some:
                 batch = pad_batch(some, pad_id)
                 anchors, keep = sample_anchors(batch["loss_mask"], cfg.num_anchors, torch.Generator().manual_seed(0))

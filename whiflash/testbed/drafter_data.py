@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .presets import CATEGORIES, ResponsesConfig, TargetConfig
+from .presets import CATEGORIES, ResponsesConfig
 from .prompts import held_out_prompts
 
 __all__ = ["generate_responses", "greedy_batch", "load_responses", "Sample", "target_features", "even_layers",
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def generate_responses(root: Path, cfg: ResponsesConfig, target_cfg: TargetConfig, out_dir: Path, *,
+def generate_responses(root: Path, cfg: ResponsesConfig, out_dir: Path, *,
                        device: str = "cpu", seed: int = 0) -> dict:
     """Greedy continuations of training-split prompts of every category -> ``responses.jsonl``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

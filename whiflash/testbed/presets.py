@@ -294,10 +294,12 @@ def apply_overrides(config: TestbedConfig, overrides: list[str]) -> TestbedConfi
             raise ValueError(f"override {item!r} is not of the form key=value")
         *path, leaf = key.strip().split(".")
         obj: Any = config
-        for part in path:
-            obj = getattr(obj, part)
-        if not is_dataclass(obj) or leaf not in {f.name for f in fields(obj)}:
-            raise ValueError(f"unknown config field {key!r}")
+        for depth, part in enumerate([*path, leaf]):
+            names = [f.name for f in fields(obj)] if is_dataclass(obj) else []
+            if part not in names:
+                raise ValueError(f"unknown config field {key!r}: {part!r} is not one of {names}")
+            if depth < len(path):
+                obj = getattr(obj, part)
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:

@@ -180,7 +180,7 @@ def evaluate_target(model, tokens_dir: Path, seq_len: int, n_windows: int, batch
     out: dict[str, dict] = {}
     for cat in CATEGORIES:
         windows = fixed_windows(tokens_dir, split, cat, seq_len, n_windows)
-        nll, uni, correct, ent_sum, low, n = 0.0, 0.0, 0, 0.0, 0, 0
+        nll, uni, correct, n = 0.0, 0.0, 0, 0
         ents: list[torch.Tensor] = []
         for i in range(0, windows.shape[0], batch_size):
             batch = windows[i:i + batch_size].to(device)
