@@ -18,7 +18,7 @@ import torch
 from .corpus import SPLITS, read_corpus
 from .presets import CATEGORIES
 
-__all__ = ["tokenize_corpus", "load_stream", "unigram_logprobs", "WindowSampler", "fixed_windows"]
+__all__ = ["tokenize_corpus", "load_stream", "train_token_counts", "unigram_logprobs", "WindowSampler", "fixed_windows"]
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,17 @@ def load_stream(tokens_dir: Path, split: str, category: str) -> np.ndarray:
     return np.load(Path(tokens_dir) / f"{split}.{category}.npy", mmap_mode="r")
 
 
-def unigram_logprobs(tokens_dir: Path, vocab_size: int) -> torch.Tensor:
-    """Add-one smoothed log-probabilities of the training tokens (the baseline the target must beat)."""
-    counts = np.ones(vocab_size, dtype=np.float64)
+def train_token_counts(tokens_dir: Path, vocab_size: int) -> np.ndarray:
+    """How often each token id occurs in the training split, all categories together."""
+    counts = np.zeros(vocab_size, dtype=np.float64)
     for cat in CATEGORIES:
         counts += np.bincount(np.asarray(load_stream(tokens_dir, "train", cat)), minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def unigram_logprobs(tokens_dir: Path, vocab_size: int) -> torch.Tensor:
+    """Add-one smoothed log-probabilities of the training tokens (the baseline the target must beat)."""
+    counts = train_token_counts(tokens_dir, vocab_size) + 1
     return torch.from_numpy(np.log(counts / counts.sum()))
 
 

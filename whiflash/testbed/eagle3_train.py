@@ -45,14 +45,12 @@ def build_draft_vocab(samples: list[Sample], root: Path, vocab_size: int, draft_
     Ties and the tail are filled from the training corpus unigram counts, so a short response
     set still yields a full-size vocabulary of plausible tokens (SpecForge pads with ids 0..).
     """
-    from .data import load_stream
+    from .data import train_token_counts
 
     counts = np.zeros(vocab_size, dtype=np.float64)
     for s in samples:
         counts += np.bincount(s.ids[s.loss_mask].cpu().numpy(), minlength=vocab_size)
-    corpus = np.zeros(vocab_size, dtype=np.float64)
-    for cat in CATEGORIES:
-        corpus += np.bincount(np.asarray(load_stream(root / "tokens", "train", cat)), minlength=vocab_size)
+    corpus = train_token_counts(root / "tokens", vocab_size)
     score = counts * (corpus.sum() + 1) + corpus  # response frequency first, corpus frequency breaks ties
     used = np.sort(np.argsort(-score, kind="stable")[:draft_vocab_size])
     used_t = torch.from_numpy(used).long()

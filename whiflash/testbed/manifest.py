@@ -26,6 +26,8 @@ from whiflash.versions import package_versions
 __all__ = ["Manifest", "fingerprint", "hash_dir", "atomic_write_json"]
 
 log = logging.getLogger(__name__)
+LOG_ENTRIES = 200
+"""Build-log entries a manifest keeps (about 25 runs of the 8 stages)."""
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -116,5 +118,6 @@ class Manifest:
         entry = {"run": self.run_id, "stage": name, "action": action, "fingerprint": fp}
         if seconds is not None:
             entry["seconds"] = round(seconds, 1)
-        self.data["log"].append(entry)
+        # every resumed run logs each stage; keep the recent history (the demo resumes on every call)
+        self.data["log"] = [*self.data["log"], entry][-LOG_ENTRIES:]
         self.save()
