@@ -1,6 +1,6 @@
 """WhiFlash demo: build (or reuse) the embedded testbed and compare every method on held-out prompts.
 
-Usage: python scripts/demo.py [--preset tiny] [--out DIR] [--prompts 4] [--max-new-tokens 64] [--no-neural]
+Usage: python scripts/demo.py [--preset tiny] [--out DIR] [--prompts 8] [--max-new-tokens 64] [--no-neural]
 
 The first run builds the `tiny` testbed (about 4 minutes on 2 CPU cores; later runs reuse it).
 Unless --no-neural, it then runs the toolkit's pipeline on that world: `whiflash-datagen` on
