@@ -98,3 +98,32 @@ def test_static_shape_path_gives_the_same_tokens_and_taus(worlds, world):
         assert max(runs[0][-1][1].backlogs) > drafters["eagle3"].num_steps + 1  # several catch-up passes
         for (out_e, st_e), (out_s, st_s) in zip(*runs):
             assert out_e == out_s and st_e.taus == st_s.taus
+
+
+def test_static_shape_drafting_proposes_what_the_eager_path_proposes(worlds, monkeypatch):
+    """The drafts themselves, not only the accepted tokens, in a random world: its drafters attend to
+    their caches (the crafted ones do not) and its drafts are rarely accepted, so equal outputs alone
+    would not show a wrong fixed-shape mask in a drafting step."""
+    target, drafters = worlds["qwen3-random"].load()
+    routed = whiflash.RoutedDrafter("df-e3", ScriptedRouter([0] * 3 + [1] * 4), eagle3=drafters["eagle3"],
+                                    dflash=drafters["dflash"])
+    seen: list[list[int]] = []
+    for cls in {type(d) for d in drafters.values()}:
+        real = cls.propose
+
+        def spy(self, pending, pos, _real=real):
+            proposal = _real(self, pending, pos)
+            seen.append(proposal.tokens.tolist())
+            return proposal
+
+        monkeypatch.setattr(cls, "propose", spy)
+    for drafter in [*drafters.values(), routed]:
+        runs = []
+        for static in (False, True):
+            for m in [target, *drafters.values()]:
+                m.static = static
+            seen.clear()
+            for prompt in PROMPTS:
+                whiflash.generate(target, drafter, prompt, 30)
+            runs.append(list(seen))
+        assert runs[0] == runs[1] and len(runs[0]) > 20, drafter.kind

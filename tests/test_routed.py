@@ -21,6 +21,14 @@ def world(request, worlds):
     return target, drafters["eagle3"], drafters["ddtree"]
 
 
+@pytest.fixture(scope="module", params=["qwen3-mixed", "qwen3-random"])
+def attending_world(request, worlds):
+    """A crafted world (long acceptances) and a random one: crafted drafters have zeroed attention
+    outputs, so only the random one makes a proposal depend on the drafter's cached K/V."""
+    target, drafters = worlds[request.param].load()
+    return target, drafters["eagle3"], drafters["ddtree"]
+
+
 def routers(hidden: int) -> dict[str, object]:
     torch.manual_seed(0)
     return {
@@ -65,9 +73,9 @@ def _proposals(monkeypatch, target, drafter, prompt, n):
 
 
 @pytest.mark.parametrize("pair", ["df-e3", "ddt-e3"])
-def test_lazy_kv_only_catch_up_proposes_exactly_what_eager_full_updates_propose(world, pair, monkeypatch):
+def test_lazy_kv_only_catch_up_proposes_exactly_what_eager_full_updates_propose(attending_world, pair, monkeypatch):
     """Any switch pattern: lazy catch-up + KV-only prefill == eager per-round full updates (fp32, CPU)."""
-    target, eagle, ddtree = world
+    target, eagle, ddtree = attending_world
     rng = random.Random(0)
     for trial in range(4):
         pattern = [rng.randint(0, 1) for _ in range(rng.randint(2, 9))]
@@ -83,8 +91,8 @@ def test_lazy_kv_only_catch_up_proposes_exactly_what_eager_full_updates_propose(
         assert max(stats_l.backlogs) > 1 and max(stats_e.backlogs) == 0  # lazy really batched a backlog
 
 
-def test_kv_only_prefill_writes_the_same_cache_as_a_full_prefill(world):
-    target, eagle, _ = world
+def test_kv_only_prefill_writes_the_same_cache_as_a_full_prefill(attending_world):
+    target, eagle, _ = attending_world
     caches = []
     for full in (False, True):
         eagle.full_prefill = full
@@ -118,6 +126,15 @@ def test_oracle_advances_with_the_longer_acceptance(world):
     assert len(drafter.tau_log) == stats.rounds
     for tau, (t0, t1), slot in zip(stats.taus, drafter.tau_log, stats.slots):
         assert tau == max(t0, t1) and slot == (0 if t0 > t1 else 1)
+    # each logged tau is that slot's own: a standalone run from the round's state accepts as much
+    out, _ = whiflash.generate(target, None, PROMPTS[1], 40)
+    alone = [RoutedDrafter("df-e3", FixedRouter(slot), eagle3=eagle, dflash=ddtree) for slot in (0, 1)]
+    done = 0
+    for r, logged in enumerate(drafter.tau_log[:6]):
+        state = PROMPTS[1] + out[:done]  # committed tokens; the round's pending token is the next output
+        assert logged == tuple(whiflash.generate(target, d, state, 40 - done)[1].taus[0] for d in alone), r
+        done += stats.taus[r]
+    assert any(t0 != t1 for t0, t1 in drafter.tau_log[:6])  # slots that differ: a swap would show
     with pytest.raises(ValueError, match="greedy"):
         whiflash.generate(target, drafter, PROMPTS[1], 5, temperature=0.7)
 
@@ -142,7 +159,7 @@ def test_one_host_read_per_round(world, monkeypatch):
     prefill): the router's decision travels with the acceptance count."""
     target, eagle, ddtree = world
     reads = []
-    for name in ("tolist", "item", "__int__", "__bool__", "__float__", "nonzero", "cpu", "numpy"):
+    for name in ("tolist", "item", "__int__", "__index__", "__bool__", "__float__", "nonzero", "cpu", "numpy"):
         real = getattr(torch.Tensor, name)
 
         def spy(self, *a, _real=real, _name=name, **k):

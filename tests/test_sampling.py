@@ -111,3 +111,6 @@ def test_seed_makes_sampling_repeatable(world):
     a = whiflash.generate(target, drafters["dflash"], PROMPT, 20, temperature=0.8, seed=3)[0]
     b = whiflash.generate(target, drafters["dflash"], PROMPT, 20, temperature=0.8, seed=3)[0]
     assert a == b
+    others = {tuple(whiflash.generate(target, drafters["dflash"], PROMPT, 20, temperature=0.8, seed=s)[0])
+              for s in range(4, 8)}
+    assert len(others | {tuple(a)}) > 1  # the seed is used, not ignored
