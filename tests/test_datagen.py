@@ -120,7 +120,9 @@ def test_whiflash_train_fits_on_datagen_output(worlds, tmp_path, prompt_file, mo
     router = load_router(folders[0], hidden_size=32, drafters="df-e3")
     assert router(torch.randn(4, 32)).shape == (4,)
     rows = sum(s["rows"] for s in read_manifest(data)["shards"])
-    assert f"| data | {rows} rounds, prompt sets" in (folders[0] / "README.md").read_text()
+    card = (folders[0] / "README.md").read_text()
+    assert f"| data | {rows} rounds, prompt sets" in card
+    assert "base_model" not in card  # the target is a local folder, not a Hub id
 
 
 def test_entropy_threshold_calibration_finds_the_planted_cut(tmp_path):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from huggingface_hub import ModelCard, ModelCardData
 
-from whiflash.router import NeuralRouter, export_single_file, load_router, suggested_repo_name
+from whiflash.router import NeuralRouter, export_single_file, is_hub_id, load_router, suggested_repo_name
 
 from .data import RouterDataModule
 from .metrics import routing_summary
@@ -75,7 +75,7 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
     data = ModelCardData(library_name="whiflash", license="apache-2.0", tags=[
         "speculative-decoding", "router", "whiflash", *sorted(set(m["drafters"].values()))],
         metrics=["mse", "mae", "spearmanr", "roc_auc"])
-    if "/" in router.target:  # a Hub id: link the router to its target in the Hub graph
+    if is_hub_id(router.target):  # link the router to its target in the Hub graph (local paths are not ids)
         data.base_model = router.target
     budget = router.tree_budget if router.tree_budget is not None else "—"
     lines = [

@@ -145,6 +145,13 @@ def _read_config(path: Path, source: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def is_hub_id(name: str) -> bool:
+    """True for an `org/name` Hub repo id; False for local paths (existing, absolute, relative with
+    more than one folder) and file names."""
+    return (name.count("/") == 1 and not name.startswith((".", "/", "~")) and not name.endswith(".safetensors")
+            and not Path(name).exists())
+
+
 def load_router(
     name_or_path: str | Path,
     *,
@@ -175,7 +182,7 @@ def load_router(
             raise ValueError(f"router {src}: single-file export lacks the '{CONFIG_METADATA_KEY}' metadata entry; "
                              "export it with whiflash.router.export_single_file or load its folder instead")
         config, weights = json.loads(meta[CONFIG_METADATA_KEY]), path
-    elif src.endswith(".safetensors") or src.startswith((".", "/", "~")) or src.count("/") != 1:
+    elif not is_hub_id(src):
         raise FileNotFoundError(f"router {src}: no such file or folder (expected a folder with config.json and "
                                 "model.safetensors, a .safetensors export, or a Hub repo id 'org/name')")
     else:  # a Hub repo id: config + safetensors only, never a pickle fallback
