@@ -43,6 +43,7 @@ def test_target_loads_with_transformers_and_beats_unigram(micro: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(micro / "target"))
     tok = AutoTokenizer.from_pretrained(str(micro / "target"))
     assert model.config.model_type == "qwen3" and model.config.vocab_size == len(tok)
+    assert tok.model_max_length == model.config.max_position_embeddings == get_preset("micro").target.max_position_embeddings
     figures = evaluate_target(model, micro / "tokens", seq_len=64, n_windows=4)
     for cat in CATEGORIES:
         f = figures[cat]

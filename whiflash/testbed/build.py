@@ -85,8 +85,7 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
     from .tokenizer import load_tokenizer, train_tokenizer
 
     tok_info = run("tokenizer", (config.tokenizer, config.corpus.seed, sha["corpus"]),
-                   lambda d: train_tokenizer(out / "corpus", config.tokenizer, d, seed=config.corpus.seed,
-                                             model_max_length=config.target.max_position_embeddings))
+                   lambda d: train_tokenizer(out / "corpus", config.tokenizer, d, seed=config.corpus.seed))
     if tok_info is None:
         return _finish(man, t_start)
     tokenizer = load_tokenizer(out / "tokenizer")

@@ -154,6 +154,7 @@ def train_target(cfg: TargetConfig, tok_info: dict, tokens_dir: Path, tokenizer,
     model.generation_config.eos_token_id = tok_info["eos_token_id"]
     model.generation_config.pad_token_id = tok_info["pad_token_id"]
     model.save_pretrained(str(out_dir), safe_serialization=True)
+    tokenizer.model_max_length = cfg.max_position_embeddings  # this stage's figure, not the tokenizer stage's
     tokenizer.save_pretrained(str(out_dir))
     steps = int(trainer.global_step)
     return {

@@ -45,9 +45,10 @@ def _balanced_sample(corpus_dir: Path, cfg: TokenizerConfig, seed: int) -> Itera
             yield chunk
 
 
-def train_tokenizer(corpus_dir: Path, cfg: TokenizerConfig, out_dir: Path, seed: int = 0,
-                    model_max_length: int = 2048) -> dict:
-    """Train the BPE on a balanced sample of the training split and ``save_pretrained`` it."""
+def train_tokenizer(corpus_dir: Path, cfg: TokenizerConfig, out_dir: Path, seed: int = 0) -> dict:
+    """Train the BPE on a balanced sample of the training split and ``save_pretrained`` it.
+
+    Its ``model_max_length`` is set by the target stage, whose config holds the context length."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -69,7 +70,6 @@ def train_tokenizer(corpus_dir: Path, cfg: TokenizerConfig, out_dir: Path, seed:
         pad_token=PAD,
         mask_token=MASK,
         additional_special_tokens=[IM_START, IM_END],
-        model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
