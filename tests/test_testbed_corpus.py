@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from whiflash.testbed.corpus import SPLITS, assign_split, read_corpus, write_corpus
+from whiflash.testbed.corpus import SPLITS, _clean, assign_split, read_corpus, write_corpus
 from whiflash.testbed.manifest import Manifest
 from whiflash.testbed.mathgen import TEMPLATES, check_solution, generate_problems
 from whiflash.testbed.presets import CATEGORIES, CorpusConfig, TokenizerConfig, apply_overrides, get_preset
@@ -92,7 +92,9 @@ def test_tokenizer_round_trip_and_mask_never_in_training_text(corpus_dir: Path, 
         for enc in tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False):
             assert not special & set(enc.ids)
     # The guard is what makes this hold: the raw spelling would map to the mask id.
-    assert tok.mask_token_id in tok.encode("x <|mask|> y", add_special_tokens=False)
+    raw = "x <|mask|> y <|endoftext|>"
+    assert tok.mask_token_id in tok.encode(raw, add_special_tokens=False)
+    assert not special & set(tok.encode(_clean(raw), add_special_tokens=False))  # how documents are stored
 
 
 def test_overrides_and_presets() -> None:
