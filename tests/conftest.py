@@ -12,6 +12,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from factories import make_dflash, make_eagle3, make_target  # noqa: E402
 
 import whiflash  # noqa: E402
+import whiflash.decoding.verify  # noqa: E402
+
+# every tree the suite verifies is checked for prefix-closure (one extra host read per round)
+whiflash.decoding.verify.CHECK_TREES = True
 
 EAGLE_TAPS = [0, 1, 2]
 DFLASH_TAPS = [0, 1, 3]

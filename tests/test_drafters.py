@@ -11,7 +11,7 @@ from factories import make_dflash, make_eagle3
 from safetensors.torch import load_file, save_file
 
 import whiflash
-from whiflash.drafters.ddtree import ancestor_mask, build_tree, build_tree_device
+from whiflash.drafters.ddtree import ancestor_mask, build_tree
 from whiflash.drafters.base import Commit
 from whiflash.drafters.dflash import fallback_layer_ids
 
@@ -178,29 +178,6 @@ def test_a_drafter_does_not_adopt_its_target(qwen, tmp_path):
     keys = set(drafter.state_dict())
     whiflash.generate(target, drafter, [1, 2, 3], 5)
     assert set(drafter.state_dict()) == keys and drafter.target is target
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_device_tree_builder_picks_the_same_prefixes_as_the_heap(seed):
-    """The fixed-shape builder used in decoding equals the reference heap (as sets of prefixes)."""
-    g = torch.Generator().manual_seed(seed)
-    budget = [1, 3, 7, 20, 60][seed % 5]
-    logp = torch.log_softmax(torch.randn(5, 12, generator=g) * (0.5 + seed % 4), -1)
-    top_logp, top_ids = logp.topk(min(budget, 12), -1)
-
-    def prefixes(tokens, parents):
-        out = [()]
-        for t, p in zip(tokens, parents):
-            assert p < len(out), "a parent precedes its child"
-            out.append(out[p] + (t,))
-        return out
-
-    heap = prefixes(*build_tree(top_logp.tolist(), top_ids.tolist(), budget)[:2])
-    tree = build_tree_device(top_logp, top_ids, budget)
-    dev = prefixes(tree.tokens.tolist(), tree.parents.tolist())
-    assert set(heap) == set(dev) and len(dev) == budget + 1
-    assert torch.equal(tree.tree_mask, ancestor_mask(tree.parents))
-    assert tree.depths.tolist() == [len(p) for p in dev[1:]]
 
 
 def test_eagle3_speculators_layout_loads_like_specforge(qwen, tmp_path):

@@ -26,10 +26,19 @@ def test_logits_and_taps_match_transformers(worlds, name):
     with torch.no_grad():
         expected = ref(ids[None], output_hidden_states=True)
     ours.setup_cache(64)
-    out = ours(ids, 0, taps=(2, 0, 1))
+    taps = (3, 2, 0, 1)  # every layer, the last (whose HF entry is post-norm) first
+    assert len(ours.model.layers) == len(taps)
+    out = ours(ids, 0, taps=taps)
     torch.testing.assert_close(out.logits, expected.logits[0], atol=2e-5, rtol=1e-5)
-    for j, layer in enumerate((2, 0, 1)):  # "output of layer i" is HF hidden_states[i + 1]
+    for j, layer in enumerate(taps):  # "output of layer i" is HF hidden_states[i + 1]
         torch.testing.assert_close(out.feats[:, j], expected.hidden_states[layer + 1][0], atol=2e-5, rtol=1e-5)
+    # the fixed-shape pass (what CUDA graphs capture) taps the same tensors
+    ours.static = True
+    ours(ids[:15], 0)
+    chain = ours(ids[15:], 15, taps=taps)
+    for j, layer in enumerate(taps):
+        torch.testing.assert_close(chain.feats[:, j], expected.hidden_states[layer + 1][0, 15:], atol=2e-5, rtol=1e-5)
+    ours.static = False
     # incremental: prefill 15, then a 1-token step and a 7-token chain give the same rows
     ours.setup_cache(64)
     ours(ids[:15], 0)

@@ -10,10 +10,36 @@ read (see `whiflash.decoding.loop`).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
 from whiflash.drafters.base import Proposal
+
+CHECK_TREES = os.environ.get("WHIFLASH_CHECK_TREES", "0") not in ("", "0")
+"""Check every verified tree's shape (`check_tree`) before walking it: one extra host read per round,
+so off by default; the test suite turns it on (`WHIFLASH_CHECK_TREES=1`)."""
+
+
+def check_tree(tree: Proposal) -> None:
+    """Raise unless `tree` is prefix-closed: every parent precedes its node, every depth is its
+    parent's + 1, and the mask is exactly the ancestor-or-self relation. `accept` reads tau off a
+    node's depth, so a node whose recorded depth is not its path's length would be accepted as if
+    a whole path had matched."""
+    parents, depths, mask = tree.parents.tolist(), tree.depths.tolist(), tree.tree_mask.cpu()
+    rows = [{0}]
+    for i, (p, d) in enumerate(zip(parents, depths), start=1):
+        if not 0 <= p < i:
+            raise ValueError(f"malformed tree: node {i} has parent {p}, which does not precede it")
+        if d != len(rows[p]):
+            raise ValueError(f"malformed tree: node {i} has depth {d} but its path from the root has {len(rows[p])} nodes")
+        rows.append(rows[p] | {i})
+    expect = torch.zeros_like(mask)
+    for i, row in enumerate(rows):
+        expect[i, list(row)] = True
+    if not torch.equal(mask, expect):
+        raise ValueError("malformed tree: tree_mask is not the ancestor-or-self relation of its parents")
 
 
 def target_tokens(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
@@ -46,6 +72,8 @@ def accept(proposal: Proposal, picked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         keep = torch.arange(m + 1, device=device)
         count = torch.cumprod((proposal.tokens == picked[:-1]).long(), 0).sum() + 1 if m else keep.new_ones(())
         return count, count - 1, keep
+    if CHECK_TREES and not (picked.is_cuda and torch.cuda.is_current_stream_capturing()):
+        check_tree(proposal)
     accepted, depth = accepted_nodes(proposal, picked)
     best = torch.where(accepted, depth, -1).argmax()
     on_path = proposal.tree_mask[best]

@@ -2,12 +2,19 @@
 
 Under the factorised draft distribution Q(y) = prod_i q_i(y_i), the expected acceptance of a tree
 is the sum of its nodes' prefix probabilities, so the best `B`-node tree is the `B` most probable
-prefixes; it is prefix-closed and is enumerated exactly by a heap over rank tuples that only
-needs each depth's top-`B` tokens (reference/dflash_ddtree.md section 4).
+prefixes (docs/design.md, "DDTree").
 
-Two builders give the same tree: `build_tree`, the reference heap on the host, and
-`build_tree_device`, fixed-shape tensor ops (a per-depth beam of the `B` best prefixes, then the
-global top `B`) that stay on the GPU, so a DDTree round needs no host round trip of its own.
+**Tie rule.** Prefixes are ranked by score (prefix log-probability) descending, then depth
+ascending, then their rank path (the top-k rank of each token, root to leaf) lexicographically.
+A child's score never exceeds its parent's (log-probs are <= 0, and rounding is monotone), and it
+is one deeper, so a parent always ranks before its child: the first `B` prefixes of this order
+form a prefix-closed tree for any scores, ties, exact zeros and -inf included. Scores are summed
+in float64, depth by depth in the same order by both builders, so they agree bit for bit.
+
+Two builders give the same tree under that rule: `build_tree`, the reference heap on the host
+(upstream's best-first search), and `build_tree_device`, fixed-shape tensor ops (a per-depth beam
+of the `B` best prefixes, then the global first `B`) that stay on the GPU, so a DDTree round needs
+no host round trip of its own. Both emit nodes in rank order, so parents precede children.
 """
 from __future__ import annotations
 
@@ -22,33 +29,32 @@ from whiflash.drafters.dflash import DFlashDrafter
 
 
 def build_tree(top_logp: list[list[float]], top_ids: list[list[int]], budget: int) -> tuple[list[int], list[int], list[int]]:
-    """Best-first selection of `budget` nodes from per-depth sorted top-k lists.
+    """Best-first selection of up to `budget` nodes from per-depth sorted top-k lists (the reference).
 
-    Returns (tokens, parents, depths) in pop order; parents index `[root, node_0, ...]`, so a
-    node's parent always precedes it. Scores are prefix log-probabilities; ties break by push order.
+    Returns (tokens, parents, depths) in rank order (the module's tie rule); parents index
+    `[root, node_0, ...]`, so a node's parent always precedes it. Fewer than `budget` nodes come
+    back when fewer distinct prefixes exist.
     """
     depth_max, k = len(top_logp), len(top_logp[0]) if top_logp else 0
     tokens: list[int] = []
     parents: list[int] = []
     depths: list[int] = []
-    if budget <= 0 or depth_max == 0:
+    if budget <= 0 or depth_max == 0 or k == 0:
         return tokens, parents, depths
-    counter = 0
-    # (negated prefix log-prob, tie-break, depth, rank, parent index, parent's prefix log-prob)
-    heap = [(-top_logp[0][0], counter, 1, 0, 0, 0.0)]
+    # (negated score, depth, rank path | parent index, parent's score); the key is the tie rule,
+    # and rank paths are unique, so the comparison never reaches the payload
+    heap = [(-float(top_logp[0][0]), 1, (0,), 0, 0.0)]
     while heap and len(tokens) < budget:
-        neg, _, depth, rank, parent, parent_score = heapq.heappop(heap)
-        score = -neg
-        tokens.append(top_ids[depth - 1][rank])
+        neg, depth, path, parent, parent_score = heapq.heappop(heap)
+        tokens.append(int(top_ids[depth - 1][path[-1]]))
         parents.append(parent)
         depths.append(depth)
-        me = len(tokens)  # index of this node in [root, nodes...]
+        me, rank = len(tokens), path[-1]  # this node's index in [root, nodes...] and its top-k rank
         if rank + 1 < k:  # next sibling: same parent, next-best token at this depth
-            counter += 1
-            heapq.heappush(heap, (-(parent_score + top_logp[depth - 1][rank + 1]), counter, depth, rank + 1, parent, parent_score))
+            score = parent_score + float(top_logp[depth - 1][rank + 1])
+            heapq.heappush(heap, (-score, depth, path[:-1] + (rank + 1,), parent, parent_score))
         if depth < depth_max:  # first child: this prefix extended by the best token one deeper
-            counter += 1
-            heapq.heappush(heap, (-(score + top_logp[depth][0]), counter, depth + 1, 0, me, score))
+            heapq.heappush(heap, (neg - float(top_logp[depth][0]), depth + 1, path + (0,), me, -neg))
     return tokens, parents, depths
 
 
@@ -61,38 +67,50 @@ def ancestor_mask(parents: Tensor) -> Tensor:
     return vis
 
 
-def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
-    """The `budget` most probable prefixes from sorted per-depth top-k `[L, K]`, with tensor ops only.
+def _first(score: Tensor, valid: Tensor, n: int) -> Tensor:
+    """Indices of the first `n` entries ordered by (valid first, score descending, index ascending)."""
+    order = torch.sort(score, descending=True, stable=True).indices
+    return order[torch.sort((~valid[order]).to(torch.uint8), stable=True).indices][:n]
 
-    A prefix in the global top `B` has its parent in the global top `B` (log-probs are <= 0), so the
-    `B` best prefixes of each depth, grown from the previous depth's `B` best, contain every depth's
-    share of the answer; the global top `B` over those `L x B` candidates is the tree. Nodes come out
-    ordered by depth, then score, so parents precede children. A 1e-6 per-depth penalty breaks ties
-    between a parent and a child of probability 1 in the parent's favour (the tree stays prefix-closed).
+
+def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
+    """The first `budget` prefixes under the tie rule, from sorted per-depth top-k `[L, K]`, with tensor ops only.
+
+    Each depth keeps a beam of its first `budget` prefixes, grown from the previous depth's beam:
+    a prefix among the global first `budget` has its parent there too (a parent ranks before its
+    child), so the beams hold the answer; the global first `budget` over the `L x budget` beam
+    entries is the tree. Beams are kept in rank-path order, so a candidate's flat index is its
+    rank-path order and the stable sorts of `_first` apply the whole tie rule.
+
+    When fewer than `budget` prefixes exist (a vocabulary smaller than the budget), the remaining
+    nodes repeat the best depth-1 token as extra children of the root: still a well-formed tree
+    (fixed shapes need `budget` nodes), and a duplicate can only be accepted where its twin is.
     """
     depth_max, k = top_logp.shape
     dev = top_logp.device
-    width = min(budget, k)
-    score = torch.full((budget,), float("-inf"), device=dev)
-    score[:width] = top_logp[0, :width]
-    scores, ranks = [score], [torch.arange(budget, device=dev).clamp_max(k - 1)]
-    parents_local = [torch.zeros(budget, dtype=torch.long, device=dev)]
-    for d in range(1, depth_max):  # beam: the best `budget` prefixes of depth d+1
-        cand = (scores[-1][:, None] + top_logp[d][None, :]).flatten()
-        best, idx = cand.topk(budget)
-        scores.append(best)
-        parents_local.append(idx // k)
-        ranks.append(idx % k)
-    flat = torch.stack(scores) - 1e-6 * torch.arange(depth_max, device=dev)[:, None]
-    _, chosen = flat.flatten().topk(budget)
-    depth0, local = chosen // budget, chosen % budget  # depth index (0-based) and slot in that depth's beam
-    order = torch.argsort(depth0, stable=True)  # by depth; within a depth, topk's score order is kept
-    depth0, local = depth0[order], local[order]
+    logp = top_logp.double()  # float64 sums: the same scores as the reference, bit for bit
+    slot = torch.arange(budget, device=dev)
+    ranks = [slot.clamp_max(k - 1)]  # depth 1: the beam is simply ranks 0 .. budget-1
+    valid = [slot < k]
+    scores = [torch.where(valid[0], logp[0, ranks[0]], float("-inf"))]
+    parent_slot = [torch.zeros(budget, dtype=torch.long, device=dev)]
+    for d in range(1, depth_max):
+        cand = (scores[-1][:, None] + logp[d][None, :]).flatten()
+        ok = valid[-1][:, None].expand(budget, k).flatten()
+        pick = _first(cand, ok, budget).sort().values  # back to rank-path order for the next depth
+        scores.append(cand[pick])
+        valid.append(ok[pick])
+        parent_slot.append(pick // k)
+        ranks.append(pick % k)
+    chosen = _first(torch.stack(scores).flatten(), torch.stack(valid).flatten(), budget)
+    depth0, local = chosen // budget, chosen % budget  # depth index (0-based) and beam slot
+    real = torch.stack(valid)[depth0, local]
     node_of = torch.zeros(depth_max, budget, dtype=torch.long, device=dev)
     node_of[depth0, local] = torch.arange(1, budget + 1, device=dev)
-    par_local = torch.stack(parents_local)[depth0, local]
-    parents = torch.where(depth0 > 0, node_of[(depth0 - 1).clamp_min(0), par_local], 0)
-    tokens = top_ids[depth0, torch.stack(ranks)[depth0, local]]
+    par = node_of[(depth0 - 1).clamp_min(0), torch.stack(parent_slot)[depth0, local]]
+    parents = torch.where(real & (depth0 > 0), par, 0)
+    depth0 = torch.where(real, depth0, 0)
+    tokens = torch.where(real, top_ids[depth0, torch.stack(ranks)[depth0, local]], top_ids[0, 0])
     ext = torch.cat([parents.new_zeros(1), parents])
     eye = torch.eye(budget + 1, dtype=torch.bool, device=dev)
     mask = eye

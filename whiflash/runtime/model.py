@@ -3,8 +3,13 @@
 One method, `forward`, serves every shape the speculative loop needs: prefill, a one-token
 decode step, chain verify and tree verify (ancestor mask + depth positions). New K/V are written
 at cache slots `[start, start + T)`; `compact` then keeps an accepted tree path. The same pass can
-return the residual stream after any set of "tap" layers (HF `hidden_states[i + 1]`) and the
-final post-norm hidden state, which is what drafters and routers read.
+return the output of any set of "tap" layers and the final post-norm hidden state, which is what
+drafters and routers read.
+
+Tap `i` is transformers' `hidden_states[i + 1]` (`TAP_CONVENTION`): the residual stream after
+layer `i`, except for the last layer, whose entry transformers returns after the final norm. The
+upstream drafters' feature extraction reads exactly those tensors, so a drafter trained by them
+drafts the same here, the last-layer tap included.
 
 Module names mirror transformers' (`model.layers.0.self_attn.q_proj`, ...) so HF safetensors
 load strictly, key for key.
@@ -26,6 +31,10 @@ from whiflash.runtime.weights import load_strict, read_state_dict, resolve_check
 
 log = logging.getLogger(__name__)
 
+TAP_CONVENTION = "hf-hidden_states[i+1], last layer post-norm"
+"""What a tap means; part of the testbed's drafter-stage fingerprints, so builds made under
+another meaning are retrained."""
+
 
 @dataclass
 class TargetOutput:
@@ -36,7 +45,7 @@ class TargetOutput:
     hidden: Tensor
     """`[T, H]` final post-norm hidden state (the LM head's input; the router's feature)."""
     feats: Tensor | None
-    """`[T, len(taps), H]` residual stream after each tap layer, in the order asked for."""
+    """`[T, len(taps), H]` each tap layer's output (`hidden_states[i + 1]`), in the order asked for."""
 
 
 class Attention(nn.Module):
@@ -215,8 +224,10 @@ class Target(nn.Module):
             x = run(layer, x, self.rope, positions, self.k_cache[i], self.v_cache[i], start, mask)
             if i in taps:
                 captured[i] = x
-        stacked = torch.stack([captured[layer] for layer in taps], dim=1) if taps else None
         hidden = self.model.norm(x)
+        if len(self.model.layers) - 1 in taps:  # transformers' last hidden state is post-norm
+            captured[len(self.model.layers) - 1] = hidden
+        stacked = torch.stack([captured[layer] for layer in taps], dim=1) if taps else None
         out_logits = None
         if logits == "all":
             out_logits = self.lm_head(hidden).float()

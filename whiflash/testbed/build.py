@@ -107,6 +107,8 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
     if run("target", (config.target, dev, sha.get("tokens"), sha["tokenizer"]), _target) is None:
         return _finish(man, t_start)
 
+    from whiflash.runtime.model import TAP_CONVENTION
+
     from .dflash_train import train_dflash
     from .drafter_data import generate_responses
     from .eagle3_train import train_eagle3
@@ -116,9 +118,9 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
            lambda d: generate_responses(out, config.responses, d, device=config.device,
                                         seed=config.corpus.seed)) is None:
         return _finish(man, t_start)
-    run("eagle3", (config.eagle3, dev, sha["responses"], sha["target"]),
+    run("eagle3", (config.eagle3, dev, sha["responses"], sha["target"], TAP_CONVENTION),
         lambda d: train_eagle3(out, config.eagle3, d, seed=seed, **dev))
-    run("dflash", (config.dflash, dev, sha["responses"], sha["target"]),
+    run("dflash", (config.dflash, dev, sha["responses"], sha["target"], TAP_CONVENTION),
         lambda d: train_dflash(out, config.dflash, d, seed=seed, **dev))
 
     from .acceptance import measure_acceptance

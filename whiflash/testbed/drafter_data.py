@@ -136,7 +136,7 @@ class Sample:
     loss_mask: torch.Tensor
     """``[S]`` bool, True on response tokens."""
     feats: torch.Tensor
-    """``[S, n_taps, H]`` residual stream after each tap layer (runtime forward)."""
+    """``[S, n_taps, H]`` output of each tap layer (`hidden_states[i + 1]`, runtime forward)."""
     hidden: torch.Tensor
     """``[S, H]`` final post-norm hidden state (the teacher's LM-head input)."""
     category: str = ""

@@ -1,0 +1,133 @@
+"""DDTree trees are prefix-closed for any draft scores, and decoding with them stays lossless.
+
+Confident drafts are where this breaks: a top-1 log-prob of exactly 0 gives a child the same
+score as its parent, and in float32 any small depth penalty vanishes once scores are large.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from factories import make_dflash
+
+import whiflash
+from whiflash.decoding.verify import accept, check_tree
+from whiflash.drafters.base import Proposal
+from whiflash.drafters.ddtree import ancestor_mask, build_tree, build_tree_device, tree_proposal
+from whiflash.drafters.dflash import DFlashDrafter
+from whiflash.routers import OracleRouter, ScriptedRouter
+
+
+def _logits(kind: str, seed: int, depth: int = 7, vocab: int = 64) -> torch.Tensor:
+    """Draft logits `[depth, vocab]` of one family: random, tied, huge-gap (top-1 log-prob 0) or bf16-rounded."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(depth, vocab, generator=g) * 2
+    if kind == "tied":  # a few distinct values only: ties everywhere, between siblings and across depths
+        x = torch.randint(0, 3, (depth, vocab), generator=g).float()
+    elif kind.startswith("gap"):  # the top token `gap` nats ahead: log-prob exactly 0 in float32 from ~22 on
+        x[:, 0] += float(kind[3:])
+    elif kind == "bf16":
+        x = (x * 4).bfloat16().float()
+    elif kind == "neginf":  # masked vocabulary entries
+        x[:, vocab // 2 :] = float("-inf")
+    return x
+
+
+KINDS = ["random", "tied", "gap25", "gap30", "gap40", "gap100", "bf16", "neginf"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("budget", [1, 6, 15, 40, 200])
+def test_device_builder_is_prefix_closed_and_equals_the_heap(kind, budget):
+    """Node for node (tokens, parents, depths, in order) the reference heap under the tie rule."""
+    for seed in range(12):
+        logits = _logits(kind, seed)
+        k = min(budget, logits.shape[-1])
+        top_logp, top_ids = torch.log_softmax(logits, -1).topk(k, -1)
+        if kind == "bf16":
+            top_logp = top_logp.bfloat16()  # scores arriving in bf16: ties after rounding
+        tree = build_tree_device(top_logp, top_ids, budget)
+        check_tree(tree)
+        assert torch.equal(tree.tree_mask, ancestor_mask(tree.parents))
+        tokens, parents, depths = build_tree(top_logp.tolist(), top_ids.tolist(), budget)
+        n = len(tokens)
+        assert n == min(budget, sum(k ** d for d in range(1, logits.shape[0] + 1)))
+        assert (tree.tokens[:n].tolist(), tree.parents[:n].tolist(), tree.depths[:n].tolist()) == (tokens, parents, depths)
+
+
+def test_budget_above_the_candidates_pads_with_root_children():
+    """3 depths over a 4-token vocabulary: 84 prefixes exist; a budget of 100 stays well formed."""
+    top_logp, top_ids = torch.log_softmax(_logits("gap40", 0, depth=3, vocab=4), -1).topk(4, -1)
+    tree = build_tree_device(top_logp, top_ids, 100)
+    check_tree(tree)
+    tokens, parents, depths = build_tree(top_logp.tolist(), top_ids.tolist(), 100)
+    assert len(tokens) == 84 and tree.tokens[:84].tolist() == tokens and tree.parents[:84].tolist() == parents
+    assert set(tree.parents[84:].tolist()) == {0} and set(tree.tokens[84:].tolist()) == {int(top_ids[0, 0])}
+
+
+def test_a_malformed_tree_is_refused_before_it_is_walked():
+    # node 2 claims depth 2 but hangs off the root: the walk would accept it as a two-token path
+    bad = Proposal(tokens=torch.tensor([3, 3]), parents=torch.tensor([0, 0]), depths=torch.tensor([1, 2]),
+                   tree_mask=ancestor_mask(torch.tensor([0, 0])))
+    with pytest.raises(ValueError, match="depth 2"):
+        check_tree(bad)
+    with pytest.raises(ValueError, match="malformed tree"):
+        accept(bad, torch.tensor([3, 9, 9]))
+    loose = Proposal(tokens=torch.tensor([3, 4]), parents=torch.tensor([0, 1]), depths=torch.tensor([1, 2]),
+                     tree_mask=torch.eye(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="ancestor"):
+        check_tree(loose)
+
+
+def test_confident_drafts_build_well_formed_trees():
+    """The drafts that broke the old builder: random logits whose top token leads by 25-40 nats."""
+    for gap in (25, 30, 40):
+        for seed in range(72):
+            check_tree(tree_proposal(_logits(f"gap{gap}", seed, depth=15, vocab=1000), 32))
+
+
+@pytest.fixture
+def confident_draft(monkeypatch):
+    """Every DFlash pass drafts the true next token `r` at every depth with a 40-nat lead (top-1
+    log-prob exactly 0: a confident repeated-token draft), the other tokens at random.
+
+    Right at depth 1 only (unless the target repeats `r`); its siblings at large negative scores
+    carry chains of exactly tied descendants. `expect(sequence)` sets the reference continuation.
+    """
+    state: dict[str, list[int]] = {"seq": []}
+    real = DFlashDrafter._block
+
+    def block(self, ids, positions, start, mask):
+        out = real(self, ids, positions, start, mask)
+        pos = int(positions[0])
+        seq = state["seq"]
+        nxt = seq[pos + 1] if pos + 1 < len(seq) else 0
+        g = torch.Generator().manual_seed(pos)
+        crafted = torch.randn(out.shape, generator=g) * 2
+        crafted[:, nxt] = crafted.max(-1).values + 40.0
+        return crafted.to(out.device)
+
+    monkeypatch.setattr(DFlashDrafter, "_block", block)
+    return lambda seq: state.__setitem__("seq", list(seq))
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_confident_drafts_stay_lossless(worlds, confident_draft, tmp_path, static):
+    """DDTree and the routed pairs that use it, on the eager and the fixed-shape path."""
+    world = worlds["qwen3-random"]
+    target, drafters = world.load()
+    eagle = drafters["eagle3"]
+    ddtree = whiflash.load_drafter("ddtree", world.dflash_dir, target, tree_budget=12)
+    routed = [
+        whiflash.RoutedDrafter("ddt-e3", ScriptedRouter([0, 0, 1]), eagle3=eagle, dflash=ddtree),
+        whiflash.RoutedDrafter("df-ddt", ScriptedRouter([1, 1, 0]), dflash=ddtree),
+        whiflash.RoutedDrafter("ddt-e3", OracleRouter(), eagle3=eagle, dflash=ddtree),
+    ]
+    for m in (target, eagle, ddtree):
+        m.static = static
+    for prompt in ([1, 2, 3], [7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6]):
+        ref, _ = whiflash.generate(target, None, prompt, 40)
+        confident_draft(prompt + ref)
+        for drafter in [ddtree, *routed]:
+            out, stats = whiflash.generate(target, drafter, prompt, 40)
+            assert out == ref, (drafter.kind, getattr(drafter, "pair", ""), prompt)
+            assert stats.rounds < 40  # the crafted drafts are accepted, at least at depth 1
