@@ -17,11 +17,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from whiflash.decoding.stats import TAU_DEFINITION  # re-exported: the manifest records it
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-TAU_DEFINITION = "tau = accepted drafted tokens + 1 (bonus token included); gain = tau_0 - tau_1"
 
 #: Required manifest fields and their JSON types (``None`` allowed where listed).
 MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {

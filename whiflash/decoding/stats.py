@@ -8,6 +8,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+TAU_DEFINITION = ("tau of a round = accepted draft tokens + 1 (bonus token included); reported tau = mean over "
+                  "rounds per sequence, then over sequences")
+"""The one definition of tau, printed under every table and written into every manifest."""
+
 
 @dataclass
 class DecodeStats:

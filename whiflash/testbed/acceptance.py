@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from whiflash.decoding.stats import TAU_DEFINITION
+
 from .presets import CATEGORIES
 from .prompts import eval_prompts
 
@@ -25,7 +27,6 @@ __all__ = ["measure_acceptance"]
 
 log = logging.getLogger(__name__)
 
-TAU_DEFINITION = "tau of a round = accepted draft tokens + 1 (bonus included); mean over rounds per sequence, then over sequences"
 
 
 @torch.no_grad()
