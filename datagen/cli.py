@@ -17,7 +17,9 @@ from tqdm import tqdm
 
 import whiflash
 from whiflash.datagen.prompts import PromptItem, read_source
-from whiflash.datagen.record import OracleRecorder, record_prompt
+from whiflash.datagen.record import record_prompt
+from whiflash.decoding.routed import OracleDrafter
+from whiflash.pairs import tree_budget_for
 from whiflash.train.dataset import SCHEMA_VERSION, TAU_DEFINITION, shard_entry, write_manifest, write_shard
 from whiflash.versions import package_versions
 
@@ -92,7 +94,7 @@ def datagen(
     slots = {"dflash": whiflash.load_drafter(kind, paths["dflash"], model, **({"tree_budget": tree_budget} if kind == "ddtree" else {}))}
     if "e3" in pair:
         slots["eagle3"] = whiflash.load_drafter("eagle3", paths["eagle3"], model, num_steps=num_steps)
-    recorder = OracleRecorder(pair, tree_budget=tree_budget, **slots)
+    recorder = OracleDrafter(pair, tree_budget=tree_budget_for(pair, tree_budget), **slots)
     if cuda_graphs and model.device.type == "cuda":
         model.use_cuda_graphs()
         recorder.use_cuda_graphs()
@@ -146,7 +148,7 @@ def _encode(tokenizer, item: PromptItem, max_tokens: int) -> list[int]:
     return ids[-max_tokens:]
 
 
-def _record_chunk(model, recorder: OracleRecorder, tokenizer, chunk: list[PromptItem], max_prompt_tokens: int,
+def _record_chunk(model, recorder: OracleDrafter, tokenizer, chunk: list[PromptItem], max_prompt_tokens: int,
                   max_new_tokens: int) -> dict[str, np.ndarray]:
     stop = [tokenizer.eos_token_id] if tokenizer is not None and tokenizer.eos_token_id is not None else None
     parts = []

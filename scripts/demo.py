@@ -82,7 +82,7 @@ def main() -> int:
     if neural is not None:
         methods["WhiFlash-Neural"] = whiflash.RoutedDrafter("df-e3", whiflash.NeuralPolicy(neural), eagle3=eagle,
                                                             dflash=dflash)
-    methods["Oracle (df-e3)"] = whiflash.RoutedDrafter("df-e3", whiflash.OracleRouter(), eagle3=eagle, dflash=dflash)
+    methods["Oracle (df-e3)"] = whiflash.OracleDrafter("df-e3", eagle3=eagle, dflash=dflash)
     stats: dict[str, dict[str, list]] = {m: {c: [] for c in CATEGORIES} for m in methods}
     mismatches = 0
     for cat in CATEGORIES:

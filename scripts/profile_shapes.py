@@ -29,7 +29,7 @@ import torch
 import whiflash
 from whiflash.drafters import build_drafter
 from whiflash.drafters.base import Commit
-from whiflash.drafters.ddtree import ancestor_mask
+from whiflash.drafters.trees import ancestor_mask
 from whiflash.runtime import ModelConfig, Target
 from whiflash.runtime import model as model_module
 

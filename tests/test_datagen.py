@@ -11,7 +11,8 @@ import torch
 
 import whiflash
 from whiflash.datagen.cli import datagen
-from whiflash.datagen.record import OracleRecorder, record_prompt
+from whiflash.datagen.record import record_prompt
+from whiflash.decoding.routed import OracleDrafter
 from whiflash.train.dataset import check_shards, read_manifest
 
 PROMPTS = [[7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6], [1, 2, 3], [4, 4, 4, 9], [20, 21, 22, 23, 24],
@@ -151,7 +152,7 @@ def test_entropy_threshold_calibration_finds_the_planted_cut(tmp_path):
 def test_fixed_shape_passes_record_the_eager_rows(worlds):
     """The passes CUDA graphs capture (datagen's default on CUDA) record what the eager path records."""
     target, drafters = worlds["qwen3-mixed"].load()
-    recorder = OracleRecorder("df-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"])
+    recorder = OracleDrafter("df-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"])
     runs = []
     for static in (False, True):
         for m in [target, *recorder.members]:

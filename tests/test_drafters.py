@@ -11,7 +11,7 @@ from factories import make_dflash, make_eagle3
 from safetensors.torch import load_file, save_file
 
 import whiflash
-from whiflash.drafters.ddtree import ancestor_mask, build_tree
+from whiflash.drafters.trees import ancestor_mask, build_tree
 from whiflash.drafters.base import Commit
 from whiflash.drafters.dflash import fallback_layer_ids
 
@@ -229,7 +229,7 @@ def test_fixed_shape_catch_up_writes_what_the_eager_one_does(worlds, kind):
             drafter.observe(Commit(feats[:n], ids[1 : n + 1], 0, taps))
             passes.clear()
             last = drafter.catch_up()
-            results.append((drafter.k_cache.clone(), drafter.v_cache.clone(), last))
+            results.append((drafter.cache.k.clone(), drafter.cache.v.clone(), last))
         assert [int(k.removeprefix("catch_up").removeprefix("context")) for k in passes] == expected
         (k0, v0, last0), (k1, v1, last1) = results
         assert drafter.kv_len == n

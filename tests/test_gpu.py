@@ -60,15 +60,16 @@ def test_cuda_bf16_diverges_only_at_near_ties(worlds, world, record_property):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_graphs_decode_like_the_eager_path(worlds, dtype):
-    world = worlds["qwen3-mixed"]
+@pytest.mark.parametrize("name", ["qwen3-mixed", "qwen3-random"])  # random: drafters that attend to their caches
+def test_cuda_graphs_decode_like_the_eager_path(worlds, dtype, name):
+    world = worlds[name]
     target, drafters = world.load(device="cuda", dtype=dtype)
     routed = whiflash.RoutedDrafter("df-e3", whiflash.AlternatingRouter(), eagle3=drafters["eagle3"],
                                     dflash=drafters["ddtree"])
     # long stretches per drafter: lazy backlogs that take several fixed-shape catch-up passes
     stretches = whiflash.RoutedDrafter("df-e3", ScriptedRouter([0] * 6 + [1] * 5), eagle3=drafters["eagle3"],
                                        dflash=drafters["dflash"])
-    oracle = whiflash.RoutedDrafter("df-e3", whiflash.OracleRouter(), eagle3=drafters["eagle3"], dflash=drafters["dflash"])
+    oracle = whiflash.OracleDrafter("df-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"])
     methods = [None, *drafters.values(), routed, stretches, oracle]
     fp32, _ = world.load(device="cuda")
     for prompt in PROMPTS:

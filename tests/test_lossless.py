@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import whiflash
 from whiflash.routers import ScriptedRouter
@@ -74,6 +75,20 @@ def test_bad_arguments(worlds):
         whiflash.generate(target, None, [], 3)
     with pytest.raises(ValueError, match="batch size 1"):
         whiflash.generate(target, None, [[1, 2], [3, 4]], 3)
+    vocab = target.config.vocab_size
+    bad = {  # argument -> what the message must name
+        "temperature=-0.5": (dict(temperature=-0.5), "temperature"),
+        "temperature=nan": (dict(temperature=float("nan")), "temperature"),
+        "max_new_tokens=2.5": (dict(max_new_tokens=2.5), "max_new_tokens"),
+        "stop id past the vocabulary": (dict(stop_token_ids=[vocab]), "stop_token_ids"),
+        "negative stop id": (dict(stop_token_ids=[-1]), "stop_token_ids"),
+        "prompt id past the vocabulary": (dict(input_ids=[1, vocab]), "input_ids"),
+        "negative prompt id": (dict(input_ids=torch.tensor([-3, 1])), "input_ids"),
+    }
+    for case, (kwargs, name) in bad.items():
+        call = dict(input_ids=[1, 2], max_new_tokens=3) | kwargs
+        with pytest.raises(ValueError, match=name):
+            whiflash.generate(target, None, **call)
 
 
 @pytest.mark.parametrize("world", ["qwen3-mixed", "llama-crafted"])
@@ -86,7 +101,7 @@ def test_static_shape_path_gives_the_same_tokens_and_taus(worlds, world):
     # long stretches on one drafter: lazy backlogs longer than one fixed-shape catch-up pass
     stretches = whiflash.RoutedDrafter("df-e3", ScriptedRouter([0] * 6 + [1] * 5), eagle3=drafters["eagle3"],
                                        dflash=drafters["dflash"])
-    oracle = whiflash.RoutedDrafter("df-e3", whiflash.OracleRouter(), eagle3=drafters["eagle3"], dflash=drafters["dflash"])
+    oracle = whiflash.OracleDrafter("df-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"])
     members = [target, *drafters.values()]
     for prompt in PROMPTS:
         runs = []
@@ -108,15 +123,16 @@ def test_static_shape_drafting_proposes_what_the_eager_path_proposes(worlds, mon
     routed = whiflash.RoutedDrafter("df-e3", ScriptedRouter([0] * 3 + [1] * 4), eagle3=drafters["eagle3"],
                                     dflash=drafters["dflash"])
     seen: list[list[int]] = []
-    for cls in {type(d) for d in drafters.values()}:
-        real = cls.propose
+    # every draft passes through one of these (DDTree inherits DFlash's draft; routed slots call draft)
+    for cls, method in ((type(drafters["eagle3"]), "propose"), (type(drafters["dflash"]), "draft")):
+        real = getattr(cls, method)
 
-        def spy(self, pending, pos, _real=real):
-            proposal = _real(self, pending, pos)
+        def spy(self, pending, pos, arg=None, _real=real):
+            proposal = _real(self, pending, pos) if arg is None else _real(self, pending, pos, arg)
             seen.append(proposal.tokens.tolist())
             return proposal
 
-        monkeypatch.setattr(cls, "propose", spy)
+        monkeypatch.setattr(cls, method, spy)
     for drafter in [*drafters.values(), routed]:
         runs = []
         for static in (False, True):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import whiflash
-from whiflash.decoding.routed import RoutedDrafter
+from whiflash.decoding.routed import OracleDrafter, RoutedDrafter
 from whiflash.router import NeuralRouter
-from whiflash.routers import (AlternatingRouter, EntropyRouter, FixedRouter, NeuralPolicy, OracleRouter,
+from whiflash.routers import (AlternatingRouter, EntropyRouter, FixedRouter, NeuralPolicy,
                               ScriptedRouter, entropy)
 
 PROMPTS = [[7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6]]
@@ -37,7 +37,6 @@ def routers(hidden: int) -> dict[str, object]:
         "entropy": EntropyRouter(threshold=1.0),
         "fixed0": FixedRouter(0),
         "fixed1": FixedRouter(1),
-        "oracle": OracleRouter(),
         "neural": NeuralPolicy(NeuralRouter(hidden, mlp_dim=16), threshold=0.0),
     }
 
@@ -49,7 +48,8 @@ def test_every_router_and_pair_is_lossless(world, pair):
         if name == "neural":
             router.router.drafters, router.router.tree_budget = pair, 12
         for lazy in (True, False):
-            drafter = RoutedDrafter(pair, router, eagle3=eagle, dflash=ddtree, lazy_catchup=lazy)
+            drafter = RoutedDrafter(pair, router, eagle3=eagle if "e3" in pair else None, dflash=ddtree,
+                                    lazy_catchup=lazy)
             for prompt in PROMPTS:
                 ref, _ = whiflash.generate(target, None, prompt, 36)
                 out, stats = whiflash.generate(target, drafter, prompt, 36)
@@ -61,9 +61,9 @@ def _proposals(monkeypatch, target, drafter, prompt, n):
     seen = []
     real = RoutedDrafter.propose
 
-    def spy(self, pending, pos):
-        p = real(self, pending, pos)
-        seen.append((self.slot, p.tokens.tolist(), None if p.parents is None else p.parents.tolist()))
+    def spy(self, pending, pos, slot=0):
+        p = real(self, pending, pos, slot)
+        seen.append((slot, p.tokens.tolist(), None if p.parents is None else p.parents.tolist()))
         return p
 
     monkeypatch.setattr(RoutedDrafter, "propose", spy)
@@ -82,7 +82,7 @@ def test_lazy_kv_only_catch_up_proposes_exactly_what_eager_full_updates_propose(
         runs = []
         for lazy in (True, False):
             eagle.full_prefill = not lazy
-            drafter = RoutedDrafter(pair, ScriptedRouter(pattern), eagle3=eagle, dflash=ddtree, lazy_catchup=lazy)
+            drafter = RoutedDrafter(pair, ScriptedRouter(pattern), eagle3=eagle if "e3" in pair else None, dflash=ddtree, lazy_catchup=lazy)
             runs.append(_proposals(monkeypatch, target, drafter, PROMPTS[trial % 2], 40))
         eagle.full_prefill = False
         (out_l, seen_l, stats_l), (out_e, seen_e, stats_e) = runs
@@ -97,7 +97,7 @@ def test_kv_only_prefill_writes_the_same_cache_as_a_full_prefill(attending_world
     for full in (False, True):
         eagle.full_prefill = full
         whiflash.generate(target, eagle, PROMPTS[1], 20)
-        caches.append((eagle.k_cache[:, : eagle.kv_len].clone(), eagle.v_cache[:, : eagle.kv_len].clone(), eagle._last))
+        caches.append((eagle.cache.k[0, :, : eagle.kv_len].clone(), eagle.cache.v[0, :, : eagle.kv_len].clone(), eagle._last))
     eagle.full_prefill = False
     (k0, v0, last0), (k1, v1, last1) = caches
     torch.testing.assert_close(k0, k1, rtol=0, atol=0)
@@ -121,20 +121,22 @@ def test_backlog_is_what_accumulated_while_inactive(world):
 
 def test_oracle_advances_with_the_longer_acceptance(world):
     target, eagle, ddtree = world
-    drafter = RoutedDrafter("df-e3", OracleRouter(), eagle3=eagle, dflash=ddtree)
-    _, stats = whiflash.generate(target, drafter, PROMPTS[1], 40)
-    assert len(drafter.tau_log) == stats.rounds
-    for tau, (t0, t1), slot in zip(stats.taus, drafter.tau_log, stats.slots):
+    drafter = OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree)
+    records = []
+    _, stats = whiflash.generate(target, drafter, PROMPTS[1], 40, on_round=records.append)
+    assert [r.slot_taus for r in records] == stats.slot_taus and len(stats.slot_taus) == stats.rounds
+    assert [r.tau for r in records] == stats.taus and stats.method == "oracle[df-e3]"
+    for tau, (t0, t1), slot in zip(stats.taus, stats.slot_taus, stats.slots):
         assert tau == max(t0, t1) and slot == (0 if t0 > t1 else 1)
     # each logged tau is that slot's own: a standalone run from the round's state accepts as much
     out, _ = whiflash.generate(target, None, PROMPTS[1], 40)
     alone = [RoutedDrafter("df-e3", FixedRouter(slot), eagle3=eagle, dflash=ddtree) for slot in (0, 1)]
     done = 0
-    for r, logged in enumerate(drafter.tau_log[:6]):
+    for r, logged in enumerate(stats.slot_taus[:6]):
         state = PROMPTS[1] + out[:done]  # committed tokens; the round's pending token is the next output
         assert logged == tuple(whiflash.generate(target, d, state, 40 - done)[1].taus[0] for d in alone), r
         done += stats.taus[r]
-    assert any(t0 != t1 for t0, t1 in drafter.tau_log[:6])  # slots that differ: a swap would show
+    assert any(t0 != t1 for t0, t1 in stats.slot_taus[:6])  # slots that differ: a swap would show
     with pytest.raises(ValueError, match="greedy"):
         whiflash.generate(target, drafter, PROMPTS[1], 5, temperature=0.7)
 
@@ -150,7 +152,7 @@ def test_entropy_router_and_mismatched_neural_router(world):
     wrong = RoutedDrafter("df-e3", NeuralPolicy(NeuralRouter(h + 1)), eagle3=eagle, dflash=ddtree)
     with pytest.raises(ValueError, match=f"hidden size {h + 1}.*hidden size {h}"):
         whiflash.generate(target, wrong, PROMPTS[0], 5)
-    with pytest.raises(ValueError, match="not one of"):
+    with pytest.raises(ValueError, match="expected one of"):
         RoutedDrafter("e3-e3", FixedRouter(0), eagle3=eagle, dflash=ddtree)
 
 
@@ -171,8 +173,23 @@ def test_one_host_read_per_round(world, monkeypatch):
 
         monkeypatch.setattr(torch.Tensor, name, spy)
     drafters = [None, eagle, ddtree, RoutedDrafter("ddt-e3", EntropyRouter(1.0), eagle3=eagle, dflash=ddtree),
-                RoutedDrafter("df-e3", OracleRouter(), eagle3=eagle, dflash=ddtree)]
+                OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree)]
     for drafter in drafters:
         reads.clear()
         _, stats = whiflash.generate(target, drafter, PROMPTS[1], 30)
         assert reads == ["tolist"] * (stats.rounds + 1), (drafter, reads[:10])
+
+
+def test_pairs_refuse_members_and_options_that_do_not_apply(world):
+    target, eagle, ddtree = world
+    with pytest.raises(ValueError, match="df-ddt takes no EAGLE-3"):
+        RoutedDrafter("df-ddt", FixedRouter(0), eagle3=eagle, dflash=ddtree)
+    with pytest.raises(ValueError, match="df-e3 needs an EAGLE-3"):
+        OracleDrafter("df-e3", dflash=ddtree)
+    with pytest.raises(ValueError, match="no DDTree slot, so tree_budget=9"):
+        RoutedDrafter("df-e3", FixedRouter(0), eagle3=eagle, dflash=ddtree, tree_budget=9)
+    with pytest.raises(ValueError, match="dflash= needs a DFlash"):
+        RoutedDrafter("ddt-e3", FixedRouter(0), eagle3=eagle, dflash=eagle)
+    with pytest.raises(ValueError, match="drafts chains only"):
+        eagle.draft(torch.tensor([1]), 0, tree_budget=4)
+    assert OracleDrafter("ddt-e3", eagle3=eagle, dflash=ddtree, tree_budget=9).max_nodes == 9 + eagle.num_steps

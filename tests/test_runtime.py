@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 import whiflash
-from whiflash.drafters.ddtree import ancestor_mask
+from whiflash.drafters.trees import ancestor_mask
 from whiflash.runtime import layers
 from whiflash.runtime.layers import rope_inv_freq
 
@@ -151,7 +151,7 @@ def test_bf16_forward_runs_and_is_close(worlds):
     f32.setup_cache(32)
     bf16.setup_cache(32)
     a, b = f32(ids, 0).logits, bf16(ids, 0).logits
-    assert b.dtype == torch.float32 and bf16.k_cache.dtype == torch.bfloat16
+    assert b.dtype == torch.float32 and bf16.cache.k.dtype == torch.bfloat16
     assert (a - b).abs().max() < 0.1 * a.abs().max()
 
 
@@ -186,7 +186,7 @@ def test_cudnn_attention_is_kept_for_fixed_shape_passes(worlds, monkeypatch):
             m.static = static
         for drafter in [None, *drafters.values()]:
             whiflash.generate(target, drafter, [7, 8, 9, 10, 11, 12], 12)
-        cache_lengths = {m.k_cache.shape[-2] for m in [target, *drafters.values()]}
+        cache_lengths = {m.cache.slots for m in [target, *drafters.values()]}
         unrestricted = {length for left_out, length in calls if not left_out}
         if static:
             assert unrestricted and unrestricted <= cache_lengths  # only whole-cache passes keep cuDNN

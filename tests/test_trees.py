@@ -12,9 +12,9 @@ from factories import make_dflash
 import whiflash
 from whiflash.decoding.verify import accept, check_tree
 from whiflash.drafters.base import Proposal
-from whiflash.drafters.ddtree import ancestor_mask, build_tree, build_tree_device, tree_proposal
+from whiflash.drafters.trees import ancestor_mask, build_tree, build_tree_device, tree_proposal
 from whiflash.drafters.dflash import DFlashDrafter
-from whiflash.routers import OracleRouter, ScriptedRouter
+from whiflash.routers import ScriptedRouter
 
 
 def _logits(kind: str, seed: int, depth: int = 7, vocab: int = 64) -> torch.Tensor:
@@ -120,7 +120,7 @@ def test_confident_drafts_stay_lossless(worlds, confident_draft, tmp_path, stati
     routed = [
         whiflash.RoutedDrafter("ddt-e3", ScriptedRouter([0, 0, 1]), eagle3=eagle, dflash=ddtree),
         whiflash.RoutedDrafter("df-ddt", ScriptedRouter([1, 1, 0]), dflash=ddtree),
-        whiflash.RoutedDrafter("ddt-e3", OracleRouter(), eagle3=eagle, dflash=ddtree),
+        whiflash.OracleDrafter("ddt-e3", eagle3=eagle, dflash=ddtree),
     ]
     for m in (target, eagle, ddtree):
         m.static = static

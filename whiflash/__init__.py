@@ -7,17 +7,20 @@ Public API:
         -> (new_token_ids, DecodeStats)
     RoutedDrafter(pair, router, eagle3=..., dflash=..., tree_budget=None, lazy_catchup=True)
         # a Drafter: pass it to generate() for WhiFlash routed decoding
+    OracleDrafter(pair, eagle3=..., dflash=...)   # the per-round oracle (analysis upper bound)
     load_router(name_or_path) -> NeuralRouter   # Hub repo id, local folder or .safetensors file
 """
-from whiflash.decoding import DecodeStats, generate, summarize
-from whiflash.decoding.routed import PAIRS, RoutedDrafter
+from whiflash.decoding import DecodeStats, RoundRecord, generate, summarize
+from whiflash.decoding.routed import OracleDrafter, RoutedDrafter
 from whiflash.drafters import load_drafter
 from whiflash.router import NeuralRouter, load_router
-from whiflash.routers import AlternatingRouter, EntropyRouter, FixedRouter, NeuralPolicy, OracleRouter
+from whiflash.pairs import PAIRS, Pair
+from whiflash.routers import AlternatingRouter, EntropyRouter, FixedRouter, NeuralPolicy
 from whiflash.runtime import load_target
 
 __all__ = [
     "PAIRS", "AlternatingRouter", "DecodeStats", "EntropyRouter", "FixedRouter", "NeuralPolicy", "NeuralRouter",
-    "OracleRouter", "RoutedDrafter", "generate", "load_drafter", "load_router", "load_target", "summarize",
+    "OracleDrafter", "Pair", "RoundRecord", "RoutedDrafter", "generate", "load_drafter", "load_router", "load_target",
+    "summarize",
 ]
 __version__ = "0.1.0"

@@ -3,7 +3,8 @@
 Every router has the same call: the target's final post-norm hidden state `[H]` and next-token
 logits `[V]` at the last committed position in, a 0-dim long tensor (the slot) out, left on the
 device so the decision travels to the host with the round's one existing read (see
-`whiflash.decoding.routed`). Slot 0 is the diffusion/parallel drafter of the pair (DFlash or
+`whiflash.decoding.loop`). The per-round oracle is not a policy but a drafter of its own
+(`whiflash.decoding.routed.OracleDrafter`): it needs both slots' drafts, not a prediction. Slot 0 is the diffusion/parallel drafter of the pair (DFlash or
 DDTree), slot 1 the other one (EAGLE-3, or DDTree in `df-ddt`).
 """
 from __future__ import annotations
@@ -82,14 +83,3 @@ class AlternatingRouter(ScriptedRouter):
 
     def __init__(self, period: int = 1) -> None:
         super().__init__([0] * period + [1] * period)
-
-
-class OracleRouter:
-    """Analysis upper bound: both slots draft from the same state, the longer acceptance advances.
-
-    The routed drafter verifies both proposals in one target pass (their union as a tree) and
-    reads each slot's tau off the walk; ties go to slot 1. Greedy decoding only.
-    """
-
-    def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:  # never consulted
-        raise RuntimeError("the oracle is resolved inside RoutedDrafter, not called per round")

@@ -1,6 +1,6 @@
 """Verification, the generate loop and decoding statistics."""
 from whiflash.decoding.loop import generate
-from whiflash.decoding.stats import DecodeStats, summarize
+from whiflash.decoding.stats import DecodeStats, RoundRecord, summarize
 from whiflash.decoding.verify import accept, target_tokens
 
-__all__ = ["DecodeStats", "accept", "generate", "summarize", "target_tokens"]
+__all__ = ["DecodeStats", "RoundRecord", "accept", "generate", "summarize", "target_tokens"]

@@ -1,4 +1,4 @@
-"""The speculative loop shared by every method (DESIGN.md section 3).
+"""The speculative loop shared by every method (docs/design.md, "The round").
 
 State between rounds: the target holds K/V for the committed tokens `x[0..n-1]` and the pending
 token `x[n]` has been chosen but has no K/V yet. A round: the drafter proposes a chain or tree
@@ -6,17 +6,22 @@ after the pending token, the target verifies `[pending, proposal]` in one pass, 
 `a` drafted tokens, K/V is compacted along the accepted path, and the target's token after the
 path becomes the new pending token. Plain autoregressive decoding is the same loop with an empty
 proposal, so all methods share one code path and one definition of tau.
+
+Routed drafters carry a routing policy; the loop asks it for the next round's slot at the end of
+each round (and after prefill), from the target's state at the last committed position, and the
+slot reaches the host in the round's one read.
 """
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from whiflash.decoding.stats import DecodeStats
-from whiflash.decoding.verify import accept, target_tokens
+from whiflash.decoding.stats import DecodeStats, RoundRecord
+from whiflash.decoding.verify import accept, branch_taus, target_tokens
 from whiflash.drafters.base import Commit, Drafter, Proposal
 from whiflash.runtime.model import Target
 
@@ -26,26 +31,33 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _as_ids(input_ids: Tensor | Sequence[int], device: torch.device) -> Tensor:
-    ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
-    if ids.dim() == 2:
-        if ids.shape[0] != 1:
-            raise ValueError(f"input_ids: batch size 1 is supported, got shape {tuple(ids.shape)}")
-        ids = ids[0]
-    if ids.dim() != 1 or ids.numel() == 0:
-        raise ValueError(f"input_ids: expected a non-empty 1-D sequence of token ids, got shape {tuple(ids.shape)}")
-    return ids
+def _as_ids(input_ids: Tensor | Sequence[int], vocab: int, device: torch.device) -> Tensor:
+    """The prompt as a `[n]` long tensor on `device`, checked against the vocabulary on the host
+    (a tensor prompt is read once for that, before the prefill)."""
+    host = input_ids.tolist() if isinstance(input_ids, Tensor) else input_ids
+    if isinstance(host, Sequence) and len(host) > 0 and isinstance(host[0], Sequence):
+        if len(host) != 1:
+            raise ValueError(f"input_ids: batch size 1 is supported, got {len(host)} sequences")
+        host = host[0]
+    if not isinstance(host, Sequence) or len(host) == 0 or not all(isinstance(t, int) and not isinstance(t, bool) for t in host):
+        raise ValueError("input_ids: expected a non-empty 1-D sequence of integer token ids")
+    bad = [t for t in host if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"input_ids: {bad[:5]} are not token ids of the target's vocabulary (0..{vocab - 1})")
+    return torch.tensor(host, dtype=torch.long, device=device)
 
 
-def _read(values: list[Tensor], drafter: Drafter | None, flags: Tensor | None) -> list[int]:
-    """The round's one host read: the packed `values`, plus the drafter's flags (a router decision)."""
-    if flags is not None:
-        values = [*values, flags.reshape(-1)]
-    host = torch.cat([v.reshape(-1).long() for v in values]).tolist()
-    if flags is not None:
-        drafter.receive(host[len(host) - flags.numel():])
-        host = host[: len(host) - flags.numel()]
-    return host
+def _check_arguments(target: Target, max_new_tokens: int, temperature: float,
+                     stop_token_ids: Sequence[int] | None) -> None:
+    vocab = target.config.vocab_size
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
+            or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+    bad = [t for t in stop_token_ids or () if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"stop_token_ids: {bad} are not token ids of the target's vocabulary (0..{vocab - 1})")
 
 
 @torch.no_grad()
@@ -57,21 +69,20 @@ def generate(
     temperature: float = 0.0,
     stop_token_ids: Sequence[int] | None = None,
     seed: int | None = None,
+    on_round: Callable[[RoundRecord], None] | None = None,
 ) -> tuple[list[int], DecodeStats]:
     """Decode up to `max_new_tokens` after `input_ids` (batch 1); `drafter=None` is plain autoregressive.
 
     Returns the new token ids (cut after the first stop token, if any) and the round statistics.
     Greedy (`temperature=0`) output equals the target's own greedy decoding token for token; at
     T > 0 every token is an exact sample of the target (`seed` makes the run repeatable).
+    `on_round(record)` is called after every round with its `RoundRecord`, router features included.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     device = target.device
-    ids = _as_ids(input_ids, device)
+    _check_arguments(target, max_new_tokens, temperature, stop_token_ids)
+    ids = _as_ids(input_ids, target.config.vocab_size, device)
     n = ids.shape[0]
     limit = target.config.max_position_embeddings
-    nodes = drafter.max_nodes if drafter is not None else 0
-    max_len = n + max_new_tokens + nodes + 1
     if n + max_new_tokens > limit:
         raise ValueError(f"prompt ({n}) + max_new_tokens ({max_new_tokens}) exceeds the target's {limit} positions")
     generator = None
@@ -80,16 +91,18 @@ def generate(
         generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
     stops = set(stop_token_ids or ())
     taps = tuple(sorted(set(drafter.tap_layers))) if drafter is not None else ()
-    stats = DecodeStats(method=drafter.kind if drafter is not None else "ar", prompt_tokens=n)
+    router = getattr(drafter, "router", None)  # routed drafters carry their policy
+    stats = DecodeStats(method=drafter.name if drafter is not None else "ar", prompt_tokens=n)
 
-    target.setup_cache(max_len)
+    target.setup_cache(n + max_new_tokens + (drafter.max_nodes if drafter is not None else 0) + 1)
     if drafter is not None:
-        drafter.reset(target, max_len, temperature)
+        drafter.reset(target, target.max_len, temperature)
     t0 = time.perf_counter()
     out = target(ids, 0, taps=taps, logits="last")
     pending = target_tokens(out.logits, temperature, generator)
-    flags = drafter.decide(out.hidden[-1], out.logits[-1], None) if drafter is not None else None
-    emitted = _read([pending], drafter, flags)
+    features = _features(out.hidden[-1], out.logits[-1], keep=on_round is not None)
+    decision = router(out.hidden[-1], out.logits[-1]).reshape(1) if router is not None else pending[:0]
+    emitted, slot = _read_prefill(pending, decision)
     if drafter is not None:
         drafter.observe(Commit(out.feats, torch.cat([ids[1:], pending]), 0, taps))
     _sync(device)
@@ -97,27 +110,43 @@ def generate(
     stats.prefill_seconds = t1 - t0
 
     while emitted[-1] not in stops and len(emitted) < max_new_tokens:
-        proposal = drafter.propose(pending, n) if drafter is not None else Proposal(tokens=ids[:0])
+        # 1. draft: the chosen slot's member catches up on its backlog, then proposes
+        backlog = drafter.backlog_rows(slot or 0) if drafter is not None else 0
+        proposal = drafter.propose(pending, n, slot or 0) if drafter is not None else Proposal(tokens=ids[:0])
+        # 2. verify [pending, proposal] in one target pass (depth positions and ancestor mask for trees)
         verify_ids = torch.cat([pending, proposal.tokens])
         positions = None
         if proposal.depths is not None:
             positions = n + torch.cat([proposal.depths.new_zeros(1), proposal.depths])
         out = target(verify_ids, n, positions, proposal.tree_mask, taps, logits="all")
+        # 3. accept: the target's token at every node, the walk, and the next round's decision
         picked = target_tokens(out.logits, temperature, generator)
         count, best, keep = accept(proposal, picked)
         path_ids, nxt = verify_ids[keep], picked[best].reshape(1)
-        flags = drafter.decide(out.hidden[best], out.logits[best], picked) if drafter is not None else None
-        host = _read([count, path_ids, nxt], drafter, flags)  # the one host synchronisation of the round
-        tau = host[0]
-        round_tokens = host[2 : 1 + tau] + host[-1:]  # accepted drafts + the next pending token
+        extra: list[Tensor] = []
+        if router is not None:
+            extra.append(router(out.hidden[best], out.logits[best]).reshape(1))
+        if proposal.branch is not None:
+            extra.append(branch_taus(proposal, picked))
+        # the one host synchronisation of the round
+        host = torch.cat([v.reshape(-1).long() for v in (count, path_ids, nxt, *extra)]).tolist()
+        tau, rest = host[0], host[2 + path_ids.shape[0] :]
+        round_tokens = host[2 : 1 + tau] + host[1 + path_ids.shape[0] : 2 + path_ids.shape[0]]
+        next_slot = rest.pop(0) if router is not None else None
+        taus = (rest[0], rest[1]) if proposal.branch is not None else None
+        # 4. commit: K/V along the accepted path, the drafter's view of the new positions
         if proposal.parents is not None:
             target.compact(n, keep[:tau])
         if drafter is not None:
-            new = torch.cat([path_ids[1:tau], nxt])
-            drafter.observe(Commit(out.feats[keep[:tau]], new, n, taps))
-        pending = nxt
-        n += tau
-        stats.taus.append(tau)
+            drafter.observe(Commit(out.feats[keep[:tau]], torch.cat([path_ids[1:tau], nxt]), n, taps))
+        if taus is not None:
+            slot = 0 if taus[0] > taus[1] else 1  # the oracle: the slot that accepted longer (ties: slot 1)
+        record = RoundRecord(stats.rounds, n, tau, slot, backlog, taus, *features)
+        stats.add(record)
+        if on_round is not None:
+            on_round(record)
+        features = _features(out.hidden[best], out.logits[best], keep=on_round is not None)
+        slot, pending, n = next_slot, nxt, n + tau
         emitted.extend(round_tokens)
         if stops and not stops.isdisjoint(round_tokens):
             break
@@ -130,6 +159,17 @@ def generate(
             break
     emitted = emitted[:max_new_tokens]
     stats.new_tokens = len(emitted)
-    if drafter is not None:
-        drafter.annotate(stats)
+    stats.catchup_seconds = getattr(drafter, "catchup_seconds", 0.0)
     return emitted, stats
+
+
+def _features(hidden: Tensor, logits: Tensor, keep: bool) -> tuple[Tensor | None, Tensor | None]:
+    """The router's features at a decision point, copied (graph outputs are overwritten by the next
+    replay) only when a callback will see them."""
+    return (hidden.clone(), logits.clone()) if keep else (None, None)
+
+
+def _read_prefill(pending: Tensor, decision: Tensor) -> tuple[list[int], int | None]:
+    """The prefill's one host read: the first token and, for routed drafters, the first slot."""
+    host = torch.cat([pending.long(), decision.long()]).tolist()
+    return host[:1], (host[1] if len(host) > 1 else None)

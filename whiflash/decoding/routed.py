@@ -1,14 +1,13 @@
-"""WhiFlash routed decoding: two drafter slots, a router per round, Lazy Catch-up.
+"""WhiFlash routed decoding: two drafter slots, Lazy Catch-up, and the per-round oracle.
 
-`RoutedDrafter` is itself a `Drafter`, so `whiflash.generate(target, RoutedDrafter(...), ...)` runs
-the same verified loop as the standalone methods and is lossless whatever the router decides.
-
-Pairs (`--whiflash-drafters`): `df-e3` (DFlash | EAGLE-3, default), `ddt-e3` (DDTree | EAGLE-3)
-and `df-ddt` (DFlash chain | DDTree tree over one shared DFlash model and cache).
+`RoutedDrafter` and `OracleDrafter` are drafters, so `whiflash.generate` runs them in the same
+verified loop as the standalone methods and stays lossless whatever is chosen. A routed drafter
+carries its routing policy (`.router`); `generate` asks it every round and passes the slot to
+`propose` (docs/design.md, "Routing"). Slot 0 is the pair's parallel drafter, slot 1 the other.
 
 Lazy Catch-up (default): committed positions are queued in every member drafter's backlog; only
-the drafter that proposes consumes its backlog, in one batched prefill, so an inactive drafter
-is not touched until a switch. With `lazy_catchup=False` every member catches up every round.
+the member that drafts consumes its backlog, in one batched prefill, so an inactive drafter is
+not touched until a switch. With `lazy_catchup=False` every member catches up every round.
 Both EAGLE-3 and DFlash catch up KV-only (see their `catch_up`).
 """
 from __future__ import annotations
@@ -19,27 +18,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from whiflash.decoding.stats import DecodeStats
-from whiflash.decoding.verify import accepted_nodes
 from whiflash.drafters.base import Commit, Drafter, Proposal
-from whiflash.drafters.ddtree import DDTreeDrafter, tree_proposal
+from whiflash.drafters.ddtree import DDTreeDrafter
 from whiflash.drafters.dflash import DFlashDrafter
 from whiflash.drafters.eagle3 import Eagle3Drafter
-from whiflash.router import DRAFTER_PAIRS, check_compatible
-from whiflash.routers import NeuralPolicy, OracleRouter, ScriptedRouter
+from whiflash.pairs import PAIRS, Pair
+from whiflash.router import check_compatible
+from whiflash.routers import NeuralPolicy, ScriptedRouter
 
-PAIRS = DRAFTER_PAIRS
 
-
-class RoutedDrafter(Drafter):
-    """Routes every round to slot 0 or slot 1 of a drafter pair."""
-
-    kind = "whiflash"
+class DrafterPair(Drafter):
+    """Two slots filled from a pair's members; what routed decoding and the oracle share."""
 
     def __init__(
         self,
-        pair: str,
-        router: Any,
+        pair: str | Pair,
         *,
         eagle3: Eagle3Drafter | None = None,
         dflash: DFlashDrafter | None = None,
@@ -49,76 +42,57 @@ class RoutedDrafter(Drafter):
     ) -> None:
         """pair: "df-e3" | "ddt-e3" | "df-ddt". dflash: a DFlash or DDTree drafter (one model serves
         both DFlash and DDTree slots). tree_budget: DDTree nodes (default: the DDTree drafter's, else
-        block_size - 1). time_catchup: synchronise around catch-up to measure it (adds syncs)."""
+        block_size - 1; pairs without a DDTree slot take none). time_catchup: synchronise around
+        catch-up to measure it (adds host synchronisations)."""
         super().__init__()
-        if pair not in PAIRS:
-            raise ValueError(f"drafter pair {pair!r} is not one of {PAIRS}")
-        if dflash is None:
-            raise ValueError(f"pair {pair!r} needs a DFlash (or DDTree) drafter")
-        if "e3" in pair and eagle3 is None:
-            raise ValueError(f"pair {pair!r} needs an EAGLE-3 drafter")
-        if tree_budget is None:
+        pair = Pair.parse(pair, "pair")
+        if dflash is None or not isinstance(dflash, DFlashDrafter):
+            raise ValueError(f"pair {pair}: dflash= needs a DFlash (or DDTree) drafter, got {type(dflash).__name__}")
+        if pair.needs_eagle3 != (eagle3 is not None):
+            need = "needs an EAGLE-3 drafter (eagle3=)" if pair.needs_eagle3 else "takes no EAGLE-3 drafter"
+            raise ValueError(f"pair {pair} {need}")
+        if eagle3 is not None and not isinstance(eagle3, Eagle3Drafter):
+            raise ValueError(f"pair {pair}: eagle3= needs an EAGLE-3 drafter, got {type(eagle3).__name__}")
+        if tree_budget is not None and not pair.uses_tree:
+            raise ValueError(f"pair {pair} has no DDTree slot, so tree_budget={tree_budget} does not apply")
+        if tree_budget is None and pair.uses_tree:
             tree_budget = dflash.tree_budget if isinstance(dflash, DDTreeDrafter) else dflash.block_size - 1
-        self.pair, self.router, self.tree_budget = pair, router, tree_budget
-        if isinstance(router, NeuralPolicy):  # a router trained for another pair or budget is refused
-            check_compatible(router.router, "(given)", None, pair, tree_budget if "ddt" in pair else None)
+        self.pair, self.tree_budget = pair, tree_budget
         self.lazy, self.time_catchup = lazy_catchup, time_catchup
-        # (owning drafter, tree budget or None for a chain); df-ddt puts one model in both slots.
-        first = (dflash, tree_budget if pair == "ddt-e3" else None)
-        second = (dflash, tree_budget) if pair == "df-ddt" else (eagle3, None)
-        self.slots = (first, second)
-        self.members = [dflash] if pair == "df-ddt" else [dflash, eagle3]
+        members = {"dflash": (dflash, None), "ddtree": (dflash, tree_budget), "eagle3": (eagle3, None)}
+        self.slots: tuple[tuple[Drafter, int | None], ...] = tuple(members[kind] for kind in pair.slots)
+        """(member, tree budget or None for a chain) per slot; df-ddt puts one model in both."""
+        self.members: list[Drafter] = [dflash] if pair.shares_dflash else [dflash, eagle3]
         self.tap_layers = tuple(sorted({t for m in self.members for t in m.tap_layers}))
-        self.oracle = isinstance(router, OracleRouter)
-        self.slot = 1
-        self._union: tuple[Proposal, int] | None = None  # the oracle's last union tree and slot 0's node count
-        self.slot_log: list[int] = []
-        self.backlog_log: list[int] = []
-        self.tau_log: list[tuple[int, int]] = []
         self.catchup_seconds = 0.0
 
-    def _size(self, i: int) -> int:
-        drafter, budget = self.slots[i]
-        if budget is not None:
-            return budget
-        return drafter.max_nodes if isinstance(drafter, Eagle3Drafter) else drafter.block_size - 1
-
-    @property
-    def max_nodes(self) -> int:
-        return self._size(0) + self._size(1) if self.oracle else max(self._size(0), self._size(1))
+    def slot_nodes(self, slot: int) -> int:
+        member, budget = self.slots[slot]
+        return budget if budget is not None else member.draft_length
 
     def use_cuda_graphs(self, enabled: bool = True) -> None:
         for m in self.members:
             m.use_cuda_graphs(enabled)
 
     def _setup_cache(self, max_len: int) -> None:
-        """Members hold the caches; the router itself has none."""
+        """Members hold the caches."""
 
     def reset(self, target: Any, max_len: int, temperature: float = 0.0) -> None:
-        if self.oracle and temperature > 0:
-            raise ValueError("the oracle router is defined for greedy decoding only (temperature=0)")
-        if isinstance(self.router, NeuralPolicy):
-            check_compatible(self.router.router, "(given)", target.config.hidden_size, None, None)
         super().reset(target, max_len, temperature)
         for m in self.members:
             m.reset(target, max_len, temperature)
-        if isinstance(self.router, ScriptedRouter):
-            self.router.reset()
-        self.slot, self._union = 1, None
-        self.slot_log, self.backlog_log, self.tau_log = [], [], []
         self.catchup_seconds = 0.0
 
-    def _sync(self) -> None:
-        if self.time_catchup and self.target.device.type == "cuda":
-            torch.cuda.synchronize(self.target.device)
-
-    def _catch_up(self, drafter: Drafter) -> None:
-        if not drafter.backlog:
+    def _catch_up(self, member: Drafter) -> None:
+        if not member.backlog:
             return
-        self._sync()
+        timed = self.time_catchup and self.target.device.type == "cuda"
+        if timed:
+            torch.cuda.synchronize(self.target.device)
         t0 = time.perf_counter()
-        drafter.catch_up()
-        self._sync()
+        member.catch_up()
+        if timed:
+            torch.cuda.synchronize(self.target.device)
         self.catchup_seconds += time.perf_counter() - t0
 
     def observe(self, commit: Commit) -> None:
@@ -127,60 +101,75 @@ class RoutedDrafter(Drafter):
             if not self.lazy:
                 self._catch_up(m)
 
-    def decide(self, hidden: Tensor, logits: Tensor, picked: Tensor | None) -> Tensor | None:
-        if self.oracle:
-            return self._oracle_taus(picked) if picked is not None else None
-        return self.router(hidden, logits).reshape(1)
+    def _draft(self, slot: int, pending: Tensor, pos: int) -> Proposal:
+        member, budget = self.slots[slot]
+        self._catch_up(member)
+        return member.draft(pending, pos, budget)
 
-    def receive(self, values: list[int]) -> None:
-        if self.oracle:
-            tau0, tau1 = values
-            self.tau_log.append((tau0, tau1))
-            self.slot = 0 if tau0 > tau1 else 1  # ties go to slot 1
-            self.slot_log.append(self.slot)
-        else:
-            self.slot = int(values[0])
 
-    def _slot_proposal(self, i: int, pending: Tensor, pos: int, logits: Tensor | None = None) -> Proposal:
-        drafter, budget = self.slots[i]
-        if isinstance(drafter, Eagle3Drafter):
-            return drafter.propose(pending, pos)
-        logits = drafter.block_logits(pending, pos) if logits is None else logits
-        return Proposal(tokens=logits.argmax(-1)) if budget is None else tree_proposal(logits, budget)
+class RoutedDrafter(DrafterPair):
+    """WhiFlash: a routing policy picks which slot drafts, every round."""
 
-    def propose(self, pending: Tensor, pos: int) -> Proposal:
-        if self.oracle:
-            return self._oracle_proposal(pending, pos)
-        drafter = self.slots[self.slot][0]
-        self.slot_log.append(self.slot)
-        self.backlog_log.append(drafter.backlog_len)
-        self._catch_up(drafter)
-        return self._slot_proposal(self.slot, pending, pos)
+    kind = "whiflash"
 
-    # --- oracle: both slots draft from the same state, one verify pass over their union ---
+    def __init__(self, pair: str | Pair, router: Any, **options: Any) -> None:
+        """router: a policy `(hidden [H], logits [V]) -> 0-dim long slot` (whiflash.routers); the
+        other options as `DrafterPair`."""
+        super().__init__(pair, **options)
+        self.router = router
+        if isinstance(router, NeuralPolicy):  # a router trained for another pair or budget is refused
+            check_compatible(router.router, "(given)", None, str(self.pair), self.tree_budget)
 
-    def _oracle_proposal(self, pending: Tensor, pos: int) -> Proposal:
-        self.backlog_log.append(max(m.backlog_len for m in self.members))
-        for m in self.members:
-            self._catch_up(m)
-        shared = self.members[0].block_logits(pending, pos) if self.pair == "df-ddt" else None
-        a, b = (self._slot_proposal(i, pending, pos, shared) for i in (0, 1))
-        union = merge_proposals(a, b)
-        self._union = (union, a.size)
-        return union
+    @property
+    def name(self) -> str:
+        return f"whiflash[{self.pair}]"
 
-    def _oracle_taus(self, picked: Tensor) -> Tensor:
-        """tau of each slot's branch, read off the target's picks at every union node (on device)."""
-        union, split = self._union
-        accepted, depth = accepted_nodes(union, picked)
-        reach = torch.where(accepted, depth, 0)
-        return torch.stack([reach[1 : 1 + split].max(), reach[1 + split :].max()]) + 1
+    @property
+    def max_nodes(self) -> int:
+        return max(self.slot_nodes(0), self.slot_nodes(1))
 
-    def annotate(self, stats: DecodeStats) -> None:
-        stats.method = f"whiflash[{self.pair}]"
-        stats.slots = list(self.slot_log)
-        stats.backlogs = list(self.backlog_log)
-        stats.catchup_seconds = self.catchup_seconds
+    def reset(self, target: Any, max_len: int, temperature: float = 0.0) -> None:
+        if isinstance(self.router, NeuralPolicy):
+            check_compatible(self.router.router, "(given)", target.config.hidden_size, None, None)
+        if isinstance(self.router, ScriptedRouter):
+            self.router.reset()
+        super().reset(target, max_len, temperature)
+
+    def backlog_rows(self, slot: int = 0) -> int:
+        return self.slots[slot][0].backlog_len
+
+    def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
+        return self._draft(slot, pending, pos)
+
+
+class OracleDrafter(DrafterPair):
+    """Analysis upper bound: both slots draft from the same state, one verify pass checks their
+    union, and the round advances with the longer acceptance. Greedy decoding only.
+
+    The union's `branch` marks where slot 1's nodes start, so `generate` reads each slot's tau off
+    the walk (`verify.branch_taus`) in the round's one host read; the record's slot is the one that
+    accepted longer (ties: slot 1). df-ddt drafts its one DFlash model twice (chain and tree)."""
+
+    kind = "oracle"
+
+    @property
+    def name(self) -> str:
+        return f"oracle[{self.pair}]"
+
+    @property
+    def max_nodes(self) -> int:
+        return self.slot_nodes(0) + self.slot_nodes(1)
+
+    def reset(self, target: Any, max_len: int, temperature: float = 0.0) -> None:
+        if temperature > 0:
+            raise ValueError("the oracle is defined for greedy decoding only (temperature=0)")
+        super().reset(target, max_len, temperature)
+
+    def backlog_rows(self, slot: int = 0) -> int:
+        return max(m.backlog_len for m in self.members)
+
+    def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
+        return merge_proposals(self._draft(0, pending, pos), self._draft(1, pending, pos))
 
 
 def _as_tree(p: Proposal) -> tuple[Tensor, Tensor, Tensor]:
@@ -193,7 +182,7 @@ def _as_tree(p: Proposal) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def merge_proposals(a: Proposal, b: Proposal) -> Proposal:
-    """Both proposals as branches under one root: `[root, a's nodes, b's nodes]`."""
+    """Both proposals as branches under one root: `[root, a's nodes, b's nodes]`, `branch = len(a)`."""
     pa, da, ma = _as_tree(a)
     pb, db, mb = _as_tree(b)
     na, nb = a.size, b.size
@@ -202,4 +191,7 @@ def merge_proposals(a: Proposal, b: Proposal) -> Proposal:
     mask[:, 0] = True
     mask[1 : 1 + na, 1 : 1 + na] = ma[1:, 1:]
     mask[1 + na :, 1 + na :] = mb[1:, 1:]
-    return Proposal(torch.cat([a.tokens, b.tokens]), torch.cat([pa, pb]), torch.cat([da, db]), mask)
+    return Proposal(torch.cat([a.tokens, b.tokens]), torch.cat([pa, pb]), torch.cat([da, db]), mask, branch=na)
+
+
+__all__ = ["PAIRS", "DrafterPair", "OracleDrafter", "RoutedDrafter", "merge_proposals"]

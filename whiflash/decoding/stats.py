@@ -1,16 +1,42 @@
-"""Decoding statistics (DESIGN.md section 3).
+"""Decoding statistics: one `RoundRecord` per round, gathered into a `DecodeStats` per sequence.
 
 tau of a round = accepted draft tokens + 1 (the target's bonus token included); its maximum is the
-chain length or tree depth + 1. Plain autoregressive decoding has tau = 1 every round.
+chain length or tree depth + 1. Plain autoregressive decoding has tau = 1 every round
+(docs/design.md, "Tau").
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 
+from torch import Tensor
+
 TAU_DEFINITION = ("tau of a round = accepted draft tokens + 1 (bonus token included); reported tau = mean over "
                   "rounds per sequence, then over sequences")
 """The one definition of tau, printed under every table and written into every manifest."""
+
+
+@dataclass
+class RoundRecord:
+    """What one round did, handed to `generate`'s `on_round` callback right after the round's host read."""
+
+    index: int
+    """Round number in the sequence (0 is the first round after prefill)."""
+    position: int
+    """Absolute position of the pending token when the round started."""
+    tau: int
+    """Acceptance length of the round (accepted drafts + 1)."""
+    slot: int | None
+    """Routed decoding: the slot that drafted (the oracle: the one that accepted longer, ties slot 1); else None."""
+    backlog: int
+    """Committed rows the drafting member consumed in its catch-up before drafting (Lazy Catch-up)."""
+    slot_taus: tuple[int, int] | None = None
+    """The oracle: the tau each slot's branch reached from this round's state; else None."""
+    hidden: Tensor | None = None
+    """The router's feature at the round's decision point: the target's final post-norm hidden state
+    `[H]` at the last committed position (a device copy, kept only when a callback is given)."""
+    logits: Tensor | None = None
+    """The target's next-token logits `[V]` there (float32, same conditions as `hidden`)."""
 
 
 @dataclass
@@ -30,8 +56,19 @@ class DecodeStats:
     """Routed decoding: the slot that drafted each round."""
     backlogs: list[int] = field(default_factory=list)
     """Routed decoding: catch-up backlog length consumed by the active drafter each round."""
+    slot_taus: list[tuple[int, int]] = field(default_factory=list)
+    """The oracle: (tau of slot 0, tau of slot 1) of every round."""
     catchup_seconds: float = 0.0
     """Routed decoding: time spent in catch-up prefills (only measured when timing is requested)."""
+
+    def add(self, record: RoundRecord) -> None:
+        """Append one round."""
+        self.taus.append(record.tau)
+        if record.slot is not None:
+            self.slots.append(record.slot)
+            self.backlogs.append(record.backlog)
+        if record.slot_taus is not None:
+            self.slot_taus.append(record.slot_taus)
 
     @property
     def rounds(self) -> int:

@@ -79,3 +79,12 @@ def accept(proposal: Proposal, picked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     on_path = proposal.tree_mask[best]
     keep = torch.argsort((~on_path).to(torch.uint8), stable=True)  # path first, in index (= depth) order
     return depth[best] + 1, best, keep
+
+
+def branch_taus(union: Proposal, picked: Tensor) -> Tensor:
+    """`[2]` tau each slot's branch of a union tree (`Proposal.branch`) reaches, read off the target's
+    picks at every node: the oracle's two acceptance lengths from one verify pass (on the device)."""
+    accepted, depth = accepted_nodes(union, picked)
+    reach = torch.where(accepted, depth, 0)
+    split = 1 + union.branch
+    return torch.stack([reach[1:split].max(), reach[split:].max()]) + 1

@@ -1,15 +1,14 @@
 """The interface every drafter implements, and the messages it exchanges with the loop.
 
 A drafter sees the decoding state only through `observe` (features of newly committed
-positions, DESIGN.md section 3) and `propose` (draft continuations of the pending token).
-`observe` only queues work: the features wait in a backlog until the next `propose` consumes
-them in one batched prefill. A single drafter catches up every round; in routed decoding the
-inactive drafter's backlog simply grows until it is chosen again (Lazy Catch-up).
+positions, docs/design.md "The round") and `propose` (draft continuations of the pending
+token). `observe` only queues work: the features wait in a backlog until the next `propose`
+consumes them in one batched prefill. A single drafter catches up every round; in routed
+decoding the inactive drafter's backlog simply grows until it is chosen again (Lazy Catch-up).
 """
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from whiflash.runtime.graphs import Graphed
+from whiflash.runtime.graphs import FixedShapePasses
 
 
 @dataclass
@@ -33,6 +32,8 @@ class Proposal:
     """`[m]` depth of each node (the root has depth 0); None for a chain."""
     tree_mask: Tensor | None = None
     """`[m+1, m+1]` ancestor-or-self visibility over `[root, nodes]`; None for a chain."""
+    branch: int | None = None
+    """The union of two slots' drafts (the oracle): how many nodes, first, are slot 0's; else None."""
 
     @property
     def size(self) -> int:
@@ -65,8 +66,8 @@ def concat_commits(commits: list[Commit]) -> Commit:
     )
 
 
-class Drafter(nn.Module):
-    """Base class: backlog handling shared by all drafters."""
+class Drafter(nn.Module, FixedShapePasses):
+    """Base class: backlog handling shared by all drafters; fixed-shape passes as the target's."""
 
     kind: str = ""
     tap_layers: tuple[int, ...] = ()
@@ -76,12 +77,7 @@ class Drafter(nn.Module):
         self.backlog: list[Commit] = []
         self._target: tuple[Any, ...] = ()  # a tuple, so nn.Module does not adopt the target as a submodule
         self.kv_len = 0  # committed positions whose K/V this drafter holds
-        self.static = False  # fixed-shape drafting passes (implied by CUDA graphs)
-        self.graphs: dict[str, Any] | None = None
-
-    def use_cuda_graphs(self, enabled: bool = True) -> None:
-        """Replay captured CUDA graphs for the fixed-shape drafting passes (captured on first use)."""
-        self.graphs = {} if enabled else None
+        self.static, self.graphs = False, None  # fixed-shape drafting passes (implied by CUDA graphs)
 
     @property
     def target(self) -> Any:
@@ -91,7 +87,17 @@ class Drafter(nn.Module):
     @property
     def max_nodes(self) -> int:
         """Largest proposal (nodes after the root) this drafter makes; sizes the target's verify pass."""
+        return self.draft_length
+
+    @property
+    def draft_length(self) -> int:
+        """Nodes of this drafter's chain draft (EAGLE-3 steps, DFlash block - 1)."""
         raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        """The method's name in statistics and tables."""
+        return self.kind
 
     def reset(self, target: Any, max_len: int, temperature: float = 0.0) -> None:
         """Start a new sequence: forget the backlog and (re)size the cache for `max_len` positions."""
@@ -106,22 +112,6 @@ class Drafter(nn.Module):
     def observe(self, commit: Commit) -> None:
         """Queue newly committed positions; nothing is computed until the next `propose`."""
         self.backlog.append(commit)
-
-    def decide(self, hidden: Tensor, logits: Tensor, picked: Tensor | None) -> Tensor | None:
-        """Device values the drafter needs on the host next round (a router's slot), or None.
-
-        Called with the target's final post-norm hidden state `[H]` and logits `[V]` at the last
-        committed position, and the target's token at every verified node (None after prefill).
-        The loop reads the result together with the round's tokens, so it costs no extra host
-        synchronisation, and hands the host copy back through `receive`.
-        """
-        return None
-
-    def receive(self, values: list[int]) -> None:
-        """Host copies of what `decide` returned."""
-
-    def annotate(self, stats: Any) -> None:
-        """Add drafter-specific per-round records to the sequence's statistics."""
 
     @property
     def backlog_len(self) -> int:
@@ -142,11 +132,6 @@ class Drafter(nn.Module):
         return commit.feats[:, index].flatten(1)
 
     @property
-    def fixed_shapes(self) -> bool:
-        """True when drafting passes run at fixed shapes (static mode or CUDA graphs)."""
-        return self.static or self.graphs is not None
-
-    @property
     def catch_up_rows(self) -> int:
         """Rows of a usual fixed-shape catch-up pass: the most that one round commits."""
         raise NotImplementedError
@@ -161,21 +146,27 @@ class Drafter(nn.Module):
         c = self.catch_up_rows if n <= self.catch_up_rows else 4 * self.catch_up_rows
         return c, range(0, n, c)
 
-    def run_fixed(self, key: str, fn: Callable[..., Any], *inputs: Tensor) -> Any:
-        """Run a fixed-shape pass: directly, or as the CUDA graph `key` (captured on first use)."""
-        if self.graphs is None:
-            return fn(*inputs)
-        if key not in self.graphs:
-            self.graphs[key] = Graphed(fn, *inputs)
-        return self.graphs[key](*inputs)
-
     def catch_up(self) -> None:
         """Consume the whole backlog now (used by eager per-round updates in routed decoding)."""
         raise NotImplementedError
 
-    def propose(self, pending: Tensor, pos: int) -> Proposal:
-        """Draft continuations of the `pending` token, which sits at absolute position `pos`."""
+    def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
+        """Draft continuations of the `pending` token, which sits at absolute position `pos`.
+
+        `slot` picks the member that drafts, for drafters that hold two (routed decoding); a
+        single drafter has slot 0 only."""
         raise NotImplementedError
+
+    def draft(self, pending: Tensor, pos: int, tree_budget: int | None = None) -> Proposal:
+        """A chain (`tree_budget` None) or a tree of `tree_budget` nodes: how a routed slot asks its
+        member for a proposal. Chain-only drafters refuse a budget."""
+        if tree_budget is not None:
+            raise ValueError(f"{self.kind}: drafts chains only, not a tree of {tree_budget} nodes")
+        return self.propose(pending, pos)
+
+    def backlog_rows(self, slot: int = 0) -> int:
+        """Committed rows waiting in the backlog of the member that drafts for `slot`."""
+        return self.backlog_len
 
 
 def pad_rows(x: Tensor, rows: int) -> Tensor:

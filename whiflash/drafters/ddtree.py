@@ -1,129 +1,12 @@
-"""DDTree: one DFlash pass, then the `B` most probable prefixes as a tree (best-first over top-k).
-
-Under the factorised draft distribution Q(y) = prod_i q_i(y_i), the expected acceptance of a tree
-is the sum of its nodes' prefix probabilities, so the best `B`-node tree is the `B` most probable
-prefixes (docs/design.md, "DDTree").
-
-**Tie rule.** Prefixes are ranked by score (prefix log-probability) descending, then depth
-ascending, then their rank path (the top-k rank of each token, root to leaf) lexicographically.
-A child's score never exceeds its parent's (log-probs are <= 0, and rounding is monotone), and it
-is one deeper, so a parent always ranks before its child: the first `B` prefixes of this order
-form a prefix-closed tree for any scores, ties, exact zeros and -inf included. Scores are summed
-in float64, depth by depth in the same order by both builders, so they agree bit for bit.
-
-Two builders give the same tree under that rule: `build_tree`, the reference heap on the host
-(upstream's best-first search), and `build_tree_device`, fixed-shape tensor ops (a per-depth beam
-of the `B` best prefixes, then the global first `B`) that stay on the GPU, so a DDTree round needs
-no host round trip of its own. Both emit nodes in rank order, so parents precede children.
-"""
+"""DDTree: DFlash drafting verified as a tree of the `B` most probable prefixes (`whiflash.drafters.trees`)."""
 from __future__ import annotations
 
-import heapq
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from whiflash.drafters.base import Proposal
 from whiflash.drafters.dflash import DFlashDrafter
-
-
-def build_tree(top_logp: list[list[float]], top_ids: list[list[int]], budget: int) -> tuple[list[int], list[int], list[int]]:
-    """Best-first selection of up to `budget` nodes from per-depth sorted top-k lists (the reference).
-
-    Returns (tokens, parents, depths) in rank order (the module's tie rule); parents index
-    `[root, node_0, ...]`, so a node's parent always precedes it. Fewer than `budget` nodes come
-    back when fewer distinct prefixes exist.
-    """
-    depth_max, k = len(top_logp), len(top_logp[0]) if top_logp else 0
-    tokens: list[int] = []
-    parents: list[int] = []
-    depths: list[int] = []
-    if budget <= 0 or depth_max == 0 or k == 0:
-        return tokens, parents, depths
-    # (negated score, depth, rank path | parent index, parent's score); the key is the tie rule,
-    # and rank paths are unique, so the comparison never reaches the payload
-    heap = [(-float(top_logp[0][0]), 1, (0,), 0, 0.0)]
-    while heap and len(tokens) < budget:
-        neg, depth, path, parent, parent_score = heapq.heappop(heap)
-        tokens.append(int(top_ids[depth - 1][path[-1]]))
-        parents.append(parent)
-        depths.append(depth)
-        me, rank = len(tokens), path[-1]  # this node's index in [root, nodes...] and its top-k rank
-        if rank + 1 < k:  # next sibling: same parent, next-best token at this depth
-            score = parent_score + float(top_logp[depth - 1][rank + 1])
-            heapq.heappush(heap, (-score, depth, path[:-1] + (rank + 1,), parent, parent_score))
-        if depth < depth_max:  # first child: this prefix extended by the best token one deeper
-            heapq.heappush(heap, (neg - float(top_logp[depth][0]), depth + 1, path + (0,), me, -neg))
-    return tokens, parents, depths
-
-
-def ancestor_mask(parents: Tensor) -> Tensor:
-    """`[m+1, m+1]` bool: row i is True on node i's ancestors and itself (root = row 0)."""
-    m = parents.shape[0]
-    vis = torch.eye(m + 1, dtype=torch.bool)
-    for i, p in enumerate(parents.tolist(), start=1):
-        vis[i] |= vis[p]
-    return vis
-
-
-def _first(score: Tensor, valid: Tensor, n: int) -> Tensor:
-    """Indices of the first `n` entries ordered by (valid first, score descending, index ascending)."""
-    order = torch.sort(score, descending=True, stable=True).indices
-    return order[torch.sort((~valid[order]).to(torch.uint8), stable=True).indices][:n]
-
-
-def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
-    """The first `budget` prefixes under the tie rule, from sorted per-depth top-k `[L, K]`, with tensor ops only.
-
-    Each depth keeps a beam of its first `budget` prefixes, grown from the previous depth's beam:
-    a prefix among the global first `budget` has its parent there too (a parent ranks before its
-    child), so the beams hold the answer; the global first `budget` over the `L x budget` beam
-    entries is the tree. Beams are kept in rank-path order, so a candidate's flat index is its
-    rank-path order and the stable sorts of `_first` apply the whole tie rule.
-
-    When fewer than `budget` prefixes exist (a vocabulary smaller than the budget), the remaining
-    nodes repeat the best depth-1 token as extra children of the root: still a well-formed tree
-    (fixed shapes need `budget` nodes), and a duplicate can only be accepted where its twin is.
-    """
-    depth_max, k = top_logp.shape
-    dev = top_logp.device
-    logp = top_logp.double()  # float64 sums: the same scores as the reference, bit for bit
-    slot = torch.arange(budget, device=dev)
-    ranks = [slot.clamp_max(k - 1)]  # depth 1: the beam is simply ranks 0 .. budget-1
-    valid = [slot < k]
-    scores = [torch.where(valid[0], logp[0, ranks[0]], float("-inf"))]
-    parent_slot = [torch.zeros(budget, dtype=torch.long, device=dev)]
-    for d in range(1, depth_max):
-        cand = (scores[-1][:, None] + logp[d][None, :]).flatten()
-        ok = valid[-1][:, None].expand(budget, k).flatten()
-        pick = _first(cand, ok, budget).sort().values  # back to rank-path order for the next depth
-        scores.append(cand[pick])
-        valid.append(ok[pick])
-        parent_slot.append(pick // k)
-        ranks.append(pick % k)
-    chosen = _first(torch.stack(scores).flatten(), torch.stack(valid).flatten(), budget)
-    depth0, local = chosen // budget, chosen % budget  # depth index (0-based) and beam slot
-    real = torch.stack(valid)[depth0, local]
-    node_of = torch.zeros(depth_max, budget, dtype=torch.long, device=dev)
-    node_of[depth0, local] = torch.arange(1, budget + 1, device=dev)
-    par = node_of[(depth0 - 1).clamp_min(0), torch.stack(parent_slot)[depth0, local]]
-    parents = torch.where(real & (depth0 > 0), par, 0)
-    depth0 = torch.where(real, depth0, 0)
-    tokens = torch.where(real, top_ids[depth0, torch.stack(ranks)[depth0, local]], top_ids[0, 0])
-    ext = torch.cat([parents.new_zeros(1), parents])
-    eye = torch.eye(budget + 1, dtype=torch.bool, device=dev)
-    mask = eye
-    for _ in range(depth_max):  # each pass adds one more generation of ancestors
-        mask = eye | mask[ext]
-    return Proposal(tokens=tokens, parents=parents, depths=depth0 + 1, tree_mask=mask)
-
-
-def tree_proposal(logits: Tensor, budget: int) -> Proposal:
-    """The best `budget`-node tree for per-depth draft `logits [L, V]` (the DDTree proposal)."""
-    k = min(budget, logits.shape[-1])
-    top_logp, top_ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)
-    return build_tree_device(top_logp, top_ids, budget)
 
 
 class DDTreeDrafter(DFlashDrafter):
@@ -141,5 +24,5 @@ class DDTreeDrafter(DFlashDrafter):
     def max_nodes(self) -> int:
         return self.tree_budget
 
-    def propose(self, pending: Tensor, pos: int) -> Proposal:
-        return tree_proposal(self.block_logits(pending, pos), self.tree_budget)
+    def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
+        return self.draft(pending, pos, self.tree_budget)

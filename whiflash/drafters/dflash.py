@@ -16,8 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from whiflash.drafters.base import Drafter, Proposal, pad_rows
+from whiflash.drafters.trees import tree_proposal
+from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import rope_from_config
-from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU, attention
+from whiflash.runtime.layers import DecoderLayer, RMSNorm, Rotary
 
 
 def fallback_layer_ids(target_layers: int, n: int) -> list[int]:
@@ -48,62 +50,6 @@ def normalise_config(cfg: dict[str, Any], target_layers: int, mask_token_id: int
     return cfg
 
 
-class BlockAttention(nn.Module):
-    """Qwen3 attention whose keys are [cached context K/V | block K/V], non-causal within the block."""
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__()
-        h, self.hd = cfg["hidden_size"], cfg["head_dim"]
-        self.nh, self.nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        eps, bias = cfg.get("rms_norm_eps", 1e-6), bool(cfg.get("attention_bias", False))
-        self.q_proj = nn.Linear(h, self.nh * self.hd, bias=bias)
-        self.k_proj = nn.Linear(h, self.nkv * self.hd, bias=bias)
-        self.v_proj = nn.Linear(h, self.nkv * self.hd, bias=bias)
-        self.o_proj = nn.Linear(self.nh * self.hd, h, bias=bias)
-        self.q_norm = RMSNorm(self.hd, eps)
-        self.k_norm = RMSNorm(self.hd, eps)
-
-    def kv(self, x: Tensor, rope: Rotary, positions: Tensor) -> tuple[Tensor, Tensor]:
-        t = x.shape[0]
-        k = rope(self.k_norm(self.k_proj(x).view(t, self.nkv, self.hd)).transpose(0, 1), positions)
-        v = self.v_proj(x).view(t, self.nkv, self.hd).transpose(0, 1)
-        return k, v
-
-    def forward(
-        self, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor, start: int | Tensor, mask: Tensor | None
-    ) -> Tensor:
-        """Block rows at slot `start` onward (eager; keys are slots `< start + T`), or at the `[T]` slots
-        tensor `start` with the whole cache under `mask` (static shapes)."""
-        t = x.shape[0]
-        q = rope(self.q_norm(self.q_proj(x).view(t, self.nh, self.hd)).transpose(0, 1), positions)
-        k, v = self.kv(x, rope, positions)
-        # the block's K/V go to scratch slots past the context: dropped (overwritten) after the round
-        if isinstance(start, Tensor):
-            kc.index_copy_(1, start, k)
-            vc.index_copy_(1, start, v)
-        else:
-            kc[:, start : start + t] = k
-            vc[:, start : start + t] = v
-            kc, vc = kc[:, : start + t], vc[:, : start + t]
-        return self.o_proj(attention(q, kc, vc, mask, isinstance(start, Tensor)).transpose(0, 1).reshape(t, -1))
-
-
-class DFlashLayer(nn.Module):
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__()
-        h, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
-        self.input_layernorm = RMSNorm(h, eps)
-        self.self_attn = BlockAttention(cfg)
-        self.post_attention_layernorm = RMSNorm(h, eps)
-        self.mlp = SwiGLU(h, cfg["intermediate_size"], bool(cfg.get("mlp_bias", False)))
-
-    def forward(
-        self, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor, start: int | Tensor, mask: Tensor | None
-    ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, positions, kc, vc, start, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
 class DFlashDrafter(Drafter):
     """Chain proposals: the argmax of each of the `block_size - 1` masked positions."""
 
@@ -120,26 +66,29 @@ class DFlashDrafter(Drafter):
         h, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.fc = nn.Linear(len(self.tap_layers) * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, eps)
-        self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
+        # Qwen3 layers with Q/K norms; the block's keys are [cached context K/V | block K/V], and the
+        # block attends non-causally within itself (no mask in eager passes)
+        self.layers = nn.ModuleList(
+            DecoderLayer(h, cfg["intermediate_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+                         cfg["head_dim"], eps, bool(cfg.get("attention_bias", False)), True,
+                         bool(cfg.get("mlp_bias", False)))
+            for _ in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(h, eps)
         theta, scaling = rope_from_config(cfg)
         self.rope = Rotary(cfg["head_dim"], theta, scaling)
-        self.k_cache = self.v_cache = torch.empty(0)
+        self.cache = KVCache()
 
     @property
-    def max_nodes(self) -> int:
+    def draft_length(self) -> int:
         return self.block_size - 1
 
     def _setup_cache(self, max_len: int) -> None:
         a, w = self.layers[0].self_attn, self.fc.weight
-        shape = (len(self.layers), a.nkv, max_len + 4 * self.catch_up_rows, a.hd)  # block / padded catch-up room
-        if self.k_cache.shape != shape or self.k_cache.device != w.device or self.k_cache.dtype != w.dtype:
-            self.k_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
-            self.v_cache = torch.zeros_like(self.k_cache)
-            self._cols = torch.arange(shape[2], device=w.device)
-            if self.graphs:  # captured graphs point at the old cache
-                self.graphs = {}
-        self.rope.ensure(shape[2] + 1, w.device)
+        slots = max_len + 4 * self.catch_up_rows  # room for the block and a padded catch-up pass
+        if self.cache.ensure(len(self.layers), a.nkv, slots, a.hd, w.device, w.dtype):
+            self._cols = torch.arange(slots, device=w.device)
+            self.drop_graphs()  # captured graphs point at the old cache
+        self.rope.ensure(slots + 1, w.device)
         self._masks = torch.full((self.block_size - 1,), self.mask_token_id, dtype=torch.long, device=w.device)
 
     @property
@@ -160,26 +109,22 @@ class DFlashDrafter(Drafter):
         taps = self.select_taps(commit)
         n, start = taps.shape[0], commit.start
         if not self.fixed_shapes:
-            self._context(taps, self._cols[start : start + n], start)
+            self._context(taps, self._cols[start : start + n], Rows(start))
         else:
             c, passes = self.catch_up_passes(n)
             for s in passes:
                 slots = self._cols[start + s : start + s + c]
-                self.run_fixed(f"context{c}", self._context, pad_rows(taps[s : s + c], c), slots, slots)
+                self.run_fixed(f"context{c}", self._context_fixed, pad_rows(taps[s : s + c], c), slots)
         self.kv_len = start + n
 
-    def _context(self, taps: Tensor, positions: Tensor, where: int | Tensor) -> None:
-        """K/V of context rows (`hidden_norm(fc(taps))` through each layer's projections) at slot
-        `where` onward (int), or at the slots tensor `where`."""
+    def _context(self, taps: Tensor, positions: Tensor, rows: Rows) -> None:
+        """K/V of context rows (`hidden_norm(fc(taps))` through each layer's projections) at `rows`."""
         ctx = self.hidden_norm(self.fc(taps))
         for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.kv(ctx, self.rope, positions)
-            if isinstance(where, Tensor):
-                self.k_cache[i].index_copy_(1, where, k)
-                self.v_cache[i].index_copy_(1, where, v)
-            else:
-                self.k_cache[i, :, where : where + k.shape[1]] = k
-                self.v_cache[i, :, where : where + k.shape[1]] = v
+            self.cache.write(i, *layer.self_attn.kv(ctx, self.rope, positions), rows)
+
+    def _context_fixed(self, taps: Tensor, slots: Tensor) -> None:
+        self._context(taps, slots, Rows(slots=slots))
 
     @torch.no_grad()
     def block_logits(self, pending: Tensor, pos: int) -> Tensor:
@@ -191,15 +136,26 @@ class DFlashDrafter(Drafter):
         block = torch.cat([pending.reshape(1), self._masks])
         positions = self._cols[pos : pos + b]
         if not self.fixed_shapes:
-            return self._block(block, positions, pos, None)
+            return self._block(block, positions, Rows(pos), None)
         mask = (self._cols < pos + b).expand(b, -1)
-        return self.run_fixed("block", self._block, block, positions, positions, mask)
+        return self.run_fixed("block", self._block_fixed, block, positions, mask)
 
-    def _block(self, block: Tensor, positions: Tensor, start: int | Tensor, mask: Tensor | None) -> Tensor:
+    def _block(self, block: Tensor, positions: Tensor, rows: Rows, mask: Tensor | None) -> Tensor:
+        """The block's pass; its K/V go to scratch slots past the context, overwritten after the round."""
         x = self.target.embed(block)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self.rope, positions, self.k_cache[i], self.v_cache[i], start, mask)
+            x = layer(x, self.rope, positions, self.cache, i, rows, mask)
         return self.target.lm_head(self.norm(x[1:])).float()
 
-    def propose(self, pending: Tensor, pos: int) -> Proposal:
-        return Proposal(tokens=self.block_logits(pending, pos).argmax(-1))
+    def _block_fixed(self, block: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
+        return self._block(block, positions, Rows(slots=positions), mask)
+
+    def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
+        return self.draft(pending, pos, None)
+
+    def draft(self, pending: Tensor, pos: int, tree_budget: int | None = None) -> Proposal:
+        """The block's argmax chain, or (`tree_budget`) the DDTree of that many nodes over the same pass."""
+        logits = self.block_logits(pending, pos)
+        if tree_budget is None:
+            return Proposal(tokens=logits.argmax(-1))
+        return tree_proposal(logits, tree_budget)

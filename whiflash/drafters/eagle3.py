@@ -15,8 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from whiflash.drafters.base import Drafter, Proposal, pad_rows
+from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import rope_from_config
-from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU, attention
+from whiflash.runtime.layers import Attention, RMSNorm, Rotary, SwiGLU
 
 
 def normalise_config(cfg: dict[str, Any], target_layers: int) -> dict[str, Any]:
@@ -43,43 +44,15 @@ def normalise_config(cfg: dict[str, Any], target_layers: int) -> dict[str, Any]:
     return cfg
 
 
-class MidAttention(nn.Module):
-    """Attention whose input is 2H wide ([norm(embed); norm(feature)]), no Q/K norms."""
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__()
-        h, self.hd = cfg["hidden_size"], cfg["head_dim"]
-        self.nh, self.nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        bias = bool(cfg.get("attention_bias", False))
-        self.q_proj = nn.Linear(2 * h, self.nh * self.hd, bias=bias)
-        self.k_proj = nn.Linear(2 * h, self.nkv * self.hd, bias=bias)
-        self.v_proj = nn.Linear(2 * h, self.nkv * self.hd, bias=bias)
-        self.o_proj = nn.Linear(self.nh * self.hd, h, bias=bias)
-
-    def kv(self, x: Tensor, rope: Rotary, positions: Tensor) -> tuple[Tensor, Tensor]:
-        t = x.shape[0]
-        k = rope(self.k_proj(x).view(t, self.nkv, self.hd).transpose(0, 1), positions)
-        v = self.v_proj(x).view(t, self.nkv, self.hd).transpose(0, 1)
-        return k, v
-
-    def attend(self, x: Tensor, rope: Rotary, positions: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Queries of rows `x` (the newest rows of the cache) against cached keys `[kvh, L, hd]`:
-        causally, or under an explicit `mask` (static shapes)."""
-        t = x.shape[0]
-        q = rope(self.q_proj(x).view(t, self.nh, self.hd).transpose(0, 1), positions)
-        fixed_shape = mask is not None  # static passes bring their mask; eager ones see a new key length
-        if mask is None and t > 1:  # the t queries are the last t keys: a causal block after a visible prefix
-            mask = torch.ones(t, k.shape[1], dtype=torch.bool, device=x.device).tril_(k.shape[1] - t)
-        return self.o_proj(attention(q, k, v, mask, fixed_shape).transpose(0, 1).reshape(t, -1))
-
-
 class MidLayer(nn.Module):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         h, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.hidden_norm = RMSNorm(h, eps)
         self.input_layernorm = RMSNorm(h, eps)
-        self.self_attn = MidAttention(cfg)
+        # input [norm(embed); norm(feature)], 2H wide; no Q/K norms
+        self.self_attn = Attention(2 * h, h, cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
+                                   bool(cfg.get("attention_bias", False)))
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.mlp = SwiGLU(h, cfg["intermediate_size"], bool(cfg.get("mlp_bias", False)))
 
@@ -112,10 +85,10 @@ class Eagle3Drafter(Drafter):
         self.full_prefill = False  # True: run the whole layer on every backlog row (reference for KV-only)
         theta, scaling = rope_from_config(cfg)
         self.rope = Rotary(cfg["head_dim"], theta, scaling)
-        self.k_cache = self.v_cache = torch.empty(0)
+        self.cache = KVCache()  # one layer
 
     @property
-    def max_nodes(self) -> int:
+    def draft_length(self) -> int:
         return self.num_steps
 
     @property
@@ -126,12 +99,9 @@ class Eagle3Drafter(Drafter):
         a = self.midlayer.self_attn
         w = self.fc.weight
         slots = max_len + 4 * self.catch_up_rows  # room for a padded fixed-shape catch-up pass at the end
-        if self.k_cache.shape[1:2] != (slots,) or self.k_cache.device != w.device or self.k_cache.dtype != w.dtype:
-            self.k_cache = torch.zeros(a.nkv, slots, a.hd, device=w.device, dtype=w.dtype)
-            self.v_cache = torch.zeros_like(self.k_cache)
+        if self.cache.ensure(1, a.nkv, slots, a.hd, w.device, w.dtype):
             self._cols = torch.arange(slots, device=w.device)
-            if self.graphs:  # captured graphs point at the old cache
-                self.graphs = {}
+            self.drop_graphs()  # captured graphs point at the old cache
         self.rope.ensure(slots + 1, w.device)
 
     def embed(self, ids: Tensor) -> Tensor:
@@ -153,24 +123,21 @@ class Eagle3Drafter(Drafter):
         x = torch.cat([layer.input_layernorm(self.embed(tokens)), normed], dim=-1)
         return x, normed if self.cfg.get("norm_before_residual") else feature
 
-    def _write(self, x: Tensor, positions: Tensor, where: int | Tensor) -> None:
-        """Cache the K/V of rows `x` at slot `where` onward (int), or at the `[n]` slots tensor `where`."""
-        k, v = self.midlayer.self_attn.kv(x, self.rope, positions)
-        if isinstance(where, Tensor):
-            self.k_cache.index_copy_(1, where, k)
-            self.v_cache.index_copy_(1, where, v)
-        else:
-            self.k_cache[:, where : where + x.shape[0]] = k
-            self.v_cache[:, where : where + x.shape[0]] = v
+    def _write(self, x: Tensor, positions: Tensor, rows: Rows) -> None:
+        """Cache the K/V of rows `x` at `rows`."""
+        self.cache.write(0, *self.midlayer.self_attn.kv(x, self.rope, positions), rows)
 
     def _finish(self, x: Tensor, residual: Tensor, positions: Tensor, end: int | None, mask: Tensor | None = None
                 ) -> tuple[Tensor, Tensor]:
         """Attention output, MLP and head for rows `x` whose K/V are cached: keys are slots `< end`
         (eager), or the whole cache under `mask` (static shapes, `end=None`)."""
         layer = self.midlayer
-        keys = self.k_cache if end is None else self.k_cache[:, :end]
-        values = self.v_cache if end is None else self.v_cache[:, :end]
-        h = residual + layer.self_attn.attend(x, self.rope, positions, keys, values, mask)
+        keys = self.cache.k[0] if end is None else self.cache.k[0, :, :end]
+        values = self.cache.v[0] if end is None else self.cache.v[0, :, :end]
+        fixed_shape = mask is not None  # static passes bring their mask; eager ones see a new key length
+        if mask is None and x.shape[0] > 1:  # the rows are the last keys: a causal block after a visible prefix
+            mask = torch.ones(x.shape[0], keys.shape[1], dtype=torch.bool, device=x.device).tril_(keys.shape[1] - x.shape[0])
+        h = residual + layer.self_attn.attend(x, self.rope, positions, keys, values, mask, fixed_shape)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = self.lm_head(self.norm(h) if self.cfg.get("norm_output", True) else h)
         return h, logits
@@ -204,7 +171,7 @@ class Eagle3Drafter(Drafter):
             return self._last
         positions = self._cols[start:end]
         x, residual = self._rows(self.fuse(taps), tokens)
-        self._write(x, positions, start)
+        self._write(x, positions, Rows(start))
         if self.full_prefill:
             h, logits = self._finish(x, residual, positions, end)
             self._last = h[-1:], logits[-1:]
@@ -217,18 +184,18 @@ class Eagle3Drafter(Drafter):
         """Fixed-shape catch-up pass: K/V of every row at `slots`, then row `last` ([1] index) through
         attention (keys under `mask [1, L]`), MLP and head."""
         x, residual = self._rows(self.fuse(taps), tokens)
-        self._write(x, slots, slots)
+        self._write(x, slots, Rows(slots=slots))
         return self._finish(x[last], residual[last], slots[last], None, mask)
 
     def _step(self, h: Tensor, token: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """One static-shape drafting step: (feature, token) at `slots` -> (pre-norm output, next target id)."""
         x, residual = self._rows(h, token)
-        self._write(x, positions, slots)
+        self._write(x, positions, Rows(slots=slots))
         h, logits = self._finish(x, residual, positions, None, mask)
         return h, self._to_target(logits[-1].argmax(-1, keepdim=True))
 
     @torch.no_grad()
-    def propose(self, pending: Tensor, pos: int) -> Proposal:
+    def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
         self.catch_up()
         if self.kv_len != pos:
             raise RuntimeError(f"eagle3: drafter holds {self.kv_len} positions, pending token sits at {pos}")
@@ -243,7 +210,7 @@ class Eagle3Drafter(Drafter):
                 tokens.append(token.clone())
             else:
                 x, residual = self._rows(h, tokens[-1])
-                self._write(x, positions, p)
+                self._write(x, positions, Rows(p))
                 h, logits = self._finish(x, residual, positions, p + 1)
                 tokens.append(self._to_target(logits[-1].argmax(-1, keepdim=True)))
         return Proposal(tokens=torch.cat(tokens))

@@ -1,14 +1,17 @@
-"""CUDA-graph capture of fixed-shape forwards over static buffers (DESIGN.md section 8).
+"""Fixed-shape passes, run directly or replayed as CUDA graphs (docs/design.md, "Performance").
 
 `Graphed(fn, *example_inputs)` copies the inputs into static buffers, warms `fn` up on a side
 stream, captures one call, and from then on `graphed(*inputs)` is a handful of `copy_` kernels
 and one graph replay: no Python per layer and no kernel launches to pay for. Outputs are the
 graph's own static tensors, overwritten by the next replay; callers consume (or copy) them
 before replaying again. Static inputs must keep their shapes; values change freely.
+
+`FixedShapePasses` is the one runner the target and the drafters share: it chooses between the
+eager path and fixed shapes, and keeps one captured graph per pass key.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -37,3 +40,44 @@ class Graphed:
             static.copy_(x, non_blocking=True)
         self.graph.replay()
         return self.outputs
+
+
+class FixedShapePasses:
+    """Mode and graph cache of a model's fixed-shape passes (a mixin of the target and the drafters).
+
+    `static = True` runs fixed-shape passes directly (the CPU check of what graphs capture);
+    `use_cuda_graphs(True)` captures each pass on first use and replays it afterwards.
+    """
+
+    static: bool = False
+    graphs: dict[Hashable, Graphed] | None = None
+
+    @property
+    def fixed_shapes(self) -> bool:
+        """True when passes run at fixed shapes (static mode or CUDA graphs)."""
+        return self.static or self.graphs is not None
+
+    def use_cuda_graphs(self, enabled: bool = True) -> None:
+        """Replay captured CUDA graphs for the fixed-shape passes (captured on first use)."""
+        device = self.graph_device
+        if enabled and device is not None and device.type != "cuda":
+            raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {device}")
+        self.graphs = {} if enabled else None
+
+    @property
+    def graph_device(self) -> torch.device | None:
+        """The device the passes run on (None: not known yet)."""
+        return None
+
+    def drop_graphs(self) -> None:
+        """Forget captured graphs (they point at buffers that were just reallocated)."""
+        if self.graphs:
+            self.graphs = {}
+
+    def run_fixed(self, key: Hashable, fn: Callable[..., Any], *inputs: Tensor) -> Any:
+        """Run a fixed-shape pass: directly, or as the CUDA graph `key` (captured on first use)."""
+        if self.graphs is None:
+            return fn(*inputs)
+        if key not in self.graphs:
+            self.graphs[key] = Graphed(fn, *inputs)
+        return self.graphs[key](*inputs)

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from whiflash.runtime.cache import KVCache, Rows
+
 VARYING_SHAPE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """SDPA kernels for passes whose shapes change from call to call (eager decoding, prefill).
 
@@ -129,3 +131,66 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, fixed_shape:
         with sdpa_kernel(VARYING_SHAPE_BACKENDS):
             out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask)
     return out[0].reshape(hq, t, d)  # fused kernels return a head-strided layout: not viewable
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention over a static `KVCache`, with transformers' parameter names.
+
+    One module serves the target (Qwen3 / Llama), DFlash's layers (always Q/K norms; the block
+    attends to the cached context and to itself) and EAGLE-3's mid layer (`dim_in = 2H`, no Q/K
+    norms): their maths is the same. `kv` alone is what a K/V-only catch-up needs.
+    """
+
+    def __init__(self, dim_in: int, dim_out: int, n_heads: int, n_kv: int, head_dim: int, bias: bool = False,
+                 qk_norm: bool = False, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.hd = n_heads, n_kv, head_dim
+        self.q_proj = nn.Linear(dim_in, n_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(dim_in, n_kv * head_dim, bias=bias)
+        self.v_proj = nn.Linear(dim_in, n_kv * head_dim, bias=bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, dim_out, bias=bias)
+        self.qk_norm = qk_norm
+        if qk_norm:
+            self.q_norm = RMSNorm(head_dim, eps)
+            self.k_norm = RMSNorm(head_dim, eps)
+
+    def kv(self, x: Tensor, rope: Rotary, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """K (normed, rotated) and V of rows `x [T, dim_in]`, each `[n_kv, T, head_dim]`."""
+        t = x.shape[0]
+        k = self.k_proj(x).view(t, self.nkv, self.hd)
+        if self.qk_norm:
+            k = self.k_norm(k)
+        return rope(k.transpose(0, 1), positions), self.v_proj(x).view(t, self.nkv, self.hd).transpose(0, 1)
+
+    def attend(self, x: Tensor, rope: Rotary, positions: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
+               fixed_shape: bool) -> Tensor:
+        """Queries of rows `x` against `keys, values [n_kv, S, head_dim]` (mask `[T, S]` or None: all visible)."""
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.nh, self.hd)
+        if self.qk_norm:
+            q = self.q_norm(q)
+        q = rope(q.transpose(0, 1), positions)
+        return self.o_proj(attention(q, keys, values, mask, fixed_shape).transpose(0, 1).reshape(t, -1))
+
+    def forward(self, x: Tensor, rope: Rotary, positions: Tensor, cache: KVCache, layer: int, rows: Rows,
+                mask: Tensor | None) -> Tensor:
+        """Write the K/V of rows `x` into `cache` layer `layer` at `rows` (a `Rows`), then attend."""
+        keys, values = cache.write(layer, *self.kv(x, rope, positions), rows)
+        return self.attend(x, rope, positions, keys, values, mask, rows.fixed)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer layer (Qwen3 / Llama; also every DFlash draft layer): attention, then SwiGLU."""
+
+    def __init__(self, hidden: int, intermediate: int, n_heads: int, n_kv: int, head_dim: int, eps: float = 1e-6,
+                 attention_bias: bool = False, qk_norm: bool = False, mlp_bias: bool = False) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = Attention(hidden, hidden, n_heads, n_kv, head_dim, attention_bias, qk_norm, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = SwiGLU(hidden, intermediate, mlp_bias)
+
+    def forward(self, x: Tensor, rope: Rotary, positions: Tensor, cache: KVCache, index: int, rows: Rows,
+                mask: Tensor | None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, positions, cache, index, rows, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))

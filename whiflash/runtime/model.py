@@ -19,14 +19,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import ModelConfig
-from whiflash.runtime.graphs import Graphed
-from whiflash.runtime.layers import RMSNorm, Rotary, SwiGLU, attention
+from whiflash.runtime.graphs import FixedShapePasses
+from whiflash.runtime.layers import DecoderLayer, RMSNorm, Rotary
 from whiflash.runtime.weights import load_strict, read_state_dict, resolve_checkpoint
 
 log = logging.getLogger(__name__)
@@ -48,83 +48,28 @@ class TargetOutput:
     """`[T, len(taps), H]` each tap layer's output (`hidden_states[i + 1]`), in the order asked for."""
 
 
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        h, bias = cfg.hidden_size, cfg.attention_bias
-        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=bias)
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.qk_norm = cfg.qk_norm
-
-    def forward(
-        self,
-        x: Tensor,
-        rope: Rotary,
-        positions: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        start: int | Tensor,
-        mask: Tensor | None,
-    ) -> Tensor:
-        """`start` is the first slot (eager: attend to slots `< start + T`), or a `[T]` tensor of slots
-        (static shapes: write with `index_copy_`, attend to the whole cache under `mask [T, max_len]`)."""
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(t, self.n_kv, self.head_dim).transpose(0, 1)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = rope(q.transpose(0, 1), positions)
-        k = rope(k.transpose(0, 1), positions)
-        if isinstance(start, Tensor):
-            k_cache.index_copy_(1, start, k)
-            v_cache.index_copy_(1, start, v)
-            keys, values = k_cache, v_cache
-        else:
-            end = start + t
-            k_cache[:, start:end] = k
-            v_cache[:, start:end] = v
-            keys, values = k_cache[:, :end], v_cache[:, :end]
-        return self.o_proj(attention(q, keys, values, mask, isinstance(start, Tensor)).transpose(0, 1).reshape(t, -1))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
-
-    def forward(
-        self, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor, start: int | Tensor, mask: Tensor | None
-    ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, positions, kc, vc, start, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-def _layer(layer: DecoderLayer, x: Tensor, rope: Rotary, positions: Tensor, kc: Tensor, vc: Tensor,
-           start: int | Tensor, mask: Tensor | None) -> Tensor:
+def _layer(layer: DecoderLayer, x: Tensor, rope: Rotary, positions: Tensor, cache: KVCache, index: int, rows: Rows,
+           mask: Tensor | None) -> Tensor:
     """One decoder layer as a free function (compiled once, it would serve every layer)."""
-    return layer(x, rope, positions, kc, vc, start, mask)
+    return layer(x, rope, positions, cache, index, rows, mask)
 
 
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                         cfg.head_dim, cfg.rms_norm_eps, cfg.attention_bias, cfg.qk_norm, cfg.mlp_bias)
+            for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class Target(nn.Module):
-    """A causal LM with a static KV cache (batch 1). Call `setup_cache(max_len)` before `forward`."""
+class Target(nn.Module, FixedShapePasses):
+    """A causal LM with a static KV cache (batch 1). Call `setup_cache(max_len)` before `forward`.
+
+    `static = True` or `use_cuda_graphs(True)` runs every pass but the prefill at fixed shapes
+    (decode step, chain and tree verify; one graph per (tokens, taps, logits) shape)."""
 
     def __init__(self, cfg: ModelConfig, name: str = "") -> None:
         super().__init__()
@@ -134,23 +79,17 @@ class Target(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        self.k_cache = self.v_cache = torch.empty(0)
+        self.cache = KVCache()
         self.max_len = 0
         self._cols = torch.empty(0, dtype=torch.long)  # slot indices 0..max_len-1, for fixed-shape passes
-        self.static = False  # fixed-shape passes (full-cache attention under a mask); implied by graphs
-        self.graphs: dict[tuple[Any, ...], Graphed] | None = None
+        self.static, self.graphs = False, None
         # What fixed-shape passes run per layer. A hook: scripts/profile_shapes.py swaps in a
         # torch.compile'd layer to measure what kernel fusion would buy.
         self._fixed_layer = _layer
 
-    def use_cuda_graphs(self, enabled: bool = True) -> None:
-        """Replay captured CUDA graphs for every fixed-shape pass (decode step, chain and tree verify).
-
-        One graph per (tokens, taps, logits) shape, captured on first use; prefill stays eager.
-        """
-        if enabled and self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need the target on a CUDA device, it is on {self.device}")
-        self.graphs = {} if enabled else None
+    @property
+    def graph_device(self) -> torch.device:
+        return self.device
 
     @property
     def device(self) -> torch.device:
@@ -163,16 +102,13 @@ class Target(nn.Module):
     def setup_cache(self, max_len: int) -> None:
         """Allocate K/V for `max_len` slots once; a later call only reallocates when it must grow."""
         cfg = self.config
-        if max_len <= self.max_len and self.k_cache.device == self.device and self.k_cache.dtype == self.dtype:
+        if not self.cache.ensure(cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim, self.device,
+                                 self.dtype, grow_only=True):
             return
-        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.k_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
-        self.v_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.rope.ensure(max_len + 1, self.device)
         self.max_len = max_len
         self._cols = torch.arange(max_len, device=self.device)
-        if self.graphs:  # captured graphs point at the old cache
-            self.graphs = {}
+        self.drop_graphs()  # captured graphs point at the old cache
 
     def embed(self, ids: Tensor) -> Tensor:
         return self.model.embed_tokens(ids)
@@ -202,26 +138,24 @@ class Target(nn.Module):
             raise ValueError(f"tap layers {bad} are outside the target's {len(self.model.layers)} layers")
         if positions is None:
             positions = torch.arange(start, end, device=ids.device)
-        if not (self.static or self.graphs is not None) or logits == "last":  # prefill: eager, exact shapes
-            return self._run(ids, positions, start, self._mask(t, start, tree_mask, ids.device), taps, logits)
-        slots = self._cols[start:end]
+        if not self.fixed_shapes or logits == "last":  # prefill: eager, exact shapes
+            return self._run(ids, positions, Rows(start), self._mask(t, start, tree_mask, ids.device), taps, logits)
         mask = (self._cols < start).expand(t, -1).clone()  # the committed prefix...
         block = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=ids.device).tril_()
         mask[:, start:end] = block  # ...and the new block (causal, or the tree's ancestors)
-        if self.graphs is None:
-            return self._run(ids, positions, slots, mask, taps, logits)
-        key = (t, taps, logits)
-        if key not in self.graphs:
-            self.graphs[key] = Graphed(lambda *a: self._run(*a, taps, logits), ids, positions, slots, mask)
-        return self.graphs[key](ids, positions, slots, mask)
 
-    def _run(self, ids: Tensor, positions: Tensor, start: int | Tensor, mask: Tensor | None,
+        def fixed(ids: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> TargetOutput:
+            return self._run(ids, positions, Rows(slots=slots), mask, taps, logits)
+
+        return self.run_fixed((t, taps, logits), fixed, ids, positions, self._cols[start:end], mask)
+
+    def _run(self, ids: Tensor, positions: Tensor, rows: Rows, mask: Tensor | None,
              taps: tuple[int, ...], logits: str) -> TargetOutput:
         x = self.embed(ids)
         captured: dict[int, Tensor] = {}
-        run = self._fixed_layer if isinstance(start, Tensor) else _layer
+        run = self._fixed_layer if rows.fixed else _layer
         for i, layer in enumerate(self.model.layers):
-            x = run(layer, x, self.rope, positions, self.k_cache[i], self.v_cache[i], start, mask)
+            x = run(layer, x, self.rope, positions, self.cache, i, rows, mask)
             if i in taps:
                 captured[i] = x
         hidden = self.model.norm(x)
@@ -248,10 +182,7 @@ class Target(nn.Module):
 
         RoPE baked into K stays valid: accepted nodes sit at depth positions start, start+1, ...
         """
-        src = keep + start
-        n = keep.shape[0]
-        self.k_cache[:, :, start : start + n] = self.k_cache[:, :, src]
-        self.v_cache[:, :, start : start + n] = self.v_cache[:, :, src]
+        self.cache.compact(start, keep)
 
 
 def load_target(

@@ -44,7 +44,7 @@ def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8,
     target = whiflash.load_target(root / "target", device=device)
     drafters = {kind: whiflash.load_drafter(kind, root / kind, target) for kind in ("eagle3", "dflash")}
     drafters["ddtree"] = whiflash.load_drafter("ddtree", root / "dflash", target)
-    drafters["oracle"] = whiflash.RoutedDrafter("df-e3", whiflash.OracleRouter(), eagle3=drafters["eagle3"],
+    drafters["oracle"] = whiflash.OracleDrafter("df-e3", eagle3=drafters["eagle3"],
                                                 dflash=drafters["dflash"])
     if cuda_graphs and target.device.type == "cuda":
         for m in [target, *drafters.values()]:
