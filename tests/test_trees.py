@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import make_dflash
 
 import whiflash
 from whiflash.decoding.verify import accept, check_tree
@@ -15,6 +14,7 @@ from whiflash.drafters.base import Proposal
 from whiflash.drafters.ddtree import ancestor_mask, build_tree, build_tree_device, tree_proposal
 from whiflash.drafters.dflash import DFlashDrafter
 from whiflash.routers import OracleRouter, ScriptedRouter
+from whiflash.testing import make_dflash
 
 
 def _logits(kind: str, seed: int, depth: int = 7, vocab: int = 64) -> torch.Tensor:
