@@ -5,7 +5,7 @@ Usage: python scripts/bench_engine.py [--device cuda] [--dtype bfloat16] [--new-
 Writes the checkpoints it needs to a temporary folder (`whiflash.testing`, as the tests do), runs
 AR, EAGLE-3, DFlash and DDTree side by side in one process on the same prompts after a warm-up,
 and prints median per-round latency, tau and tokens/s. Eager path: on a GPU this measures launch
-overhead more than arithmetic (DESIGN.md section 8), which is what CUDA graphs will remove.
+overhead more than arithmetic (docs/design.md, "Performance"), which is what CUDA graphs will remove.
 """
 from __future__ import annotations
 
