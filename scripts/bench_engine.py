@@ -2,26 +2,23 @@
 
 Usage: python scripts/bench_engine.py [--device cuda] [--dtype bfloat16] [--new-tokens 64]
 
-Writes the checkpoints it needs to a temporary folder (the same factories the tests use), runs
+Writes the checkpoints it needs to a temporary folder (`whiflash.testing`, as the tests do), runs
 AR, EAGLE-3, DFlash and DDTree side by side in one process on the same prompts after a warm-up,
 and prints median per-round latency, tau and tokens/s. Eager path: on a GPU this measures launch
-overhead more than arithmetic (DESIGN.md section 8), which is what CUDA graphs will remove.
+overhead more than arithmetic (docs/design.md, "Performance"), which is what CUDA graphs will remove.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from factories import make_dflash, make_eagle3, make_target  # noqa: E402
-
-import whiflash  # noqa: E402
+import whiflash
+from whiflash.testing import make_dflash, make_eagle3, make_target
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """Real-shape latency profile on one GPU: graph-captured components against their floors and a
-stock transformers anchor (DESIGN.md section 8). Random weights, bf16, configs from checkpoints/.
+stock transformers anchor (docs/design.md, "Performance"). Random weights, bf16, configs from checkpoints/.
 
 Usage: python scripts/profile_shapes.py [--models qwen3-8b,qwen3-4b,llama3.1-8b-instruct] [--ctx 1024] [--json OUT]
 

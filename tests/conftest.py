@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from factories import make_dflash, make_eagle3, make_target  # noqa: E402
-
-import whiflash  # noqa: E402
-import whiflash.decoding.verify  # noqa: E402
+import whiflash
+import whiflash.decoding.verify
+from whiflash.testing import make_dflash, make_eagle3, make_target
 
 # every tree the suite verifies is checked for prefix-closure (one extra host read per round)
 whiflash.decoding.verify.CHECK_TREES = True

@@ -1,4 +1,5 @@
-"""whiflash-datagen: rows follow the DESIGN.md section 6 contract, runs resume, and train reads them."""
+"""whiflash-datagen: rows follow the dataset contract (docs/design.md, "The router dataset"), runs resume,
+and train reads them."""
 from __future__ import annotations
 
 import json

@@ -7,13 +7,13 @@ import math
 
 import pytest
 import torch
-from factories import make_dflash, make_eagle3
 from safetensors.torch import load_file, save_file
 
 import whiflash
 from whiflash.drafters.trees import ancestor_mask, build_tree
 from whiflash.drafters.base import Commit
 from whiflash.drafters.dflash import fallback_layer_ids
+from whiflash.testing import make_dflash, make_eagle3
 
 
 @pytest.fixture(scope="module")

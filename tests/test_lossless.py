@@ -45,7 +45,7 @@ def test_stop_tokens_cut_the_output(worlds):
 def test_ddtree_accepts_paths_that_are_not_slot_prefixes(worlds, monkeypatch, tmp_path):
     """With an unconfident drafter, siblings interleave with the main path, so compaction really moves K/V."""
     import whiflash.decoding.loop as gen
-    from factories import make_dflash
+    from whiflash.testing import make_dflash
 
     world = worlds["qwen3-crafted"]
     target, _ = world.load()

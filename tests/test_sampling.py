@@ -12,10 +12,10 @@ from collections import Counter
 
 import pytest
 import torch
-from factories import make_dflash, make_eagle3, make_target
 from scipy.stats import chisquare
 
 import whiflash
+from whiflash.testing import make_dflash, make_eagle3, make_target
 
 V = 8
 PROMPT = [1, 2, 3]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import make_dflash
 
 import whiflash
 from whiflash.decoding.verify import accept, check_tree

@@ -1,6 +1,6 @@
 """DFlash: a block-diffusion drafter that fills `[pending, MASK x (b-1)]` in one forward.
 
-Checkpoint contract (z-lab, reference/dflash_ddtree.md section 1): a Qwen3 config with top-level
+Checkpoint contract (z-lab; docs/design.md, "DFlash"): a Qwen3 config with top-level
 `block_size`, nested `dflash_config.{mask_token_id, target_layer_ids}`; unprefixed keys `fc`,
 `hidden_norm`, `layers.{i}.*` (Qwen3 layers with q/k norms), `norm`. No embedding and no LM head:
 both are the target's, and MASK is a row of the target's embedding.

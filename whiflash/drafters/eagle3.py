@@ -1,6 +1,6 @@
 """EAGLE-3: one Llama-style decoder layer over [embedding of the next token; fused target features].
 
-Checkpoint contract (SpecForge / EAGLE, reference/eagle3_specforge.md section 1): flat keys
+Checkpoint contract (SpecForge / EAGLE; docs/design.md, "EAGLE-3"): flat keys
 `fc.weight`, `midlayer.*` (alias `layers.0.*`), `norm.weight`, `lm_head.weight` over a reduced draft
 vocabulary, and int64 `d2t` offsets (target id = draft id + d2t[draft id]). The token embedding is
 the target's unless the checkpoint carries `embed_tokens.weight`. Optional flags: `fc_norm`

@@ -5,7 +5,7 @@ layout (``fc``, ``hidden_norm``, ``layers.{i}.*``, ``norm``; no embedding and no
 ``block_size`` and ``dflash_config.{mask_token_id, target_layer_ids}`` in ``config.json``.
 
 The training forward reproduces ``DFlashDrafter.catch_up``/``block_logits`` for many blocks at
-once (SpecForge's recipe, reference/dflash_ddtree.md section 3):
+once (SpecForge's recipe; docs/design.md, "Testbed"):
 
 * context: ``hidden_norm(fc(taps))`` of every position, projected by each layer's own
   ``k_proj``/``v_proj`` (with ``k_norm`` and RoPE at the position) -- never through the layers;

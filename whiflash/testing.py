@@ -1,13 +1,17 @@
-"""Tiny checkpoints written the way upstream tools write them, for CPU tests.
+"""Tiny checkpoints written the way upstream tools write them, for tests and benchmarks.
 
-Targets come from `transformers` (`save_pretrained`); drafter folders are written key by key
-from the reference contracts (config.json + model.safetensors), independently of our modules.
+Targets are saved by `transformers` (`save_pretrained`); drafter folders are written key by key
+from the upstream contracts (docs/design.md, "Drafters and checkpoints": `config.json` +
+`model.safetensors`), independently of our own modules, so loading them checks our loaders
+against the formats rather than against themselves.
 
 "Crafted" worlds make acceptance long on purpose: every target layer's output projections are
 scaled by `mix` (0 makes each layer the identity, so the residual stream is the token embedding),
 embeddings share a large positive coordinate 0, and the LM-head row of token `C` points along it.
 The target then continues with `C` (always when mix = 0, mostly when mix > 0), and drafters built
 to read coordinate 0 propose `C` too.
+
+Not imported by `import whiflash`; `transformers` is imported only inside `make_target`.
 """
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-C = 5  # the token crafted targets continue with
+C = 5
+"""The token crafted targets continue with (and crafted drafters propose)."""
 
 
 def make_target(folder: Path, family: str = "qwen3", vocab: int = 48, hidden: int = 32, layers: int = 4,
