@@ -267,3 +267,15 @@ def test_binned_auroc_matches_torchmetrics() -> None:
         stock.update(pred, (gain > 0).long())
         ours.update(pred, (gain > 0).long())
     assert torch.equal(stock.confmat, ours.confmat) and torch.equal(stock.compute(), ours.compute())
+
+
+def test_task_names_the_pair_flag_and_reads_old_checkpoint_hparams() -> None:
+    from whiflash.train.task import RouterTask
+
+    with pytest.raises(ValueError, match="--model.pair: expected one of df-e3, ddt-e3, df-ddt, got 'e3'"):
+        RouterTask(hidden_size=H, pair="e3")
+    task = RouterTask(hidden_size=H, mlp_dim=4, pair="ddt-e3", tree_budget=8)
+    assert task.router.pair.uses_tree
+    old = {"hyper_parameters": {"hidden_size": H, "drafters": "df-e3", "tree_budget": 8}}  # before the rename
+    with pytest.raises(ValueError, match="trained with drafter pair 'df-e3', but this run has drafter pair 'ddt-e3'"):
+        task.on_load_checkpoint(old)

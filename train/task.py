@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, SpearmanCorrCoef
 
+from whiflash.pairs import Pair
 from whiflash.router import NeuralRouter
 
 from .metrics import DEFAULT_THRESHOLDS, BinnedAUROC, RoutingTau
@@ -60,6 +61,7 @@ class RouterTask(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        pair = str(Pair.parse(pair, what="--model.pair"))
         self.router = NeuralRouter(hidden_size=hidden_size, mlp_dim=mlp_dim, dropout=dropout, drafters=pair,
                                    tree_budget=tree_budget, target=target, tap_layers=tap_layers)
         self.thresholds = list(thresholds) if thresholds else list(DEFAULT_THRESHOLDS)
