@@ -29,6 +29,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
+from whiflash.io import atomic_write_text
 from whiflash.versions import package_versions
 
 from .data import RouterDataModule
@@ -142,7 +143,7 @@ def _write_run_manifest(run_dir: Path, extra: dict[str, Any]) -> None:
     manifest = {"tool": "whiflash-train", "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "git_sha": _git_sha(), "versions": versions, "python": platform.python_version(),
                 "machine": platform.platform(), **extra}
-    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
 
 
 def _push_argv(argv: list[str]) -> list[str]:
