@@ -1,4 +1,5 @@
-"""whiflash-datagen: log per-round router data (features + both drafters' tau) as a router dataset.
+"""whiflash-datagen: log per-round router data (features + both drafters' tau) as a router dataset
+(docs/design.md, "The router dataset").
 
 Example (the embedded testbed; a real run names Hub ids or folders instead):
 
@@ -17,10 +18,11 @@ from tqdm import tqdm
 
 import whiflash
 from whiflash.datagen.prompts import PromptItem, read_source
+from whiflash.data import RouterDatasetManifest, shard_entry, write_manifest, write_shard
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding.routed import OracleDrafter
-from whiflash.pairs import tree_budget_for
-from whiflash.train.dataset import SCHEMA_VERSION, TAU_DEFINITION, shard_entry, write_manifest, write_shard
+from whiflash.io import atomic_write_json
+from whiflash.pairs import Pair
 from whiflash.versions import package_versions
 
 log = logging.getLogger("whiflash.datagen")
@@ -58,8 +60,8 @@ def datagen(
         eagle3: EAGLE-3 drafter (Hub id or folder); default `<testbed>/eagle3`.
         dflash: DFlash drafter (Hub id or folder), also used for DDTree; default `<testbed>/dflash`.
         testbed: a built testbed folder, the default for the three models and `testbed:` sources.
-        pair: drafter pair: df-e3, ddt-e3 or df-ddt (slot 0 first).
-        tree_budget: DDTree nodes for ddt pairs (default block_size - 1).
+        pair: drafter pair (`--whiflash-drafters`): df-e3, ddt-e3 or df-ddt (slot 0 first).
+        tree_budget: DDTree nodes for pairs with a DDTree slot (default block_size - 1).
         num_steps: EAGLE-3 chain length.
         per_category: prompts per category taken from each `testbed:` source.
         max_prompts: cap on the number of prompts (after concatenating the sources).
@@ -75,26 +77,29 @@ def datagen(
     out = Path(out)
     # what the rows depend on (the execution mode does not count: graphs and eager record the same rows)
     args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items() if k not in ("out", "cuda_graphs")}
+    parsed = Pair.parse(pair, what="--pair")
     saved = out / ARGS_FILE
     if saved.exists() and json.loads(saved.read_text()) != args:
         raise ValueError(f"{out} holds a datagen run with other arguments ({saved}); resume with the same "
                          "arguments or choose another --out")
     paths = {k: v or (str(testbed / k) if testbed else None) for k, v in
              (("target", target), ("eagle3", eagle3), ("dflash", dflash))}
-    if paths["target"] is None or paths["dflash"] is None or ("e3" in pair and paths["eagle3"] is None):
-        raise ValueError("give --testbed DIR, or --target and --dflash (and --eagle3 for e3 pairs)")
+    if paths["target"] is None or paths["dflash"] is None or (parsed.needs_eagle3 and paths["eagle3"] is None):
+        raise ValueError(f"--pair {parsed} needs --testbed DIR, or --target and --dflash"
+                         + (" and --eagle3" if parsed.needs_eagle3 else ""))
     items = [it for src in prompts for it in read_source(src, testbed, per_category)][:max_prompts]
     if not items:
         raise ValueError(f"prompt sources {prompts} gave no prompts")
     out.mkdir(parents=True, exist_ok=True)  # only once the arguments are known to be usable
-    saved.write_text(json.dumps(args, indent=2, sort_keys=True))
+    atomic_write_json(saved, args, sort_keys=True)
 
     model = whiflash.load_target(paths["target"], device=device, dtype=getattr(torch, dtype))
-    kind = "ddtree" if "ddt" in pair else "dflash"
-    slots = {"dflash": whiflash.load_drafter(kind, paths["dflash"], model, **({"tree_budget": tree_budget} if kind == "ddtree" else {}))}
-    if "e3" in pair:
+    # the DFlash checkpoint fills the parallel slot, drafting a tree when the pair has a DDTree slot
+    slots = {"dflash": (whiflash.load_drafter("ddtree", paths["dflash"], model, tree_budget=tree_budget) if parsed.uses_tree
+                        else whiflash.load_drafter("dflash", paths["dflash"], model))}
+    if parsed.needs_eagle3:
         slots["eagle3"] = whiflash.load_drafter("eagle3", paths["eagle3"], model, num_steps=num_steps)
-    recorder = OracleDrafter(pair, tree_budget=tree_budget_for(pair, tree_budget), **slots)
+    recorder = OracleDrafter(parsed, tree_budget=tree_budget if parsed.uses_tree else None, **slots)
     if cuda_graphs and model.device.type == "cuda":
         model.use_cuda_graphs()
         recorder.use_cuda_graphs()
@@ -109,19 +114,16 @@ def datagen(
             continue
         columns = _record_chunk(model, recorder, tokenizer, chunk, max_prompt_tokens, max_new_tokens)
         shards.append(write_shard(path, columns, model.config.hidden_size))
-    manifest = {
-        "schema_version": SCHEMA_VERSION, "target": paths["target"], "pair": pair,
-        "drafters": {"slot_0": paths["dflash"], "slot_1": paths["eagle3"] if "e3" in pair else paths["dflash"]},
-        "tree_budget": recorder.tree_budget if "ddt" in pair else None, "tap_layers": list(recorder.tap_layers),
-        "hidden_size": model.config.hidden_size, "dtype": "float16", "tau_definition": TAU_DEFINITION,
-        "prompt_sets": list(prompts), "seed": seed, "shards": shards,
-        "versions": package_versions("whiflash", "torch", "transformers"),
-        "advance_rule": "the slot with the larger tau advances (ties: slot 1); greedy decoding",
-        "max_new_tokens": max_new_tokens,
-    }
+    manifest = RouterDatasetManifest(
+        target=paths["target"], pair=parsed, tree_budget=recorder.tree_budget,
+        drafter_ids=(paths["dflash"], paths["eagle3"] if parsed.needs_eagle3 else paths["dflash"]),
+        tap_layers=list(recorder.tap_layers), hidden_size=model.config.hidden_size, prompt_sets=list(prompts),
+        seed=seed, shards=shards, versions=package_versions("whiflash", "torch", "transformers"),
+        generator={"name": "whiflash.datagen", "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
+                   "num_steps": num_steps},
+    )
     write_manifest(out, manifest)
-    rows = sum(s["rows"] for s in shards)
-    log.info("wrote %d rounds from %d prompts to %s", rows, len(items), out)
+    log.info("wrote %d rounds from %d prompts to %s", manifest.num_rows, len(items), out)
     return out
 
 

@@ -46,7 +46,7 @@ def main() -> None:
                "WhiFlash-Entropy": whiflash.RoutedDrafter("df-e3", whiflash.EntropyRouter(args.entropy_threshold),
                                                           eagle3=eagle, dflash=dflash)}
     if args.router:
-        router = whiflash.load_router(args.router, hidden_size=target.config.hidden_size, drafters="df-e3")
+        router = whiflash.load_router(args.router, hidden_size=target.config.hidden_size, pair="df-e3")
         methods["WhiFlash-Neural"] = whiflash.RoutedDrafter("df-e3", whiflash.NeuralPolicy(router.to(args.device)),
                                                             eagle3=eagle, dflash=dflash)
     prompts = {c: [tok(p, add_special_tokens=False)["input_ids"][-256:] for p in eval_prompts(root, c, args.prompts)]

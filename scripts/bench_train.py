@@ -27,7 +27,7 @@ import torch
 from jsonargparse import CLI
 
 from whiflash.train.data import RouterDataModule
-from whiflash.train.dataset import MANIFEST_NAME
+from whiflash.data import MANIFEST_NAME, read_manifest
 from whiflash.train.synthetic import write_synthetic_dataset
 from whiflash.train.task import RouterTask
 
@@ -103,13 +103,11 @@ def main(
         print(f"{stage:>14}: {n:>9} rows in {seconds:8.2f} s = {n / seconds:>10.0f} rows/s "
               f"({n * row_bytes / seconds / 1e9:.2f} GB/s of fp16 features)", flush=True)
 
-    manifest = data / MANIFEST_NAME
-    have = json.loads(manifest.read_text()) if manifest.is_file() else None
-    if not have or have.get("num_rows") != rows or have["hidden_size"] != hidden_size:
+    have = read_manifest(data) if (data / MANIFEST_NAME).is_file() else None
+    if have is None or have.num_rows != rows or have.hidden_size != hidden_size:
         t = time.perf_counter()
-        write_synthetic_dataset(data, num_prompts=-(-rows // rounds_per_prompt), rounds_per_prompt=rounds_per_prompt,
-                                hidden_size=hidden_size, seed=0)
-        n = json.loads(manifest.read_text())["num_rows"]
+        n = write_synthetic_dataset(data, num_prompts=-(-rows // rounds_per_prompt), rounds_per_prompt=rounds_per_prompt,
+                                    hidden_size=hidden_size, seed=0).num_rows
         report("generate", n, time.perf_counter() - t)
 
     if cold:  # evict the memory-mapped Arrow copy (exists from a previous run) so the first pass reads the disk

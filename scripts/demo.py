@@ -68,7 +68,7 @@ def main() -> int:
         from whiflash.train.calibrate import calibrate_entropy
 
         router_dir, data = train_router(root)
-        neural = whiflash.load_router(router_dir, hidden_size=target.config.hidden_size, drafters="df-e3")
+        neural = whiflash.load_router(router_dir, hidden_size=target.config.hidden_size, pair="df-e3")
         if args.entropy_threshold is None:
             threshold = calibrate_entropy(data)["threshold"]
     methods = {

@@ -12,9 +12,10 @@ import torch
 
 import whiflash
 from whiflash.datagen.cli import datagen
+from whiflash.data import KIND, check_shards, read_manifest
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding.routed import OracleDrafter
-from whiflash.train.dataset import check_shards, read_manifest
+from whiflash.pairs import Pair
 
 PROMPTS = [[7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6], [1, 2, 3], [4, 4, 4, 9], [20, 21, 22, 23, 24],
            [11, 2, 33, 4], [5, 6, 7, 8, 9, 10, 11], [30, 3]]
@@ -37,10 +38,13 @@ def _run(world, out, prompt_file, **kw):
 @pytest.mark.parametrize("pair", ["df-e3", "ddt-e3"])
 def test_rows_follow_the_contract_and_the_oracle(worlds, tmp_path, prompt_file, pair):
     world = worlds["qwen3-mixed"]
-    out = _run(world, tmp_path / "data", prompt_file, pair=pair, tree_budget=10 if "ddt" in pair else None)
+    out = _run(world, tmp_path / "data", prompt_file, pair=pair, tree_budget=10 if Pair.parse(pair).uses_tree else None)
     manifest = read_manifest(out)
     files = check_shards(out, manifest)
-    assert len(files) == 3 and manifest["pair"] == pair and manifest["hidden_size"] == 32
+    assert len(files) == 3 and str(manifest.pair) == pair and manifest.hidden_size == 32
+    assert manifest.tree_budget == (10 if pair == "ddt-e3" else None)
+    on_disk = json.loads((out / "manifest.json").read_text())  # built by the same dataclass as synthetic data
+    assert on_disk["kind"] == KIND and on_disk["generator"]["name"] == "whiflash.datagen"
     table = pq.read_table(files).to_pandas()
     target = whiflash.load_target(world.target_dir)
     for pid, rows in table.groupby("prompt_id", sort=False):
@@ -72,7 +76,7 @@ def test_resume_reuses_finished_shards_and_refuses_other_arguments(worlds, tmp_p
     (out / "manifest.json").unlink()
     _run(world, out, prompt_file)
     again = read_manifest(out)
-    assert again["shards"] == first["shards"]  # same rows, same hashes: nothing lost, nothing duplicated
+    assert again.shards == first.shards  # same rows, same hashes: nothing lost, nothing duplicated
     assert all((out / n).stat().st_mtime_ns == t for n, t in stamps.items() if n != "shard-00002.parquet")
     with pytest.raises(ValueError, match="other arguments"):
         _run(world, out, prompt_file, max_prompts=2)
@@ -83,12 +87,14 @@ def test_bad_input_names_the_problem_and_leaves_the_folder_usable(worlds, tmp_pa
     out = tmp_path / "data"
     with pytest.raises(ValueError, match="--testbed DIR"):
         datagen(out=out, prompts=[str(prompt_file)], max_new_tokens=30, device="cpu")
+    with pytest.raises(ValueError, match="--pair: expected one of df-e3, ddt-e3, df-ddt, got 'e3-df'"):
+        _run(world, out, prompt_file, pair="e3-df")
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"prompt": "fine"}\n{"prompt": \n')
     with pytest.raises(ValueError, match=r"broken.jsonl:2: not a JSON record"):
         _run(world, out, broken)
     assert not out.exists()  # a refused call pins no arguments: the corrected call below runs
-    assert read_manifest(_run(world, out, prompt_file))["shards"]
+    assert read_manifest(_run(world, out, prompt_file)).shards
 
 
 def test_chat_template_prompts_encode_to_token_ids():
@@ -119,9 +125,9 @@ def test_whiflash_train_fits_on_datagen_output(worlds, tmp_path, prompt_file, mo
          "--trainer.max_epochs", "2", "--data.batch_size", "16"])
     folders = list((tmp_path / "out").glob("**/router"))
     assert len(folders) == 1
-    router = load_router(folders[0], hidden_size=32, drafters="df-e3")
+    router = load_router(folders[0], hidden_size=32, pair="df-e3")
     assert router(torch.randn(4, 32)).shape == (4,)
-    rows = sum(s["rows"] for s in read_manifest(data)["shards"])
+    rows = read_manifest(data).num_rows
     card = (folders[0] / "README.md").read_text()
     assert f"| data | {rows} rounds, prompt sets" in card
     assert "base_model" not in card  # the target is a local folder, not a Hub id
@@ -129,7 +135,7 @@ def test_whiflash_train_fits_on_datagen_output(worlds, tmp_path, prompt_file, mo
 
 def test_entropy_threshold_calibration_finds_the_planted_cut(tmp_path):
     from whiflash.train.calibrate import calibrate_entropy
-    from whiflash.train.dataset import TAU_DEFINITION, write_manifest, write_shard
+    from whiflash.data import RouterDatasetManifest, write_manifest, write_shard
 
     rng = np.random.default_rng(0)
     n = 2000
@@ -141,10 +147,9 @@ def test_entropy_threshold_calibration_finds_the_planted_cut(tmp_path):
             "position": np.arange(n), "hidden": np.zeros((n, 4), np.float16), "entropy": ent, "tau_0": tau_0,
             "tau_1": tau_1, "gain": (tau_0 - tau_1).astype(np.float32), "active": (tau_0 <= tau_1).astype(np.int8)}
     shard = write_shard(tmp_path / "shard-00000.parquet", cols, 4)
-    write_manifest(tmp_path, {"schema_version": 1, "target": "t", "drafters": {"slot_0": "d", "slot_1": "e"},
-                              "pair": "df-e3", "tree_budget": None, "tap_layers": [], "hidden_size": 4,
-                              "dtype": "float16", "tau_definition": TAU_DEFINITION, "prompt_sets": [], "seed": 0,
-                              "versions": {}, "shards": [shard]})
+    write_manifest(tmp_path, RouterDatasetManifest(target="t", pair="df-e3", drafter_ids=("d", "e"), tree_budget=None,
+                                                   tap_layers=[], hidden_size=4, prompt_sets=[], seed=0, versions={},
+                                                   shards=[shard]))
     best = calibrate_entropy(tmp_path)
     assert abs(best["threshold"] - 1.2) <= 0.05 and best["share"] > 0.95
     assert best["tau"] > max(best["tau_slot0"], best["tau_slot1"])

@@ -147,7 +147,7 @@ def test_entropy_router_and_mismatched_neural_router(world):
     assert EntropyRouter(0.2)(torch.zeros(4), logits) == 0 and EntropyRouter(0.0001)(torch.zeros(4), logits) == 1
     assert abs(float(entropy(torch.zeros(8))) - torch.log(torch.tensor(8.0)).item()) < 1e-6
     h = target.config.hidden_size
-    with pytest.raises(ValueError, match="trained for drafters 'df-e3'.*this run uses 'ddt-e3'"):
+    with pytest.raises(ValueError, match="trained for pair 'df-e3'.*this run uses 'ddt-e3'"):
         RoutedDrafter("ddt-e3", NeuralPolicy(NeuralRouter(h, drafters="df-e3")), eagle3=eagle, dflash=ddtree)
     wrong = RoutedDrafter("df-e3", NeuralPolicy(NeuralRouter(h + 1)), eagle3=eagle, dflash=ddtree)
     with pytest.raises(ValueError, match=f"hidden size {h + 1}.*hidden size {h}"):

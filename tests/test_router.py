@@ -89,7 +89,7 @@ def test_missing_files_name_the_path(saved, tmp_path: Path) -> None:
     (folder / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="expected config.json"):
         load_router(folder)
-    with pytest.raises(FileNotFoundError, match="nope.safetensors: no such file"):
+    with pytest.raises(FileNotFoundError, match="no such file: .*nope.safetensors"):
         load_router(tmp_path / "nope.safetensors")
     plain = tmp_path / "plain.safetensors"
     save_file(load_file(str(single)), str(plain))  # no config metadata
@@ -99,13 +99,13 @@ def test_missing_files_name_the_path(saved, tmp_path: Path) -> None:
 
 def test_mismatch_refusals_name_both_sides(saved) -> None:
     folder, single = saved
-    with pytest.raises(ValueError, match=r"trained for drafters 'ddt-e3' with tree budget 32, but this run uses 'df-e3'"):
-        load_router(folder, drafters="df-e3")
+    with pytest.raises(ValueError, match=r"trained for pair 'ddt-e3' with tree budget 32, but this run uses 'df-e3'"):
+        load_router(folder, pair="df-e3")
     with pytest.raises(ValueError, match=r"tree budget 32, but this run uses 'ddt-e3' with tree budget 128"):
-        load_router(single, drafters="ddt-e3", tree_budget=128)
+        load_router(single, pair="ddt-e3", tree_budget=128)
     with pytest.raises(ValueError, match=r"hidden size 12 .*'Qwen/Qwen3-8B'.*hidden size 4096"):
         load_router(folder, hidden_size=4096)
-    assert load_router(folder, hidden_size=H, drafters="ddt-e3", tree_budget=32).hidden_size == H
+    assert load_router(folder, hidden_size=H, pair="ddt-e3", tree_budget=32).hidden_size == H
 
 
 def test_hub_repo_id_downloads_safetensors_only(saved, monkeypatch) -> None:
@@ -132,5 +132,18 @@ def test_suggested_repo_name() -> None:
 
 
 def test_constructor_validates_pair() -> None:
-    with pytest.raises(ValueError, match="drafters must be one of"):
+    with pytest.raises(ValueError, match="router config field 'drafters': expected one of df-e3, ddt-e3, df-ddt, got 'e3-df'"):
         NeuralRouter(hidden_size=4, drafters="e3-df")
+
+
+def test_pair_is_the_python_name_of_the_published_drafters_key(router, saved) -> None:
+    from whiflash.pairs import PAIRS
+
+    assert router.pair is PAIRS["ddt-e3"] and router.drafters == "ddt-e3" and router.config()["drafters"] == "ddt-e3"
+    folder, _ = saved
+    assert json.loads((folder / "config.json").read_text())["drafters"] == "ddt-e3"
+    assert load_router(folder, pair=PAIRS["ddt-e3"], tree_budget=32).pair is PAIRS["ddt-e3"]
+    router.drafters = "df-e3"  # the config key stays writable and is validated like the pair
+    assert router.pair is PAIRS["df-e3"]
+    with pytest.raises(ValueError, match="router config field 'drafters': expected one of"):
+        router.drafters = "e3"

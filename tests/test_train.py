@@ -14,7 +14,7 @@ import torch
 
 from whiflash.router import NeuralRouter, export_single_file, load_router
 from whiflash.train.data import RouterDataModule
-from whiflash.train.dataset import MANIFEST_FIELDS, DatasetFormatError, read_manifest, sha256_file
+from whiflash.data import MANIFEST_FIELDS, DatasetFormatError, read_manifest, sha256_file
 from whiflash.train.metrics import routing_summary
 from whiflash.train.synthetic import write_synthetic_dataset
 
@@ -46,13 +46,13 @@ def _dm(path: Path, tmp_path: Path, **kw) -> RouterDataModule:
 
 def test_synthetic_dataset_follows_the_contract(dataset: Path) -> None:
     manifest = read_manifest(dataset)
-    assert set(MANIFEST_FIELDS) <= set(manifest)
-    assert manifest["hidden_size"] == H and manifest["pair"] == "df-e3" and manifest["dtype"] == "float16"
-    assert len(manifest["shards"]) == 3 and sum(s["rows"] for s in manifest["shards"]) == 600
-    for shard in manifest["shards"]:
-        assert sha256_file(dataset / shard["file"]) == shard["sha256"]
-    assert not list(dataset.glob("*.tmp"))  # atomic writes leave no temp files
-    t = pq.read_table(dataset / manifest["shards"][0]["file"])
+    assert set(MANIFEST_FIELDS) <= set(json.loads((dataset / "manifest.json").read_text()))
+    assert manifest.hidden_size == H and str(manifest.pair) == "df-e3" and manifest.dtype == "float16"
+    assert len(manifest.shards) == 3 and manifest.num_rows == 600
+    for shard in manifest.shards:
+        assert sha256_file(dataset / shard.file) == shard.sha256
+    assert not list(dataset.glob("*.tmp")) and not list(dataset.glob(".*"))  # atomic writes leave no temp files
+    t = pq.read_table(dataset / manifest.shards[0].file)
     assert t.schema.field("hidden").type.value_type.bit_width == 16 and t.schema.field("hidden").type.list_size == H
     d = t.to_pydict()
     assert all(1 <= x <= 16 for x in d["tau_0"] + d["tau_1"])
@@ -267,3 +267,15 @@ def test_binned_auroc_matches_torchmetrics() -> None:
         stock.update(pred, (gain > 0).long())
         ours.update(pred, (gain > 0).long())
     assert torch.equal(stock.confmat, ours.confmat) and torch.equal(stock.compute(), ours.compute())
+
+
+def test_task_names_the_pair_flag_and_reads_old_checkpoint_hparams() -> None:
+    from whiflash.train.task import RouterTask
+
+    with pytest.raises(ValueError, match="--model.pair: expected one of df-e3, ddt-e3, df-ddt, got 'e3'"):
+        RouterTask(hidden_size=H, pair="e3")
+    task = RouterTask(hidden_size=H, mlp_dim=4, pair="ddt-e3", tree_budget=8)
+    assert task.router.pair.uses_tree
+    old = {"hyper_parameters": {"hidden_size": H, "drafters": "df-e3", "tree_budget": 8}}  # before the rename
+    with pytest.raises(ValueError, match="trained with drafter pair 'df-e3', but this run has drafter pair 'ddt-e3'"):
+        task.on_load_checkpoint(old)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from whiflash.train.dataset import check_shards, read_manifest
+from whiflash.data import check_shards, read_manifest
 from whiflash.train.metrics import routing_summary
 
 DEFAULT_ENTROPIES = tuple(round(0.05 * i, 2) for i in range(1, 101))  # 0.05 .. 5 nats

@@ -29,6 +29,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
+from whiflash.io import atomic_write_text
 from whiflash.versions import package_versions
 
 from .data import RouterDataModule
@@ -36,7 +37,7 @@ from .task import RouterTask
 
 log = logging.getLogger(__name__)
 
-LINKED_FROM_DATA = ("hidden_size", "drafters", "tree_budget", "target", "tap_layers")
+LINKED_FROM_DATA = ("hidden_size", "pair", "tree_budget", "target", "tap_layers")
 DESCRIPTION = ("Train, evaluate and export the WhiFlash-Neural router (LightningCLI). "
                "Upload an exported router with `whiflash-train push --router DIR --repo-id ORG/NAME` "
                "(see `whiflash-train push --help`).")
@@ -90,8 +91,7 @@ class RouterCLI(LightningCLI):
             log.warning("no best checkpoint (validation/checkpointing disabled?); exporting the final weights")
         run_dir = Path(trainer.log_dir or trainer.default_root_dir)
         results = export_run(self.model, dm, run_dir, ckpt)
-        slots = (dm.manifest["drafters"].get("slot_0", "slot 0"), dm.manifest["drafters"].get("slot_1", "slot 1"))
-        plot_run(run_dir, results, slots)
+        plot_run(run_dir, results, dm.manifest.drafter_ids)
         es = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
         _write_run_manifest(run_dir, {
             "data": str(dm.path), "data_manifest_sha256": dm.manifest_sha256,
@@ -143,7 +143,7 @@ def _write_run_manifest(run_dir: Path, extra: dict[str, Any]) -> None:
     manifest = {"tool": "whiflash-train", "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "git_sha": _git_sha(), "versions": versions, "python": platform.python_version(),
                 "machine": platform.platform(), **extra}
-    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
 
 
 def _push_argv(argv: list[str]) -> list[str]:

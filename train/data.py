@@ -1,4 +1,4 @@
-"""``RouterDataModule``: a router dataset (DESIGN.md section 6) opened memory-mapped and split by prompt.
+"""``RouterDataModule``: a router dataset (docs/design.md, "The router dataset") opened memory-mapped and split by prompt.
 
 The Parquet shards are converted once by ``datasets`` into its memory-mapped Arrow cache; ``hidden`` stays
 float16 on disk and in the batch (the router casts to float32 inside ``forward``). Batches are gathered
@@ -17,9 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from whiflash.router import DRAFTER_PAIRS
-
-from .dataset import MANIFEST_NAME, DatasetFormatError, check_shards, manifest_hash, read_manifest
+from whiflash.data import check_shards, manifest_hash, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +99,7 @@ class RouterDataModule(L.LightningDataModule):
     """Router dataset: memory-mapped Parquet shards split by prompt, with training-split standardisation.
 
     Args:
-        path: dataset directory (Parquet shards + manifest.json, DESIGN.md section 6).
+        path: dataset directory (Parquet shards + manifest.json; docs/design.md, "The router dataset").
         batch_size: rows per batch.
         val_fraction: share of prompts held out for validation (routing metrics, checkpoint selection).
         test_fraction: share of prompts held out for ``test``.
@@ -138,14 +136,11 @@ class RouterDataModule(L.LightningDataModule):
         self.path = Path(path)
         # Reading the manifest here (cheap) lets LightningCLI link these attributes into the model.
         self.manifest = read_manifest(self.path)
-        if self.manifest["pair"] not in DRAFTER_PAIRS:
-            raise DatasetFormatError(f"{self.path / MANIFEST_NAME}: field 'pair' must be one of {DRAFTER_PAIRS}, "
-                                     f"got {self.manifest['pair']!r}")
-        self.hidden_size: int = self.manifest["hidden_size"]
-        self.drafters: str = self.manifest["pair"]
-        self.tree_budget: int | None = self.manifest["tree_budget"]
-        self.target: str = self.manifest["target"]
-        self.tap_layers: list[int] = list(self.manifest["tap_layers"])
+        self.hidden_size: int = self.manifest.hidden_size
+        self.pair: str = str(self.manifest.pair)  # a name, as LightningCLI links it into RouterTask(pair=...)
+        self.tree_budget: int | None = self.manifest.tree_budget
+        self.target: str = self.manifest.target
+        self.tap_layers: list[int] = list(self.manifest.tap_layers)
         self.data: RoundBatches | None = None
         self.split_indices: dict[str, np.ndarray] = {}
         self.norm_mean: torch.Tensor | None = None

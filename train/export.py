@@ -8,7 +8,6 @@ with the highest replayed tau), writes ``router/{model.safetensors,config.json,R
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,9 @@ import numpy as np
 import torch
 from huggingface_hub import ModelCard, ModelCardData
 
-from whiflash.router import NeuralRouter, export_single_file, is_hub_id, load_router, suggested_repo_name
+from whiflash.hub import is_hub_id
+from whiflash.io import atomic_write_json
+from whiflash.router import NeuralRouter, export_single_file, load_router, suggested_repo_name
 
 from .data import RouterDataModule
 from .metrics import routing_summary
@@ -73,29 +74,29 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
     """Model card: what the router was trained for, on which data (manifest hash), and how well it routes."""
     m, r = dm.manifest, results["routing"]
     data = ModelCardData(library_name="whiflash", license="apache-2.0", tags=[
-        "speculative-decoding", "router", "whiflash", *sorted(set(m["drafters"].values()))],
+        "speculative-decoding", "router", "whiflash", *sorted(set(router.pair.slots))],
         metrics=["mse", "mae", "spearmanr", "roc_auc"])
     if is_hub_id(router.target):  # link the router to its target in the Hub graph (local paths are not ids)
         data.base_model = router.target
     budget = router.tree_budget if router.tree_budget is not None else "—"
     lines = [
-        f"# {suggested_repo_name(router.target, router.drafters, router.tree_budget)}", "",
+        f"# {suggested_repo_name(router.target, router.pair, router.tree_budget)}", "",
         "WhiFlash-Neural router: a 2-layer MLP on the target's final post-norm hidden state that predicts the "
         "acceptance-length gain `g = tau(slot 0) - tau(slot 1)`; the routed loop drafts with slot 0 when "
         "`g_hat > threshold`.", "",
         "| field | value |", "|---|---|",
         f"| target | `{router.target}` |",
-        f"| drafter pair (`--whiflash-drafters`) | `{router.drafters}` (slot 0 = {m['drafters']['slot_0']}, "
-        f"slot 1 = {m['drafters']['slot_1']}) |",
+        f"| drafter pair (`--whiflash-drafters`) | `{router.pair}` (slot 0 = {m.drafter_ids[0]}, "
+        f"slot 1 = {m.drafter_ids[1]}) |",
         f"| DDTree tree budget (`--ddtree-tree-budget`) | {budget} |",
         f"| hidden size / MLP width | {router.hidden_size} / {router.mlp_dim} |",
         f"| recommended threshold | **{router.threshold:g}** (re-calibrate per hardware and category) |",
         f"| data manifest sha256 | `{dm.manifest_sha256}` |",
-        f"| data | {sum(s['rows'] for s in m['shards'])} rounds, prompt sets "
-        f"{[p.get('name', p) if isinstance(p, dict) else p for p in m['prompt_sets']]}, seed {m['seed']} |",
+        f"| data | {m.num_rows} rounds, prompt sets "
+        f"{[p.get('name', p) if isinstance(p, dict) else p for p in m.prompt_sets]}, seed {m.seed} |",
         f"| checkpoint | `{Path(ckpt).name if ckpt else 'last weights'}` |", "",
         f"## Validation ({results['rows']} rounds, prompts disjoint from training)", "",
-        f"{m['tau_definition']}; taus are pooled means over rounds, replaying the logged rounds.", "",
+        f"{m.tau_definition}; taus are pooled means over rounds, replaying the logged rounds.", "",
         "| metric | value |", "|---|---|",
         f"| MSE / MAE of the gain | {results['mse']:.4f} / {results['mae']:.4f} |",
         f"| Spearman / AUROC (gain > 0) | {results['spearman']:.4f} / {results['auroc']:.4f} |",
@@ -107,8 +108,8 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
         *[f"| {c} | {v['rows']} | {v['tau_slot0']:.3f} | {v['tau_slot1']:.3f} | {v['tau_router']:.3f} | "
           f"{v['tau_oracle']:.3f} |" for c, v in results["per_category"].items()], "",
         "## Usage", "", "```python", "from whiflash.router import load_router",
-        f"router = load_router(\"<this repo or folder>\", drafters=\"{router.drafters}\""
-        + (f", tree_budget={router.tree_budget})" if "ddt" in router.drafters and router.tree_budget else ")"),
+        f"router = load_router(\"<this repo or folder>\", pair=\"{router.pair}\""
+        + (f", tree_budget={router.tree_budget})" if router.pair.uses_tree and router.tree_budget else ")"),
         "gain = router(hidden_states)  # [N, H] -> [N]; draft with slot 0 where gain > threshold", "```", "",
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
@@ -133,13 +134,13 @@ def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt
     with torch.no_grad():
         ref = final(probe)
         for path in (folder, single):
-            out = load_router(path, hidden_size=final.hidden_size, drafters=final.drafters)(probe)
+            out = load_router(path, hidden_size=final.hidden_size, pair=final.pair)(probe)
             if not torch.equal(out, ref):
                 raise RuntimeError(f"exported router {path} does not reproduce the trained router's outputs")
     results.update(checkpoint=ckpt, router_dir=str(folder), router_file=str(single),
                    manifest_sha256=dm.manifest_sha256, config=final.config(),
-                   suggested_repo_name=suggested_repo_name(final.target, final.drafters, final.tree_budget))
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+                   suggested_repo_name=suggested_repo_name(final.target, final.pair, final.tree_budget))
+    atomic_write_json(run_dir / "results.json", results)
     log.info("exported router to %s and %s (val share %.3f at threshold %g)", folder, single,
              results["routing"]["share"], final.threshold)
     results["_scores"] = scores

@@ -54,7 +54,7 @@ def push_router(router: str | Path, repo_id: str | None = None, *, namespace: st
         raise FileNotFoundError(f"router folder {folder}: expected {list(REQUIRED_FILES)} "
                                 f"(an export of whiflash-train fit), missing {missing if folder.is_dir() else 'the folder'}")
     model = load_router(folder)  # strict: never push weights that do not match their config
-    suggested = suggested_repo_name(model.target, model.drafters, model.tree_budget)
+    suggested = suggested_repo_name(model.target, model.pair, model.tree_budget)
     api = api or HfApi(token=token)
     if repo_id is None:
         namespace = namespace or api.whoami()["name"]
@@ -65,8 +65,8 @@ def push_router(router: str | Path, repo_id: str | None = None, *, namespace: st
     repo_id = api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True).repo_id
     if revision and revision != "main":
         api.create_branch(repo_id=repo_id, branch=revision, exist_ok=True)
-    message = commit_message or (f"Upload WhiFlash-Neural router ({model.drafters}"
-                                 + (f", tree budget {model.tree_budget}" if "ddt" in model.drafters and model.tree_budget else "")
+    message = commit_message or (f"Upload WhiFlash-Neural router ({model.pair}"
+                                 + (f", tree budget {model.tree_budget}" if model.pair.uses_tree and model.tree_budget else "")
                                  + f", threshold {model.threshold:g})")
     info = api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=str(folder), commit_message=message,
                              revision=revision, allow_patterns=list(REQUIRED_FILES))

@@ -1,4 +1,5 @@
-"""Synthetic router datasets in the exact datagen format, with a planted, learnable signal.
+"""Synthetic router datasets in the datagen format (docs/design.md, "The router dataset"), with a planted,
+learnable signal.
 
 Hidden states are Gaussian with per-dimension offsets and scales (so input standardisation matters) and a
 per-prompt component (so rows of one prompt are correlated and a row-level split would leak). Along a hidden
@@ -11,18 +12,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from whiflash.data import RouterDatasetManifest, ShardEntry, write_manifest, write_shard
+from whiflash.pairs import Pair
 from whiflash.versions import package_versions
 
-from .dataset import SCHEMA_VERSION, TAU_DEFINITION, write_manifest, write_shard
-
 log = logging.getLogger(__name__)
-
-_SLOT_NAMES = {"df": "dflash", "ddt": "ddtree", "e3": "eagle3"}
 
 
 def write_synthetic_dataset(
@@ -35,15 +34,16 @@ def write_synthetic_dataset(
     signal: float = 1.0,
     noise: float = 1.0,
     categories: Sequence[str] = ("code", "math", "prose"),
-    drafters: str = "df-e3",
+    pair: str | Pair = "df-e3",
     tree_budget: int | None = None,
     target: str = "synthetic-target",
     rows_per_shard: int = 32768,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> RouterDatasetManifest:
     """Write ``num_prompts * rounds_per_prompt`` rounds as Parquet shards + ``manifest.json`` into ``out_dir``.
 
     Args:
+        pair: the drafter pair the rows claim to come from; each slot's drafter is named by its kind.
         signal: strength of the planted dependence of the gain on the hidden state (0 = none).
         noise: standard deviation of the per-slot noise added to tau before rounding.
         rows_per_shard: approximate rows per shard (shards hold whole prompts).
@@ -51,6 +51,7 @@ def write_synthetic_dataset(
     Returns:
         The manifest that was written.
     """
+    pair = Pair.parse(pair, what="pair")
     if num_prompts < 1 or rounds_per_prompt < 1 or hidden_size < 2:
         raise ValueError("need num_prompts >= 1, rounds_per_prompt >= 1 and hidden_size >= 2")
     out = Path(out_dir)
@@ -73,34 +74,21 @@ def write_synthetic_dataset(
         srng = np.random.default_rng([seed, k])  # one stream per shard: reproducible shard by shard
         shards.append(_write_one(out / f"shard-{k:05d}.parquet", srng, p0, p1, rounds_per_prompt, hidden_size,
                                  w, v, offset, scale, categories, cat_shift, signal, noise))
-    pair = drafters.split("-")
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "target": target,
-        "drafters": {"slot_0": _SLOT_NAMES.get(pair[0], pair[0]), "slot_1": _SLOT_NAMES.get(pair[-1], pair[-1])},
-        "pair": drafters,
-        "tree_budget": tree_budget,
-        "tap_layers": [],
-        "hidden_size": hidden_size,
-        "dtype": "float16",
-        "feature": "final_hidden_state_postnorm",
-        "tau_definition": TAU_DEFINITION,
-        "prompt_sets": [{"name": "synthetic", "categories": list(categories), "num_prompts": num_prompts}],
-        "seed": seed,
-        "versions": package_versions("numpy", "pyarrow", "whiflash"),
-        "generator": {"name": "whiflash.train.synthetic", "signal": signal, "noise": noise,
-                      "rounds_per_prompt": rounds_per_prompt},
-        "num_rows": sum(s["rows"] for s in shards),
-        "shards": shards,
-    }
+    manifest = RouterDatasetManifest(
+        target=target, pair=pair, drafter_ids=pair.slots, tree_budget=tree_budget, tap_layers=[],
+        hidden_size=hidden_size, seed=seed, shards=shards, versions=package_versions("numpy", "pyarrow", "whiflash"),
+        prompt_sets=[{"name": "synthetic", "categories": list(categories), "num_prompts": num_prompts}],
+        generator={"name": "whiflash.train.synthetic", "signal": signal, "noise": noise,
+                   "rounds_per_prompt": rounds_per_prompt},
+    )
     write_manifest(out, manifest)
-    log.info("wrote %d rows in %d shards to %s", manifest["num_rows"], len(shards), out)
+    log.info("wrote %d rows in %d shards to %s", manifest.num_rows, len(shards), out)
     return manifest
 
 
 def _write_one(path: Path, rng: np.random.Generator, p0: int, p1: int, rounds: int, hidden_size: int,
                w: np.ndarray, v: np.ndarray, offset: np.ndarray, scale: np.ndarray, categories: Sequence[str],
-               cat_shift: dict[str, float], signal: float, noise: float) -> dict[str, Any]:
+               cat_shift: dict[str, float], signal: float, noise: float) -> ShardEntry:
     n_p, n = p1 - p0, (p1 - p0) * rounds
     cats = [categories[i % len(categories)] for i in range(p0, p1)]
     shift = np.repeat(np.array([cat_shift[c] for c in cats], dtype=np.float32), rounds)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, SpearmanCorrCoef
 
+from whiflash.pairs import Pair
 from whiflash.router import NeuralRouter
 
 from .metrics import DEFAULT_THRESHOLDS, BinnedAUROC, RoutingTau
@@ -35,7 +36,7 @@ class RouterTask(L.LightningModule):
         thresholds: grid of thresholds theta for the routing replay (default -4.0 .. 4.0 step 0.25).
         auroc_threshold: AUROC is computed for the label ``gain > auroc_threshold``.
         auroc_bins: number of thresholds of the binned (constant-memory) AUROC.
-        drafters: drafter pair of the data (linked from the dataset manifest).
+        pair: drafter pair of the data, e.g. ``df-e3`` (linked from the dataset manifest).
         tree_budget: DDTree budget of the data (linked from the dataset manifest).
         target: target model of the data (linked from the dataset manifest).
         tap_layers: tap layers recorded in the data (linked from the dataset manifest).
@@ -53,14 +54,15 @@ class RouterTask(L.LightningModule):
         thresholds: list[float] | None = None,
         auroc_threshold: float = 0.0,
         auroc_bins: int = 200,
-        drafters: str = "df-e3",
+        pair: str = "df-e3",
         tree_budget: int | None = None,
         target: str = "",
         tap_layers: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.router = NeuralRouter(hidden_size=hidden_size, mlp_dim=mlp_dim, dropout=dropout, drafters=drafters,
+        pair = str(Pair.parse(pair, what="--model.pair"))
+        self.router = NeuralRouter(hidden_size=hidden_size, mlp_dim=mlp_dim, dropout=dropout, drafters=pair,
                                    tree_budget=tree_budget, target=target, tap_layers=tap_layers)
         self.thresholds = list(thresholds) if thresholds else list(DEFAULT_THRESHOLDS)
         with warnings.catch_warnings():  # Spearman keeps preds+targets: 8 bytes a row, fine for router splits
@@ -139,12 +141,14 @@ class RouterTask(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint trained for another feature width, drafter pair or tree budget."""
-        hp = checkpoint.get("hyper_parameters", {})
+        hp = dict(checkpoint.get("hyper_parameters", {}))
+        if "drafters" in hp:  # checkpoints written before the argument was renamed to ``pair``
+            hp.setdefault("pair", hp.pop("drafters"))
         trainer = self._trainer
         ckpt = getattr(trainer, "ckpt_path", None) if trainer is not None else None
         dm = getattr(trainer, "datamodule", None) if trainer is not None else None
         data = f"dataset {dm.path}" if dm is not None and hasattr(dm, "path") else "this run"
-        for key, what in (("hidden_size", "hidden size"), ("drafters", "drafter pair"), ("tree_budget", "tree budget")):
+        for key, what in (("hidden_size", "hidden size"), ("pair", "drafter pair"), ("tree_budget", "tree budget")):
             if key in hp and hp[key] != self.hparams[key]:
                 raise ValueError(f"checkpoint {ckpt or '(given)'} was trained with {what} {hp[key]!r}, but "
                                  f"{data} has {what} {self.hparams[key]!r}; train a new router for this data "

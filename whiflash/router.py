@@ -2,7 +2,8 @@
 
 It predicts the acceptance-length gain ``g = tau(slot 0) - tau(slot 1)`` of a round (tau includes the
 bonus token); the routed loop drafts with slot 0 when ``g_hat > threshold``. Shared by ``whiflash-train``
-(which fits and exports it) and the routed decoding loop (which loads it with :func:`load_router`).
+(which fits and exports it) and the routed decoding loop (which loads it with :func:`load_router`);
+docs/design.md, "Routing".
 
 On disk a router is either a Hub-style folder (``config.json`` + ``model.safetensors`` [+ ``README.md``]),
 the same folder on the Hub, or one ``.safetensors`` file whose metadata key ``whiflash_router_config``
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from whiflash.hub import local_or_hub
+from whiflash.io import atomic_path
+from whiflash.pairs import Pair
+
 log = logging.getLogger(__name__)
 
-DRAFTER_PAIRS = ("df-e3", "ddt-e3", "df-ddt")
 CONFIG_METADATA_KEY = "whiflash_router_config"
 
 
@@ -41,8 +44,9 @@ class NeuralRouter(
         hidden_size: width H of the target's final hidden state.
         mlp_dim: width of the hidden layer.
         dropout: dropout after the activation (training only).
-        drafters: slot pair the gain refers to: ``df-e3``, ``ddt-e3`` or ``df-ddt`` (slot 0 first).
-        tree_budget: DDTree node budget the data was generated with (pairs with ``ddt`` only).
+        drafters: the drafter pair the gain refers to: ``df-e3``, ``ddt-e3`` or ``df-ddt`` (slot 0 first).
+            The name is the published config key; in Python the router exposes it as :attr:`pair`.
+        tree_budget: DDTree node budget the data was generated with (pairs with a DDTree slot only).
         target: name of the target model the features come from.
         tap_layers: record of the feature layers logged with the data (the router reads the final
             post-norm hidden state only).
@@ -61,12 +65,11 @@ class NeuralRouter(
         threshold: float = 0.0,
     ) -> None:
         super().__init__()
-        if drafters not in DRAFTER_PAIRS:
-            raise ValueError(f"drafters must be one of {DRAFTER_PAIRS}, got {drafters!r}")
         if hidden_size < 1 or mlp_dim < 1:
             raise ValueError(f"hidden_size and mlp_dim must be positive, got {hidden_size} and {mlp_dim}")
         self.hidden_size, self.mlp_dim, self.dropout = int(hidden_size), int(mlp_dim), float(dropout)
-        self.drafters, self.tree_budget, self.target = drafters, tree_budget, target
+        self.pair: Pair = Pair.parse(drafters, what="router config field 'drafters'")
+        self.tree_budget, self.target = tree_budget, target
         self.tap_layers = list(tap_layers) if tap_layers is not None else None
         self.threshold = float(threshold)
         # Standardisation statistics of the training split; buffers, so they travel in model.safetensors.
@@ -91,6 +94,15 @@ class NeuralRouter(
         self.mean.copy_(mean.float())
         self.std.copy_(std.float().clamp_min(eps))
 
+    @property
+    def drafters(self) -> str:
+        """The pair's name, as the config key ``drafters`` stores it."""
+        return str(self.pair)
+
+    @drafters.setter
+    def drafters(self, value: str | Pair) -> None:
+        self.pair = Pair.parse(value, what="router config field 'drafters'")
+
     def config(self) -> dict[str, Any]:
         """The JSON config (the constructor arguments) as currently set, e.g. after changing ``threshold``."""
         return {
@@ -100,11 +112,12 @@ class NeuralRouter(
         }
 
 
-def suggested_repo_name(target: str, drafters: str, tree_budget: int | None) -> str:
+def suggested_repo_name(target: str, pair: str | Pair, tree_budget: int | None) -> str:
     """Upstream naming: ``{target basename}-NeuralRouter-{pair}[-b{budget}]`` (budget only for DDTree pairs)."""
+    pair = Pair.parse(pair, what="pair")
     base = target.rstrip("/").split("/")[-1] or "router"
-    name = f"{base}-NeuralRouter-{drafters}"
-    if "ddt" in drafters and tree_budget is not None:
+    name = f"{base}-NeuralRouter-{pair}"
+    if pair.uses_tree and tree_budget is not None:
         name += f"-b{tree_budget}"
     return name
 
@@ -115,9 +128,8 @@ def export_single_file(router: NeuralRouter, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in router.state_dict().items()}
     meta = {"format": "pt", CONFIG_METADATA_KEY: json.dumps(router.config(), sort_keys=True)}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(state, str(tmp), metadata=meta)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata=meta)
     return path
 
 
@@ -145,73 +157,65 @@ def _read_config(path: Path, source: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def is_hub_id(name: str) -> bool:
-    """True for an `org/name` Hub repo id; False for local paths (existing, absolute, relative with
-    more than one folder) and file names."""
-    return (name.count("/") == 1 and not name.startswith((".", "/", "~")) and not name.endswith(".safetensors")
-            and not Path(name).exists())
-
-
 def load_router(
     name_or_path: str | Path,
     *,
     hidden_size: int | None = None,
-    drafters: str | None = None,
+    pair: str | Pair | None = None,
     tree_budget: int | None = None,
     device: str | torch.device = "cpu",
     revision: str | None = None,
 ) -> NeuralRouter:
     """Load a router from a Hub repo id, a local folder or a single ``.safetensors`` file, strictly.
 
-    ``hidden_size``, ``drafters`` and ``tree_budget`` describe the run that will use the router; when
+    ``hidden_size``, ``pair`` and ``tree_budget`` describe the run that will use the router; when
     given they must agree with what the router was trained for, otherwise a ``ValueError`` names both.
+    A name that is neither an existing path nor a Hub repo id fails at once (:func:`whiflash.hub.local_or_hub`).
     """
     src = str(name_or_path)
-    path = Path(name_or_path)
-    if path.is_dir():
-        weights = path / "model.safetensors"
-        config = _read_config(path / "config.json", src)
+    found = local_or_hub(name_or_path, "router")
+    if isinstance(found, str):  # a Hub repo id: config + safetensors only, never a pickle fallback
+        try:
+            config = _read_config(Path(hf_hub_download(found, "config.json", revision=revision)), src)
+            weights = hf_hub_download(found, "model.safetensors", revision=revision)
+        except Exception as e:  # offline, unknown repo, missing file: say what was tried
+            raise FileNotFoundError(f"router {src}: not a local folder or file, and downloading config.json + "
+                                    f"model.safetensors from the Hub repo '{src}' failed: {e}") from e
+    elif found.is_dir():
+        weights = found / "model.safetensors"
+        config = _read_config(found / "config.json", src)
         if not weights.is_file():
             raise FileNotFoundError(f"router {src}: expected model.safetensors (the router weights) at {weights}")
-    elif path.is_file():
-        if path.suffix != ".safetensors":
-            raise ValueError(f"router {src}: expected a folder or a .safetensors file, got {path.suffix or 'no suffix'}")
-        with safe_open(str(path), framework="pt") as f:
+    else:
+        if found.suffix != ".safetensors":
+            raise ValueError(f"router {src}: expected a folder or a .safetensors file, got {found.suffix or 'no suffix'}")
+        with safe_open(str(found), framework="pt") as f:
             meta = f.metadata() or {}
         if CONFIG_METADATA_KEY not in meta:
             raise ValueError(f"router {src}: single-file export lacks the '{CONFIG_METADATA_KEY}' metadata entry; "
                              "export it with whiflash.router.export_single_file or load its folder instead")
-        config, weights = json.loads(meta[CONFIG_METADATA_KEY]), path
-    elif not is_hub_id(src):
-        raise FileNotFoundError(f"router {src}: no such file or folder (expected a folder with config.json and "
-                                "model.safetensors, a .safetensors export, or a Hub repo id 'org/name')")
-    else:  # a Hub repo id: config + safetensors only, never a pickle fallback
-        try:
-            config = _read_config(Path(hf_hub_download(src, "config.json", revision=revision)), src)
-            weights = hf_hub_download(src, "model.safetensors", revision=revision)
-        except Exception as e:  # offline, unknown repo, missing file: say what was tried
-            raise FileNotFoundError(f"router {src}: not a local folder or file, and downloading config.json + "
-                                    f"model.safetensors from the Hub repo '{src}' failed: {e}") from e
+        config, weights = json.loads(meta[CONFIG_METADATA_KEY]), found
     router = _build(config, weights, src)
-    check_compatible(router, src, hidden_size, drafters, tree_budget)
+    check_compatible(router, src, hidden_size, pair, tree_budget)
     return router.to(device)
 
 
 def check_compatible(router: NeuralRouter, src: str, hidden_size: int | None,
-                      drafters: str | None, tree_budget: int | None) -> None:
-    def desc(pair: str, budget: int | None) -> str:
-        return f"'{pair}'" + (f" with tree budget {budget}" if "ddt" in pair and budget is not None else "")
+                     pair: str | Pair | None, tree_budget: int | None) -> None:
+    """Raise ``ValueError`` naming both sides when a run's hidden size, pair or tree budget differs from the
+    router's; ``None`` means "not known", which is not checked."""
+    def desc(p: Pair, budget: int | None) -> str:
+        return f"'{p}'" + (f" with tree budget {budget}" if p.uses_tree and budget is not None else "")
 
     if hidden_size is not None and hidden_size != router.hidden_size:
         raise ValueError(f"router {src} was trained on hidden size {router.hidden_size} (target "
                          f"'{router.target}'), but this run's target has hidden size {hidden_size}")
-    pair_bad = drafters is not None and drafters != router.drafters
-    budget_bad = (tree_budget is not None and router.tree_budget is not None and "ddt" in router.drafters
+    run_pair = Pair.parse(pair, what="pair") if pair is not None else router.pair
+    budget_bad = (tree_budget is not None and router.tree_budget is not None and router.pair.uses_tree
                   and tree_budget != router.tree_budget)
-    if pair_bad or budget_bad:
-        run_pair = drafters if drafters is not None else router.drafters
-        raise ValueError(f"router {src} was trained for drafters {desc(router.drafters, router.tree_budget)}, "
+    if run_pair != router.pair or budget_bad:
+        raise ValueError(f"router {src} was trained for pair {desc(router.pair, router.tree_budget)}, "
                          f"but this run uses {desc(run_pair, tree_budget)}; use a router trained for this pair "
                          "and budget (see suggested_repo_name) or change --whiflash-drafters/--ddtree-tree-budget")
-    if "ddt" in router.drafters and tree_budget is not None and router.tree_budget is None:
+    if router.pair.uses_tree and tree_budget is not None and router.tree_budget is None:
         log.warning("router %s does not record its DDTree tree budget; this run uses %d", src, tree_budget)

@@ -14,26 +14,28 @@ import torch
 from safetensors import safe_open
 from torch import Tensor, nn
 
+from whiflash.hub import local_or_hub
+
 log = logging.getLogger(__name__)
 
 
 def resolve_checkpoint(name_or_path: str | Path, what: str = "checkpoint") -> Path:
-    """A local folder as is; otherwise a Hub repo id, fetched (json + safetensors only) into the HF cache."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise ValueError(f"{what} {str(name_or_path)!r} is a file; expected a folder with config.json and *.safetensors")
-    name = str(name_or_path)
-    if name.count("/") != 1 or name.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"{what} {name!r}: no such folder, and it is not a Hub repo id of the form ORG/NAME")
+    """A local folder as is; otherwise a Hub repo id, fetched (json + safetensors only) into the HF cache.
+
+    Which names are local and which go to the Hub is decided by :func:`whiflash.hub.local_or_hub`.
+    """
+    found = local_or_hub(name_or_path, what)
+    if isinstance(found, Path):
+        if not found.is_dir():
+            raise ValueError(f"{what} {str(name_or_path)!r} is a file; expected a folder with config.json and *.safetensors")
+        return found
     from huggingface_hub import snapshot_download
 
-    log.info("fetching %s %s from the Hugging Face Hub", what, name)
+    log.info("fetching %s %s from the Hugging Face Hub", what, found)
     try:
-        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+        return Path(snapshot_download(found, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
     except Exception as err:  # network, auth, missing repo: say what was asked for
-        raise FileNotFoundError(f"{what} {name!r}: not a local folder and the Hub download failed: {err}") from err
+        raise FileNotFoundError(f"{what} {found!r}: not a local folder and the Hub download failed: {err}") from err
 
 
 def safetensors_files(folder: Path) -> list[Path]:

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from whiflash.io import atomic_write_json
 from whiflash.versions import package_versions
 
-__all__ = ["Manifest", "fingerprint", "hash_dir", "atomic_write_json"]
+__all__ = ["Manifest", "fingerprint", "hash_dir"]
 
 log = logging.getLogger(__name__)
 LOG_ENTRIES = 200
@@ -49,13 +50,6 @@ def hash_dir(path: Path) -> str:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write JSON to a temporary sibling, then rename over ``path`` (never a half-written file)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
 
 
 class Manifest:

@@ -1,0 +1,88 @@
+"""The rows of a router dataset: the Arrow schema of a shard, writing one, and checking them against the manifest.
+
+One row per decoding round (docs/design.md, "The router dataset"): where the round happened
+(``prompt_id``, ``category``, ``round``, ``position``), the router's features (``hidden``, float16[H],
+and ``entropy``), both slots' acceptance lengths (``tau_0``, ``tau_1``), their difference ``gain`` and the
+slot that advanced the sequence (``active``). Imports pyarrow, so ``import whiflash`` does not load this.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from whiflash.io import atomic_path
+
+from .manifest import MANIFEST_NAME, DatasetFormatError, RouterDatasetManifest, ShardEntry, sha256_file
+
+__all__ = ["COLUMNS", "SCALAR_COLUMNS", "check_shards", "row_schema", "shard_entry", "write_shard"]
+
+#: Per-round columns other than ``hidden``: name -> Arrow type.
+SCALAR_COLUMNS: dict[str, pa.DataType] = {
+    "prompt_id": pa.string(),
+    "category": pa.string(),
+    "round": pa.int32(),
+    "position": pa.int32(),
+    "entropy": pa.float32(),
+    "tau_0": pa.int16(),
+    "tau_1": pa.int16(),
+    "gain": pa.float32(),
+    "active": pa.int8(),
+}
+COLUMNS = ("prompt_id", "category", "round", "position", "hidden", "entropy", "tau_0", "tau_1", "gain", "active")
+
+
+def row_schema(hidden_size: int) -> pa.Schema:
+    """The Arrow schema of a shard whose ``hidden`` column is a fixed-size list of ``hidden_size`` float16."""
+    return pa.schema([pa.field(c, pa.list_(pa.float16(), hidden_size) if c == "hidden" else SCALAR_COLUMNS[c])
+                      for c in COLUMNS])
+
+
+def write_shard(path: str | Path, columns: dict[str, np.ndarray | list], hidden_size: int) -> ShardEntry:
+    """Write one Parquet shard atomically (a resumed run trusts every shard it finds); returns its manifest entry."""
+    path = Path(path)
+    hidden = np.ascontiguousarray(columns["hidden"], dtype=np.float16)
+    if hidden.ndim != 2 or hidden.shape[1] != hidden_size:
+        raise ValueError(f"shard {path}: column 'hidden' must be [N, {hidden_size}], got {hidden.shape}")
+    arrays = {c: pa.array(columns[c], type=SCALAR_COLUMNS[c]) for c in SCALAR_COLUMNS}
+    arrays["hidden"] = pa.FixedSizeListArray.from_arrays(pa.array(hidden.reshape(-1)), hidden_size)  # zero-copy
+    table = pa.Table.from_arrays([arrays[c] for c in COLUMNS], schema=row_schema(hidden_size))
+    with atomic_path(path) as tmp:
+        # fp16 activations barely compress; skip compression so writing and reading stay I/O bound, not CPU bound.
+        pq.write_table(table, tmp, compression="none", row_group_size=max(1, min(len(table), 1 << 14)))
+    return shard_entry(path)
+
+
+def shard_entry(path: Path) -> ShardEntry:
+    """The manifest entry of a written shard: file name, row count, sha256."""
+    return ShardEntry(file=path.name, rows=pq.read_metadata(path).num_rows, sha256=sha256_file(path))
+
+
+def check_shards(data_dir: str | Path, manifest: RouterDatasetManifest, verify_hashes: bool = True) -> list[Path]:
+    """Check every shard the manifest lists exists, has the right schema and row count and (optionally) hash."""
+    data_dir = Path(data_dir)
+    expected = row_schema(manifest.hidden_size)
+    paths = []
+    for shard in manifest.shards:
+        path = data_dir / shard.file
+        if not path.is_file():
+            raise FileNotFoundError(f"{data_dir / MANIFEST_NAME}: lists shard {shard.file}, but {path} does not exist")
+        meta = pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
+        for column in expected:
+            if column.name not in schema.names:
+                raise DatasetFormatError(f"{path}: lacks column '{column.name}' (expected {column.type})")
+            got = schema.field(column.name).type
+            if column.name == "hidden" and (not pa.types.is_fixed_size_list(got) or got.list_size != manifest.hidden_size
+                                            or got.value_type != pa.float16()):
+                raise DatasetFormatError(f"{path}: column 'hidden' is {got}, expected float16[{manifest.hidden_size}] "
+                                         f"(field 'hidden_size' of {MANIFEST_NAME})")
+        if meta.num_rows != shard.rows:
+            raise DatasetFormatError(f"{path}: has {meta.num_rows} rows, {MANIFEST_NAME} says {shard.rows}")
+        if verify_hashes and sha256_file(path) != shard.sha256:
+            raise DatasetFormatError(f"{path}: sha256 differs from {MANIFEST_NAME} (file changed or truncated)")
+        paths.append(path)
+    return paths

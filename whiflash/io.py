@@ -1,0 +1,56 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of one.
+
+Every writer in the toolkit (dataset shards and manifests, router exports, testbed manifests)
+goes through here, so a killed run never leaves a truncated file under its final name, and a
+resumed run can trust the files it finds (docs/design.md, "The router dataset").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "atomic_write_text"]
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield an unused temporary path next to ``path``; once the block has written it, it is synced and
+    renamed over ``path``. On an exception the temporary file is removed and ``path`` is left as it was.
+
+    For libraries that write to a path themselves (Parquet, safetensors). The temporary file sits in the
+    same folder because ``os.replace`` is atomic only within one file system; its name starts with a dot
+    and ends with ``.tmp`` so that globs for the real files never match it.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        yield tmp
+        # fsync before the rename: otherwise a crash can leave the new name pointing at unwritten blocks
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically; returns ``path``."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; returns ``path``."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any, *, sort_keys: bool = False) -> Path:
+    """Write ``obj`` as indented JSON with a final newline to ``path`` atomically; returns ``path``."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=sort_keys) + "\n")
