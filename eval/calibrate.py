@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 from .config import BenchConfig
 from .datasets import load_samples, select
-from .metrics import summarize_rows
-from .outputs import SampleLog, prepare_run_dir
+from .metrics import aggregate, summarize_rows
+from .outputs import SampleLog, prepare_run_dir, write_results
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,8 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
         replies: list[str] = []
         for turn in range(sample.n_turns):
             _run_turn(runner, rows_log, probe, sample, turn, k, replies)
+    results = aggregate(rows_log.rows, runner.names, seed=cfg.seed, iterations=cfg.bootstrap)
+    write_results(run, results)
     picked = pick_thresholds(rows_log.rows)
     result = {"method": method, "thresholds": {c: p["threshold"] for c, p in picked.items()},
               "details": picked,

@@ -27,7 +27,7 @@ def speedup_bars(results: list[tuple[str, dict[str, Any]]], path: Path) -> Path:
                 continue
             series.append((f"{label}/{m}" if label else m, {c: per[m] for c, per in res["cells"].items() if m in per}))
         cats += [c for c in res["cells"] if c not in cats]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(cats) * max(1, len(series)) / 2), 4))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(6.0, 0.35 * len(cats) * max(1, len(series)))), 4))
     width = 0.8 / max(1, len(series))
     for i, (name, per) in enumerate(series):
         xs = [j + i * width for j in range(len(cats))]
