@@ -76,6 +76,8 @@ class Runner:
 
     def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
         testbed = Path(cfg.testbed) if cfg.testbed else None
         self.paths = model_paths(cfg.speculative_algorithm, cfg.model_name_or_path, cfg.draft_name_or_path,
                                  cfg.whiflash_eagle_draft, testbed)

@@ -55,6 +55,8 @@ class BenchConfig:
     testbed: str | None = _h(None, "A built testbed folder: default target/eagle3/dflash paths and testbed:SPLIT prompts.")
     device: str = _h("cuda" if torch.cuda.is_available() else "cpu", "Torch device.")
     dtype: str = _h("bfloat16" if torch.cuda.is_available() else "float32", "Model dtype: float32, bfloat16 or float16.")
+    threads: int | None = _h(None, "torch intra-op CPU threads (default: torch's choice; 1 is fastest for tiny "
+                             "models on a busy machine).")
     cuda_graphs: bool = _h(False, "Replay CUDA graphs for the fixed-shape passes (CUDA only).")
     warmup_tokens: int = _h(32, "New tokens of each method's untimed warm-up decode.")
     bootstrap: int = _h(1000, "Bootstrap resamples for the speedup interval.")

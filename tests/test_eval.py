@@ -38,6 +38,17 @@ QUICK_START = {
 }
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread: the micro models are tiny, and on a shared 2-core machine two threads contend."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _bench(tmp: Path, *extra: str) -> int:
     return main(["bench", "--out", str(tmp), *FAST, *extra])
 
