@@ -18,6 +18,7 @@ from tqdm import tqdm
 import whiflash
 from whiflash.datagen.prompts import PromptItem, read_source
 from whiflash.datagen.record import OracleRecorder, record_prompt
+from whiflash.prompts import encode_chat
 from whiflash.train.dataset import SCHEMA_VERSION, TAU_DEFINITION, shard_entry, write_manifest, write_shard
 from whiflash.versions import package_versions
 
@@ -138,11 +139,8 @@ def _encode(tokenizer, item: PromptItem, max_tokens: int) -> list[int]:
         ids = list(item.input_ids)
     elif tokenizer is None:
         raise ValueError(f"prompt {item.prompt_id} is text, but the target has no tokenizer files")
-    elif getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": item.text}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)  # transformers 5 returns a dict by default
-    else:
-        ids = tokenizer(item.text, add_special_tokens=False)["input_ids"]
+    else:  # the chat template (thinking off) when the tokenizer has one, as whiflash-eval renders prompts
+        ids = encode_chat(tokenizer, [item.text])
     return ids[-max_tokens:]
 
 
