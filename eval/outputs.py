@@ -149,7 +149,11 @@ def markdown_table(results: dict[str, Any], run_label: str = "") -> str:
                 text += f"\n| {m} | {cat} | " + " | ".join(cells) + " |"
     text += f"\n\nτ: {results['tau_definition']}.\n"
     if results.get("catchup_note"):
-        text += f"Catch-up: {results['catchup_note']}\n"
+        text += f"Catch-up: {results['catchup_note']}.\n"
+    if results.get("lossless_check"):
+        text += f"Lossless check: {results['lossless_check']}; {len(results.get('mismatches') or [])} mismatches.\n"
+    if results.get("protocol"):
+        text += f"\nProtocol: {results['protocol']}\n"
     return text
 
 

@@ -101,6 +101,15 @@ def test_eagle3_algorithm_takes_draft_path_as_eagle3() -> None:
         method_names("AR", "ar,medusa", "entropy")
 
 
+def test_module_entry_point() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "whiflash.eval", "bench", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "--whiflash-neural-router-path" in done.stdout
+
+
 def test_config_and_print_config(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "--whiflash-drafters", "ddt-e3", "--max-samples", "3", "--print_config"])
