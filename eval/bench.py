@@ -29,7 +29,7 @@ from .outputs import SampleLog, prepare_run_dir, write_manifest, write_results
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BenchResult", "Runner", "run_bench"]
+__all__ = ["BenchResult", "Runner", "run_bench", "run_turn"]
 
 
 @dataclass
@@ -113,6 +113,14 @@ class Runner:
                 m.drafter.use_cuda_graphs(True)
             self._methods[key] = m
         return self._methods[key]
+
+    def add_method(self, method: Method) -> None:
+        """Register an extra method under its own name (calibration: one per swept threshold) and run it."""
+        if self.graphs and method.drafter is not None:
+            method.drafter.use_cuda_graphs(True)
+        self._methods[(method.name, None)] = method
+        if method.name not in self.names:
+            self.names.append(method.name)
 
     def encode(self, sample: Sample, turn: int, replies: list[str]) -> list[int]:
         """Prompt ids of `turn` (0-based) with AR's earlier `replies` as history."""
@@ -215,7 +223,7 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
     for k, sample in enumerate(tqdm(samples, desc="bench samples")):
         replies: list[str] = []
         for turn in range(sample.n_turns):
-            _run_turn(runner, rows_log, probe, sample, turn, k, replies)
+            run_turn(runner, rows_log, probe, sample, turn, k, replies)
     rows = rows_log.rows
     results = aggregate(rows, runner.names, seed=cfg.seed, iterations=cfg.bootstrap)
     mismatches = [r["mismatch"] for r in rows if r.get("mismatch")]
@@ -238,7 +246,7 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
     return BenchResult(run, results, mismatches, code)
 
 
-def _run_turn(runner: Runner, rows_log: SampleLog, probe: MarginProbe, sample: Sample, turn: int, k: int,
+def run_turn(runner: Runner, rows_log: SampleLog, probe: MarginProbe, sample: Sample, turn: int, k: int,
               replies: list[str]) -> None:
     """Every method on one turn of one sample (rotating order), the lossless check, and the rows."""
     names = runner.names

@@ -66,23 +66,20 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     runner = Runner(cfg)
     config = {**cfg.__dict__, "calibrate_method": method, "values": values, "exclude": sorted(bench_ids)}
     run, _ = prepare_run_dir(cfg.out, cfg.run_name(), config)
-    variants = {v: runner.factory.build(method, v) for v in values}
-    for m in variants.values():
-        m.name = f"{method}@{m.drafter.router.threshold:g}"
-        runner._methods[(m.name, None)] = m
-        if runner.graphs:
-            m.drafter.use_cuda_graphs(True)
-    runner.names = ["ar", *[m.name for m in variants.values()]]
+    for v in values:
+        m = runner.factory.build(method, v)
+        m.name = f"{method}@{v:g}"
+        runner.add_method(m)
     runner.prepare(samples)
     rows_log = SampleLog(run / "samples.jsonl")
-    from .bench import _run_turn
+    from .bench import run_turn
     from .lossless import MarginProbe
 
     probe = MarginProbe(runner.paths["target"], device=cfg.device)
     for k, sample in enumerate(tqdm(samples, desc="calibrate samples")):
         replies: list[str] = []
         for turn in range(sample.n_turns):
-            _run_turn(runner, rows_log, probe, sample, turn, k, replies)
+            run_turn(runner, rows_log, probe, sample, turn, k, replies)
     results = aggregate(rows_log.rows, runner.names, seed=cfg.seed, iterations=cfg.bootstrap)
     write_results(run, results)
     picked = pick_thresholds(rows_log.rows)
