@@ -156,10 +156,11 @@ class Runner:
             for n in self.names:
                 self.method(n, s.category)
         longest, longest_ids = 0, None
+        new = self.cfg.max_new_tokens
         for s in samples:
-            first = self.encode(s, 0, [""] * (s.n_turns - 1))
-            rest = sum(len(self.encode(s, t, ["x"] * t)) for t in range(1, s.n_turns))  # history grows with replies
-            need = len(first) + rest + s.n_turns * self.cfg.max_new_tokens
+            first = self.encode(s, 0, [])
+            # turn t's prompt holds t earlier replies of at most max_new_tokens each, then generates max_new_tokens
+            need = max(len(self.encode(s, t, ["x"] * t)) + t * new + new for t in range(s.n_turns))
             if need > longest:
                 longest, longest_ids = need, first
         max_len = min(longest + self.max_nodes() + 2, self.target.config.max_position_embeddings + self.max_nodes() + 2)
