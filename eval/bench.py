@@ -150,11 +150,15 @@ class Runner:
         return whiflash.generate(self.target, method.drafter, ids, max_new_tokens or self.cfg.max_new_tokens,
                                  temperature=self.cfg.temperature, stop_token_ids=self.stops, seed=self.cfg.seed)
 
-    def prepare(self, samples: list[Sample]) -> int:
-        """Build every method, size the target cache for the longest sample and warm every method up."""
+    def build_all(self, samples: list[Sample]) -> None:
+        """Load every drafter and router the samples need (incompatible checkpoints fail here)."""
         for s in samples:
             for n in self.names:
                 self.method(n, s.category)
+
+    def prepare(self, samples: list[Sample]) -> int:
+        """Build every method, size the target cache for the longest sample and warm every method up."""
+        self.build_all(samples)
         longest, longest_ids = 0, None
         new = self.cfg.max_new_tokens
         for s in samples:
@@ -205,6 +209,7 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
     testbed = Path(cfg.testbed) if cfg.testbed else None
     samples = load_samples(cfg.dataset, testbed=testbed, max_samples=cfg.max_samples, seed=cfg.seed)
     runner = Runner(cfg)
+    runner.build_all(samples)  # before the run folder exists: a refused checkpoint leaves nothing behind
     config = asdict(cfg)
     run, resumed = prepare_run_dir(cfg.out, cfg.run_name(), config)
     if config_dump is not None and not resumed:

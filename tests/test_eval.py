@@ -322,3 +322,23 @@ def test_calibrate_then_bench_uses_thresholds(micro: Path, bench_run: Path, tmp_
                   "--whiflash-thresholds", str(out), "--name", "thr", "--no-plots") == 0
     used = {r["category"]: r["threshold"] for r in _rows(_run_dir(tmp_path, "thr")) if r["method"] != "ar"}
     assert used == {"code": 0.01, "math": 100.0, "prose": 0.01}
+
+
+def test_neural_router_file_and_tree_pair(micro: Path, tmp_path: Path) -> None:
+    from whiflash.router import NeuralRouter, export_single_file
+
+    router = export_single_file(NeuralRouter(hidden_size=128, mlp_dim=8, drafters="df-e3"), tmp_path / "r.safetensors")
+    assert _bench(tmp_path, "--testbed", str(micro), "--max-samples", "1", "--speculative-algorithm", "WHIFLASH",
+                  "--whiflash-router", "neural", "--whiflash-neural-router-path", str(router),
+                  "--whiflash-neural-router-threshold", "0.0", "--name", "neural", "--no-plots", "--strict") == 0
+    assert {r["method"] for r in _rows(_run_dir(tmp_path, "neural"))} == {"ar", "whiflash-neural"}
+    assert _bench(tmp_path, "--testbed", str(micro), "--max-samples", "1", "--whiflash-drafters", "ddt-e3",
+                  "--ddtree-tree-budget", "3", "--methods", "whiflash,oracle", "--name", "tree", "--no-plots",
+                  "--strict") == 0
+    rows = _rows(_run_dir(tmp_path, "tree"))
+    assert {r["method"] for r in rows} == {"ar", "whiflash-entropy", "oracle"}
+    assert all(r["label"].endswith("(ddt-e3)") for r in rows if r["method"] != "ar")
+    with pytest.raises(ValueError, match="ddt-e3"):  # a df-e3 router refused for another pair, naming both
+        _bench(tmp_path, "--testbed", str(micro), "--max-samples", "1", "--whiflash-drafters", "ddt-e3",
+               "--methods", "whiflash-neural", "--whiflash-neural-router-path", str(router), "--name", "bad")
+    assert not list(tmp_path.glob("*_bad"))
