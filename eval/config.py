@@ -6,6 +6,7 @@ Field names are the flags with dashes turned into underscores (`--speculative-al
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -72,8 +73,11 @@ class BenchConfig:
         if self.name:
             return self.name
         what = self.methods.replace(",", "+") if self.methods else self.speculative_algorithm.lower()
-        data = self.dataset.replace("/", "_").replace(":", "-").replace(",", "+")[-40:]
-        return f"{what}_{data}".replace(" ", "")
+        parts = []
+        for src in self.dataset.split(","):
+            src = src.strip().split("@")[0]
+            parts.append(src.replace(":", "-") if src.startswith("testbed:") else Path(src).stem or src)
+        return f"{what}_{'+'.join(parts)}"[:80].replace(" ", "").replace("/", "_")
 
 
 def flag(name: str) -> str:
