@@ -23,6 +23,7 @@ from whiflash.datagen.record import record_prompt
 from whiflash.decoding.routed import OracleDrafter
 from whiflash.io import atomic_write_json
 from whiflash.pairs import Pair
+from whiflash.prompts import encode_chat
 from whiflash.versions import package_versions
 
 log = logging.getLogger("whiflash.datagen")
@@ -142,11 +143,8 @@ def _encode(tokenizer, item: PromptItem, max_tokens: int) -> list[int]:
         ids = list(item.input_ids)
     elif tokenizer is None:
         raise ValueError(f"prompt {item.prompt_id} is text, but the target has no tokenizer files")
-    elif getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": item.text}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)  # transformers 5 returns a dict by default
-    else:
-        ids = tokenizer(item.text, add_special_tokens=False)["input_ids"]
+    else:  # the chat template (thinking off) when the tokenizer has one, as whiflash-eval renders prompts
+        ids = encode_chat(tokenizer, [item.text])
     return ids[-max_tokens:]
 
 

@@ -1,1 +1,1 @@
-"""whiflash.eval"""
+"""whiflash-eval: benchmark decoding methods against AR (bench), rebuild reports (report), calibrate thresholds."""

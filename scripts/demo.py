@@ -9,8 +9,9 @@ on the result (about a minute together; reused when present). Per category (code
 every method then decodes the same held-out prompts greedily: plain AR, EAGLE-3, DFlash, DDTree,
 WhiFlash-Entropy (threshold calibrated on the datagen rounds) and WhiFlash-Neural (DFlash vs
 EAGLE-3) and the per-round oracle of that pair.
-Every output is checked against AR token for token; the table gives tau (accepted drafts + 1 per
-round; mean over rounds per sequence, then over sequences) and decode tokens/s on this machine.
+The comparison is `whiflash-eval bench` (whiflash.eval.bench.run_bench, run folder under runs/eval/):
+every output is checked against AR token for token; the table gives speedup over AR, tau (accepted
+drafts + 1 per round; mean over rounds per sequence, then over sequences) and decode tokens/s.
 """
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-import whiflash
-from whiflash.testbed import CATEGORIES, ensure_testbed, eval_prompts
-from whiflash.testbed.tokenizer import load_tokenizer
+from whiflash.eval.bench import run_bench
+from whiflash.eval.config import BenchConfig
+from whiflash.testbed import CATEGORIES, ensure_testbed
 
 
 def train_router(root: Path) -> tuple[Path, Path]:
@@ -58,52 +59,27 @@ def main() -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
 
     root = ensure_testbed(args.preset, args.out)
-    tok = load_tokenizer(root / "target")
-    target = whiflash.load_target(root / "target", device=args.device)
-    eagle = whiflash.load_drafter("eagle3", root / "eagle3", target)
-    dflash = whiflash.load_drafter("dflash", root / "dflash", target)
     threshold = args.entropy_threshold if args.entropy_threshold is not None else 0.2
-    neural = None
+    neural: str | None = None
     if not args.no_neural:
         from whiflash.train.calibrate import calibrate_entropy
 
         router_dir, data = train_router(root)
-        neural = whiflash.load_router(router_dir, hidden_size=target.config.hidden_size, pair="df-e3")
+        neural = str(router_dir)
         if args.entropy_threshold is None:
             threshold = calibrate_entropy(data)["threshold"]
-    methods = {
-        "AR": None,
-        "EAGLE-3": eagle,
-        "DFlash": dflash,
-        "DDTree": whiflash.load_drafter("ddtree", root / "dflash", target),
-        f"WhiFlash-Entropy ({threshold:g})": whiflash.RoutedDrafter("df-e3", whiflash.EntropyRouter(threshold),
-                                                                   eagle3=eagle, dflash=dflash),
-    }
-    if neural is not None:
-        methods["WhiFlash-Neural"] = whiflash.RoutedDrafter("df-e3", whiflash.NeuralPolicy(neural), eagle3=eagle,
-                                                            dflash=dflash)
-    methods["Oracle (df-e3)"] = whiflash.OracleDrafter("df-e3", eagle3=eagle, dflash=dflash)
-    stats: dict[str, dict[str, list]] = {m: {c: [] for c in CATEGORIES} for m in methods}
-    mismatches = 0
-    for cat in CATEGORIES:
-        for prompt in eval_prompts(root, cat, args.prompts):
-            ids = tok(prompt, add_special_tokens=False)["input_ids"][-256:]
-            ref = None
-            for name, drafter in methods.items():
-                out, st = whiflash.generate(target, drafter, ids, args.max_new_tokens, stop_token_ids=[tok.eos_token_id])
-                ref = out if ref is None else ref
-                mismatches += out != ref
-                stats[name][cat].append(st)
+    cfg = BenchConfig(testbed=str(root), dataset="testbed:test", max_samples=len(CATEGORIES) * args.prompts,
+                      methods="eagle3,dflash,ddtree,whiflash-entropy" + (",whiflash-neural" if neural else "") + ",oracle",
+                      whiflash_entropy_threshold=threshold, whiflash_neural_router_path=neural,
+                      max_new_tokens=args.max_new_tokens, max_prompt_tokens=256, device=args.device,
+                      dtype="float32", name=f"demo-{args.preset}")
+    result = run_bench(cfg, ["scripts/demo.py", *sys.argv[1:]])
     print(f"\ntestbed {root} ({args.preset}), {args.prompts} held-out prompts per category, greedy, "
-          f"{args.max_new_tokens} new tokens, {args.device}")
-    print("tau = accepted drafts + 1 per round (mean over rounds per sequence, then over sequences)\n")
-    print(f"{'method':<24}" + "".join(f"{'tau ' + c:>11}" for c in CATEGORIES) + f"{'tok/s':>9}")
-    for name, per in stats.items():
-        taus = [whiflash.summarize(per[c])["tau"] for c in CATEGORIES]
-        total = whiflash.summarize([s for c in CATEGORIES for s in per[c]])
-        print(f"{name:<24}" + "".join(f"{t:>11.2f}" for t in taus) + f"{total['tokens'] / total['decode_seconds']:>9.0f}")
-    print(f"\nlossless: {'every output equals AR' if not mismatches else f'{mismatches} outputs differ from AR'}")
-    return 1 if mismatches else 0
+          f"{args.max_new_tokens} new tokens, {args.device}; run folder {result.run_dir}\n")
+    print((result.run_dir / "results.md").read_text())
+    n = len(result.mismatches)
+    print(f"lossless: {'every output equals AR' if not n else f'{n} outputs differ from AR'}")
+    return 1 if n else 0
 
 
 if __name__ == "__main__":

@@ -60,3 +60,14 @@ WORLDS = {
 def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, World]:
     root = tmp_path_factory.mktemp("worlds")
     return {name: World(root / name, *spec) for name, spec in WORLDS.items()}
+
+
+@pytest.fixture(scope="session")
+def micro(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``micro`` testbed, built once per session (shared by the testbed and eval tests)."""
+    from whiflash.testbed.build import build
+    from whiflash.testbed.presets import get_preset
+
+    out = tmp_path_factory.mktemp("testbed") / "micro"
+    build(out, get_preset("micro"))
+    return out

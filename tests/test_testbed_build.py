@@ -13,13 +13,6 @@ from whiflash.testbed.build import STAGES, build
 from whiflash.testbed.presets import CATEGORIES, get_preset
 
 
-@pytest.fixture(scope="session")
-def micro(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("testbed") / "micro"
-    build(out, get_preset("micro"))
-    return out
-
-
 def _manifest(root: Path) -> dict:
     return json.loads((root / "manifest.json").read_text())
 

@@ -85,10 +85,11 @@ class DFlashDrafter(Drafter):
     def _setup_cache(self, max_len: int) -> None:
         a, w = self.layers[0].self_attn, self.fc.weight
         slots = max_len + 4 * self.catch_up_rows  # room for the block and a padded catch-up pass
-        if self.cache.ensure(len(self.layers), a.nkv, slots, a.hd, w.device, w.dtype):
-            self._cols = torch.arange(slots, device=w.device)
+        # grow only: a shorter sequence reuses the cache, and so the graphs captured against it
+        if self.cache.ensure(len(self.layers), a.nkv, slots, a.hd, w.device, w.dtype, grow_only=True):
+            self._cols = torch.arange(self.cache.slots, device=w.device)
             self.drop_graphs()  # captured graphs point at the old cache
-        self.rope.ensure(slots + 1, w.device)
+        self.rope.ensure(self.cache.slots + 1, w.device)
         self._masks = torch.full((self.block_size - 1,), self.mask_token_id, dtype=torch.long, device=w.device)
 
     @property

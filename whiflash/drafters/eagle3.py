@@ -99,10 +99,11 @@ class Eagle3Drafter(Drafter):
         a = self.midlayer.self_attn
         w = self.fc.weight
         slots = max_len + 4 * self.catch_up_rows  # room for a padded fixed-shape catch-up pass at the end
-        if self.cache.ensure(1, a.nkv, slots, a.hd, w.device, w.dtype):
-            self._cols = torch.arange(slots, device=w.device)
+        # grow only: a shorter sequence reuses the cache, and so the graphs captured against it
+        if self.cache.ensure(1, a.nkv, slots, a.hd, w.device, w.dtype, grow_only=True):
+            self._cols = torch.arange(self.cache.slots, device=w.device)
             self.drop_graphs()  # captured graphs point at the old cache
-        self.rope.ensure(slots + 1, w.device)
+        self.rope.ensure(self.cache.slots + 1, w.device)
 
     def embed(self, ids: Tensor) -> Tensor:
         return self.embed_tokens(ids) if self.embed_tokens is not None else self.target.embed(ids)

@@ -1,0 +1,290 @@
+"""`whiflash-eval bench`: build methods from flags, run them side by side on the same prompts, compare
+with AR and aggregate.
+
+See `whiflash.eval.metrics.PROTOCOL` for the measurement protocol and docs/eval.md for the layout of
+a run folder.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+import whiflash
+from whiflash.decoding.stats import TAU_DEFINITION
+from whiflash.prompts import encode_chat
+
+from .config import BenchConfig
+from .datasets import Sample, load_samples
+from .lossless import MarginProbe, Mismatch, first_difference
+from .methods import Method, MethodFactory, method_names, model_paths
+from .metrics import PROTOCOL, aggregate, decode_tokens
+from .outputs import SampleLog, prepare_run_dir, write_manifest, write_results
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BenchResult", "Runner", "run_bench", "run_turn"]
+
+
+@dataclass
+class BenchResult:
+    """What a bench run produced: its folder, aggregated results and lossless mismatches."""
+
+    run_dir: Path
+    results: dict[str, Any]
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    exit_code: int = 0
+
+
+def load_tokenizer(path: str | None) -> Any:
+    """The target's tokenizer, or None (then only `input_ids` samples can be used)."""
+    if path is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as err:
+        log.warning("no tokenizer for %s (%s: %s); only input_ids samples can be used", path, type(err).__name__, err)
+        return None
+
+
+def stop_ids(tokenizer: Any, path: str | None) -> list[int]:
+    """End-of-sequence ids from the tokenizer and the target's generation config."""
+    ids: set[int] = set()
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if path is not None:
+        try:
+            from transformers import GenerationConfig
+
+            eos = GenerationConfig.from_pretrained(path).eos_token_id
+            ids.update([eos] if isinstance(eos, int) else list(eos or []))
+        except Exception:  # no generation_config.json: the tokenizer's eos is enough
+            pass
+    return sorted(ids)
+
+
+class Runner:
+    """Loaded target, tokenizer and methods of one configuration; decodes samples side by side."""
+
+    def __init__(self, cfg: BenchConfig) -> None:
+        self.cfg = cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        testbed = Path(cfg.testbed) if cfg.testbed else None
+        self.paths = model_paths(cfg.speculative_algorithm, cfg.model_name_or_path, cfg.draft_name_or_path,
+                                 cfg.whiflash_eagle_draft, testbed)
+        if self.paths["target"] is None:
+            raise ValueError("give --model-name-or-path (Hub id or folder) or --testbed DIR")
+        self.names = method_names(cfg.speculative_algorithm, cfg.methods, cfg.whiflash_router)
+        self.target = whiflash.load_target(self.paths["target"], device=cfg.device, dtype=getattr(torch, cfg.dtype))
+        self.tokenizer = load_tokenizer(self.paths["target"])
+        self.stops = stop_ids(self.tokenizer, self.paths["target"])
+        self.factory = MethodFactory(
+            self.target, self.paths, pair=cfg.whiflash_drafters, tree_budget=cfg.ddtree_tree_budget,
+            eagle_num_steps=cfg.eagle_num_steps, router=cfg.whiflash_router,
+            entropy_threshold=cfg.whiflash_entropy_threshold, neural_router_path=cfg.whiflash_neural_router_path,
+            neural_threshold=cfg.whiflash_neural_router_threshold, lazy_catchup=not cfg.whiflash_no_lazy_catchup,
+            time_catchup=cfg.whiflash_time_catchup)
+        self.thresholds = read_thresholds(cfg.whiflash_thresholds) if cfg.whiflash_thresholds else None
+        self._methods: dict[tuple[str, float | None], Method] = {}
+        self.graphs = cfg.cuda_graphs and self.target.device.type == "cuda"
+        if cfg.cuda_graphs and not self.graphs:
+            log.warning("--cuda-graphs ignored on %s (CUDA only)", self.target.device)
+        if self.graphs:
+            self.target.use_cuda_graphs(True)
+
+    def method(self, name: str, category: str | None = None) -> Method:
+        """Method `name`, with the calibrated threshold of `category` when thresholds were given for it."""
+        thr = None
+        if self.thresholds and name == self.thresholds["method"]:
+            thr = self.thresholds["thresholds"].get(category, self.thresholds.get("default"))
+        key = (name, thr)
+        if key not in self._methods:
+            m = self.factory.build(name, thr)
+            if self.graphs and m.drafter is not None:
+                m.drafter.use_cuda_graphs(True)
+            self._methods[key] = m
+        return self._methods[key]
+
+    def add_method(self, method: Method) -> None:
+        """Register an extra method under its own name (calibration: one per swept threshold) and run it."""
+        if self.graphs and method.drafter is not None:
+            method.drafter.use_cuda_graphs(True)
+        self._methods[(method.name, None)] = method
+        if method.name not in self.names:
+            self.names.append(method.name)
+
+    def encode(self, sample: Sample, turn: int, replies: list[str]) -> list[int]:
+        """Prompt ids of `turn` (0-based) with AR's earlier `replies` as history."""
+        if sample.input_ids is not None:
+            ids = list(sample.input_ids)
+        elif self.tokenizer is None:
+            raise ValueError(f"sample {sample.id} is text, but the target {self.paths['target']} has no tokenizer")
+        elif sample.source.startswith("testbed:"):  # raw document prefixes: no chat template
+            ids = self.tokenizer(sample.turns[0], add_special_tokens=False)["input_ids"]
+        else:
+            ids = encode_chat(self.tokenizer, sample.turns[: turn + 1], replies[:turn],
+                              enable_thinking=self.cfg.enable_thinking)
+        limit = self.target.config.max_position_embeddings - self.cfg.max_new_tokens - 2 * self.max_nodes() - 2
+        keep = min(limit, self.cfg.max_prompt_tokens or limit)
+        if keep < 1:
+            raise ValueError(f"--max-new-tokens {self.cfg.max_new_tokens} leaves no room for a prompt in the target's "
+                             f"{self.target.config.max_position_embeddings} positions")
+        return ids[-keep:]
+
+    def max_nodes(self) -> int:
+        return max((m.drafter.max_nodes for m in self._methods.values() if m.drafter is not None), default=0)
+
+    def decode_text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    def generate(self, method: Method, ids: list[int], max_new_tokens: int | None = None) -> tuple[list[int], Any]:
+        return whiflash.generate(self.target, method.drafter, ids, max_new_tokens or self.cfg.max_new_tokens,
+                                 temperature=self.cfg.temperature, stop_token_ids=self.stops, seed=self.cfg.seed)
+
+    def build_all(self, samples: list[Sample]) -> None:
+        """Load every drafter and router the samples need (incompatible checkpoints fail here)."""
+        for s in samples:
+            for n in self.names:
+                self.method(n, s.category)
+
+    def prepare(self, samples: list[Sample]) -> int:
+        """Build every method, size the target cache for the longest sample and warm every method up."""
+        self.build_all(samples)
+        longest, longest_ids = 0, None
+        new = self.cfg.max_new_tokens
+        for s in samples:
+            first = self.encode(s, 0, [])
+            # turn t's prompt holds t earlier replies of at most max_new_tokens each, then generates max_new_tokens
+            need = max(len(self.encode(s, t, ["x"] * t)) + t * new + new for t in range(s.n_turns))
+            if need > longest:
+                longest, longest_ids = need, first
+        max_len = min(longest + self.max_nodes() + 2, self.target.config.max_position_embeddings + self.max_nodes() + 2)
+        self.target.setup_cache(max_len)
+        warm = min(self.cfg.warmup_tokens, self.cfg.max_new_tokens)
+        for m in tqdm(list(self._methods.values()), desc="warm-up", leave=False):
+            self.generate(m, longest_ids or [0], warm)
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize(self.target.device)
+        return max_len
+
+
+def read_thresholds(path: str) -> dict[str, Any]:
+    """A thresholds.json from `whiflash-eval calibrate` ({"method", "thresholds": {category: value}, ...})."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--whiflash-thresholds {path}: cannot read ({err})") from None
+    if not isinstance(data.get("thresholds"), dict) or data.get("method") not in ("whiflash-entropy", "whiflash-neural"):
+        raise ValueError(f"--whiflash-thresholds {path}: expected keys 'method' (whiflash-entropy|whiflash-neural) "
+                         "and 'thresholds' ({category: threshold})")
+    return data
+
+
+def _row(sample: Sample, turn: int, method: Method, order: int, ids: list[int], out: list[int], st: Any,
+         threshold: Any, timed: bool) -> dict[str, Any]:
+    return {
+        "sample": sample.id, "category": sample.category, "subcategory": sample.subcategory, "turn": turn,
+        "method": method.name, "label": method.label, "order": order, "prompt_tokens": len(ids),
+        "new_tokens": st.new_tokens, "prefill_seconds": st.prefill_seconds, "decode_seconds": st.decode_seconds,
+        "taus": list(st.taus), "mean_tau": st.mean_tau, "slots": list(st.slots), "backlogs": list(st.backlogs),
+        "switch_rate": st.switch_rate if st.slots else None, "catchup_seconds": st.catchup_seconds,
+        "catchup_timed": bool(timed and method.routed), "threshold": threshold, "tokens": out,
+    }
+
+
+def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str | None = None) -> BenchResult:
+    """Run the benchmark described by `cfg`; write (or resume) its run folder and return the results."""
+    if cfg.temperature > 0:
+        log.warning("temperature %.3g: outputs are samples, so the token-for-token lossless check is skipped",
+                    cfg.temperature)
+    testbed = Path(cfg.testbed) if cfg.testbed else None
+    samples = load_samples(cfg.dataset, testbed=testbed, max_samples=cfg.max_samples, seed=cfg.seed)
+    runner = Runner(cfg)
+    runner.build_all(samples)  # before the run folder exists: a refused checkpoint leaves nothing behind
+    config = asdict(cfg)
+    run, resumed = prepare_run_dir(cfg.out, cfg.run_name(), config)
+    if config_dump is not None and not resumed:
+        (run / "config.yaml").write_text(config_dump)
+    max_len = runner.prepare(samples)
+    catchup_note = ("catch-up timed with synchronisation (--whiflash-time-catchup); speed figures include that cost"
+                    if cfg.whiflash_time_catchup else "not timed (enable with --whiflash-time-catchup)")
+    write_manifest(run, argv=list(argv if argv is not None else sys.argv), seed=cfg.seed, device=cfg.device,
+                   models={**runner.paths, "neural_router": cfg.whiflash_neural_router_path,
+                           "pair": cfg.whiflash_drafters, "tree_budget": cfg.ddtree_tree_budget},
+                   samples=samples,
+                   extra={"methods": runner.names, "tau_definition": TAU_DEFINITION, "protocol": PROTOCOL,
+                          "cache_max_len": max_len, "cuda_graphs": runner.graphs, "resumed": resumed,
+                          "catchup": catchup_note, "strict_tolerance": cfg.strict_tolerance})
+    rows_log = SampleLog(run / "samples.jsonl")
+    probe = MarginProbe(runner.paths["target"], device=cfg.device)
+    for k, sample in enumerate(tqdm(samples, desc="bench samples")):
+        replies: list[str] = []
+        for turn in range(sample.n_turns):
+            run_turn(runner, rows_log, probe, sample, turn, k, replies)
+    rows = rows_log.rows
+    results = aggregate(rows, runner.names, seed=cfg.seed, iterations=cfg.bootstrap)
+    mismatches = [r["mismatch"] for r in rows if r.get("mismatch")]
+    results.update({"mismatches": mismatches, "catchup_note": catchup_note, "run": str(run),
+                    "lossless_check": "every output vs AR, token for token" if cfg.temperature == 0
+                    else "skipped (temperature > 0: outputs are samples)",
+                    "samples": len({r["sample"] for r in rows})})
+    write_results(run, results)
+    if not cfg.no_plots:
+        from .plots import write_plots
+
+        write_plots(run, results, rows)
+    bad = [m for m in mismatches if m.get("margin_fp32") is None or m["margin_fp32"] > cfg.strict_tolerance]
+    for m in mismatches:
+        log.error("lossless: %s differs from AR on %s turn %d at token %d (AR %s, method %s; fp32 margin %s)",
+                  m["method"], m["sample"], m["turn"], m["position"], m["ar_token"], m["method_token"],
+                  m["margin_fp32"])
+    log.info("%d rows, %d mismatches; results in %s", len(rows), len(mismatches), run)
+    code = 1 if cfg.strict and bad else 0
+    return BenchResult(run, results, mismatches, code)
+
+
+def run_turn(runner: Runner, rows_log: SampleLog, probe: MarginProbe, sample: Sample, turn: int, k: int,
+              replies: list[str]) -> None:
+    """Every method on one turn of one sample (rotating order), the lossless check, and the rows."""
+    names = runner.names
+    order = names[k % len(names):] + names[: k % len(names)]
+    ar_row = rows_log.find(sample.id, turn, "ar")
+    ids = runner.encode(sample, turn, replies)
+    if all(rows_log.find(sample.id, turn, n) for n in names):  # resumed: this turn is done
+        replies.append(runner.decode_text(ar_row["tokens"]))
+        return
+    fresh: dict[str, dict[str, Any]] = {}
+    for pos, name in enumerate(order):
+        if rows_log.find(sample.id, turn, name):
+            continue
+        method = runner.method(name, sample.category)
+        out, st = runner.generate(method, ids)
+        thr = getattr(getattr(method.drafter, "router", None), "threshold", None)
+        fresh[name] = _row(sample, turn, method, pos, ids, out, st, thr, runner.cfg.whiflash_time_catchup)
+    ar = ar_row or fresh["ar"]
+    for name in names:
+        row = fresh.get(name)
+        if row is None:
+            continue
+        row["ar_decode_seconds"], row["ar_new_tokens"] = ar["decode_seconds"], ar["new_tokens"]
+        n, n_ar = decode_tokens(row["new_tokens"]), decode_tokens(ar["new_tokens"])
+        ok = n and n_ar and row["decode_seconds"] > 0 and ar["decode_seconds"] > 0
+        row["speedup"] = (ar["decode_seconds"] / n_ar) / (row["decode_seconds"] / n) if ok else None
+        row["mismatch"] = None
+        greedy = runner.cfg.temperature == 0
+        pos = first_difference(ar["tokens"], row["tokens"]) if name != "ar" and greedy else None
+        if pos is not None:
+            get = lambda xs: xs[pos] if pos < len(xs) else None  # noqa: E731
+            m = Mismatch(sample.id, turn, name, pos, get(ar["tokens"]), get(row["tokens"]))
+            row["mismatch"] = probe.judge(m, ids, ar["tokens"]).to_dict()
+        rows_log.append(row)
+    replies.append(runner.decode_text(ar["tokens"]))

@@ -1,0 +1,98 @@
+"""`whiflash-eval calibrate`: per category, pick the fastest routing threshold end to end.
+
+On prompts disjoint from the benchmark subset (the samples a bench run with the same flags would
+use are excluded, and so are the ids of `--exclude-run`), every threshold value is run as its own
+routed method next to AR, exactly like `bench` (same protocol, same run-folder layout, one
+`samples.jsonl`). Per category the threshold with the highest mean speedup over AR wins; the
+thresholds go to `thresholds.json`, which `bench --whiflash-thresholds FILE` applies per sample
+category.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from .config import BenchConfig
+from .datasets import load_samples, select
+from .metrics import aggregate, summarize_rows
+from .outputs import SampleLog, prepare_run_dir, write_results
+
+log = logging.getLogger(__name__)
+
+__all__ = ["calibrate", "pick_thresholds"]
+
+
+def pick_thresholds(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per category: every swept threshold's mean speedup and the fastest one (ties: the smaller threshold)."""
+    out: dict[str, dict[str, Any]] = {}
+    for cat in sorted({r["category"] for r in rows}):
+        sweep = {}
+        for thr in sorted({r["threshold"] for r in rows if r["category"] == cat and r["method"] != "ar"}):
+            sel = [r for r in rows if r["category"] == cat and r["method"] != "ar" and r["threshold"] == thr]
+            sweep[thr] = summarize_rows(sel)["speedup"]
+        valid = {t: s for t, s in sweep.items() if not math.isnan(s)}
+        if valid:
+            best = max(sorted(valid), key=lambda t: valid[t])
+            out[cat] = {"threshold": best, "speedup": valid[best], "sweep": {str(t): s for t, s in sweep.items()}}
+    return out
+
+
+def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[float] | None = None,
+              exclude_run: str | None = None, output: str | None = None) -> Path:
+    """Sweep `values` for `method` per category and write thresholds.json; returns its path."""
+    from .bench import Runner
+
+    if method not in ("whiflash-entropy", "whiflash-neural"):
+        raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
+    values = values or [0.05, 0.1, 0.2, 0.4, 0.8, 1.6]
+    testbed = Path(cfg.testbed) if cfg.testbed else None
+    bench_ids = {s.id for s in load_samples(cfg.dataset, testbed=testbed, max_samples=cfg.max_samples, seed=cfg.seed)}
+    if exclude_run:
+        manifest = json.loads((Path(exclude_run) / "manifest.json").read_text())
+        bench_ids |= {s["id"] for s in manifest["samples"]}
+    pool = [s for s in load_samples(cfg.dataset, testbed=testbed, max_samples=None, seed=cfg.seed + 1)
+            if s.id not in bench_ids]
+    samples = select(pool, cfg.max_samples, cfg.seed + 1)
+    if not samples:
+        raise ValueError(f"--dataset {cfg.dataset}: no prompts left outside the benchmark subset; raise the pool "
+                         "or lower --max-samples")
+    cfg = replace(cfg, methods="ar", name=cfg.name or f"calibrate-{method}")
+    runner = Runner(cfg)
+    config = {**cfg.__dict__, "calibrate_method": method, "values": values, "exclude": sorted(bench_ids)}
+    run, _ = prepare_run_dir(cfg.out, cfg.run_name(), config)
+    for v in values:
+        m = runner.factory.build(method, v)
+        m.name = f"{method}@{v:g}"
+        runner.add_method(m)
+    runner.prepare(samples)
+    rows_log = SampleLog(run / "samples.jsonl")
+    from .bench import run_turn
+    from .lossless import MarginProbe
+
+    probe = MarginProbe(runner.paths["target"], device=cfg.device)
+    for k, sample in enumerate(tqdm(samples, desc="calibrate samples")):
+        replies: list[str] = []
+        for turn in range(sample.n_turns):
+            run_turn(runner, rows_log, probe, sample, turn, k, replies)
+    results = aggregate(rows_log.rows, runner.names, seed=cfg.seed, iterations=cfg.bootstrap)
+    write_results(run, results)
+    picked = pick_thresholds(rows_log.rows)
+    result = {"method": method, "thresholds": {c: p["threshold"] for c, p in picked.items()},
+              "details": picked,
+              "samples": [s.id for s in samples], "excluded_benchmark_ids": sorted(bench_ids),
+              "dataset": cfg.dataset, "pair": cfg.whiflash_drafters, "device": cfg.device, "dtype": cfg.dtype,
+              "run": str(run)}
+    rows_all = [{**r, "category": "all"} for r in rows_log.rows]
+    overall = pick_thresholds(rows_all).get("all")
+    result["default"] = overall["threshold"] if overall else None
+    path = Path(output) if output else run / "thresholds.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    log.info("thresholds per category %s written to %s", result["thresholds"], path)
+    return path

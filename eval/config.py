@@ -1,0 +1,89 @@
+"""The benchmark configuration: one field per `whiflash-eval bench` flag (upstream spelling on the CLI).
+
+Field names are the flags with dashes turned into underscores (`--speculative-algorithm` ->
+`speculative_algorithm`); each field's `help` metadata is the flag's help text.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["BenchConfig", "flag"]
+
+
+def _h(default: Any, text: str) -> Any:
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class BenchConfig:
+    """Flags of `whiflash-eval bench`."""
+
+    speculative_algorithm: str = _h("WHIFLASH", "AR, EAGLE3, DFLASH, DDTREE or WHIFLASH: the method run against the "
+                                    "AR baseline (ignored when --methods is given).")
+    model_name_or_path: str | None = _h(None, "Target model: Hub repo id or local folder (default: <testbed>/target).")
+    draft_name_or_path: str | None = _h(None, "The EAGLE-3 draft under --speculative-algorithm EAGLE3, the DFlash draft "
+                                        "otherwise (DDTree reuses it). Default: <testbed>/eagle3 or <testbed>/dflash.")
+    whiflash_eagle_draft: str | None = _h(None, "EAGLE-3 draft for WhiFlash pairs with e3 and for the eagle3 method "
+                                          "(default: <testbed>/eagle3).")
+    whiflash_drafters: str = _h("df-e3", "Drafter pair of the routed methods: df-e3, ddt-e3 or df-ddt (slot 0 first).")
+    ddtree_tree_budget: int | None = _h(None, "DDTree tree nodes (default: the DFlash block size - 1).")
+    whiflash_router: str = _h("entropy", "Routing policy of WHIFLASH: entropy, neural or oracle.")
+    whiflash_neural_router_path: str | None = _h(None, "Neural router: Hub repo id, local folder or .safetensors file.")
+    whiflash_neural_router_threshold: float | None = _h(None, "Neural threshold: slot 0 when predicted gain > it "
+                                                        "(default: the router's own).")
+    whiflash_entropy_threshold: float = _h(0.2, "Entropy threshold in nats: slot 0 (parallel drafter) below it.")
+    whiflash_no_lazy_catchup: bool = _h(False, "Update the inactive drafter every round instead of lazily on a switch.")
+    whiflash_thresholds: str | None = _h(None, "thresholds.json from `whiflash-eval calibrate`: per-category thresholds "
+                                         "of the routed method it was calibrated for (overrides the flag values).")
+    whiflash_time_catchup: bool = _h(False, "Synchronise around catch-up prefills to report their share of decode time "
+                                     "(adds host synchronisations, so leave it off for speed figures).")
+    eagle_num_steps: int | None = _h(None, "EAGLE-3 chain length (default: the drafter's).")
+    dataset: str = _h("testbed:test", "Comma-separated sources: testbed:SPLIT, a .jsonl file (optionally FILE@CATEGORY) "
+                      "or a benchmark name (mt-bench, alpaca, gsm8k, math500, aime, humaneval, mbpp, livecodebench, "
+                      "swe-bench-lite).")
+    max_samples: int | None = _h(None, "Samples to keep after a seeded per-category shuffle (round-robin over "
+                                 "categories); all when unset (testbed: 32 per category).")
+    max_new_tokens: int = _h(2048, "Tokens generated per sample and turn.")
+    max_prompt_tokens: int | None = _h(None, "Cut prompts to their last this-many tokens.")
+    temperature: float = _h(0.0, "Sampling temperature (0: greedy; the lossless check needs greedy).")
+    enable_thinking: bool = _h(False, "Render chat templates with thinking on (off by default).")
+    methods: str | None = _h(None, "Methods side by side, comma-separated: ar, eagle3, dflash, ddtree, "
+                             "whiflash-entropy, whiflash-neural, oracle (AR is always added).")
+    testbed: str | None = _h(None, "A built testbed folder: default target/eagle3/dflash paths and testbed:SPLIT prompts.")
+    device: str = _h("cuda" if torch.cuda.is_available() else "cpu", "Torch device.")
+    dtype: str = _h("bfloat16" if torch.cuda.is_available() else "float32", "Model dtype: float32, bfloat16 or float16.")
+    threads: int | None = _h(None, "torch intra-op CPU threads (default: torch's choice; 1 is fastest for tiny "
+                             "models on a busy machine).")
+    cuda_graphs: bool = _h(False, "Replay CUDA graphs for the fixed-shape passes (CUDA only).")
+    warmup_tokens: int = _h(32, "New tokens of each method's untimed warm-up decode.")
+    bootstrap: int = _h(1000, "Bootstrap resamples for the speedup interval.")
+    out: str = _h("runs/eval", "Parent folder of the run folder <timestamp>_<name>.")
+    name: str | None = _h(None, "Run name (default: algorithm or methods, and dataset).")
+    seed: int = _h(0, "Seed of the sample shuffle, the bootstrap and sampling.")
+    strict: bool = _h(False, "Exit non-zero when an output differs from AR with a float32 margin above "
+                      "--strict-tolerance (or an unknown margin).")
+    strict_tolerance: float = _h(0.05, "Top-2 float32 logit margin up to which a mismatch counts as a numerical tie.")
+    no_plots: bool = _h(False, "Skip the plots.")
+
+    def run_name(self) -> str:
+        if self.name:
+            return self.name
+        what = self.methods.replace(",", "+") if self.methods else self.speculative_algorithm.lower()
+        parts = []
+        for src in self.dataset.split(","):
+            src = src.strip().split("@")[0]
+            parts.append(src.replace(":", "-") if src.startswith("testbed:") else Path(src).stem or src)
+        return f"{what}_{'+'.join(parts)}"[:80].replace(" ", "").replace("/", "_")
+
+
+def flag(name: str) -> str:
+    """The CLI spelling of a config field."""
+    return "--" + name.replace("_", "-")
+
+
+def config_fields() -> list[Any]:
+    return list(fields(BenchConfig))

@@ -1,0 +1,152 @@
+"""Decoding methods built from the benchmark flags, all sharing one loaded target.
+
+A method is a name (`ar`, `eagle3`, `dflash`, `ddtree`, `whiflash-entropy`, `whiflash-neural`,
+`oracle`) and a drafter for `whiflash.generate` (None for plain autoregressive decoding). Drafter
+checkpoints load once and are shared between methods; routed methods use the pair given by
+`--whiflash-drafters`. The upstream `--speculative-algorithm` picks one method (plus the AR baseline);
+`--methods` lists several to run side by side.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import whiflash
+from whiflash.pairs import Pair
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ALGORITHMS", "METHODS", "Method", "MethodFactory", "method_names", "model_paths"]
+
+ALGORITHMS = ("AR", "EAGLE3", "DFLASH", "DDTREE", "WHIFLASH")
+"""`--speculative-algorithm` values (upstream spelling)."""
+
+METHODS = ("ar", "eagle3", "dflash", "ddtree", "whiflash-entropy", "whiflash-neural", "oracle")
+"""`--methods` values; `whiflash` alone means the router chosen by `--whiflash-router`."""
+
+LABELS = {"ar": "AR", "eagle3": "EAGLE-3", "dflash": "DFlash", "ddtree": "DDTree",
+          "whiflash-entropy": "WhiFlash-Entropy", "whiflash-neural": "WhiFlash-Neural", "oracle": "Oracle"}
+
+
+@dataclass
+class Method:
+    """A named way of decoding: `drafter` is passed to `whiflash.generate` (None: autoregressive)."""
+
+    name: str
+    drafter: Any
+    routed: bool = False
+    label: str = ""
+
+
+def method_names(algorithm: str, methods: str | list[str] | None, router: str) -> list[str]:
+    """The method list: `methods` when given, else the one `algorithm` names; AR always first."""
+    if methods:
+        raw = [m.strip().lower() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
+    else:
+        alg = algorithm.upper()
+        if alg not in ALGORITHMS:
+            raise ValueError(f"--speculative-algorithm: expected one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+        raw = [{"AR": "ar", "EAGLE3": "eagle3", "DFLASH": "dflash", "DDTREE": "ddtree", "WHIFLASH": "whiflash"}[alg]]
+    names: list[str] = ["ar"]
+    for m in raw:
+        if m == "whiflash":
+            m = "oracle" if router == "oracle" else f"whiflash-{router}"
+        if m not in METHODS:
+            raise ValueError(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)} (or whiflash)")
+        if m not in names:
+            names.append(m)
+    return names
+
+
+def model_paths(algorithm: str, model: str | None, draft: str | None, eagle_draft: str | None,
+                testbed: Path | None) -> dict[str, str | None]:
+    """Target, EAGLE-3 and DFlash checkpoints with upstream meaning: `--draft-name-or-path` is the
+    EAGLE-3 draft under `--speculative-algorithm EAGLE3` and the DFlash draft otherwise; `--testbed`
+    fills whatever is not given."""
+    tb = (lambda sub: str(Path(testbed) / sub)) if testbed else (lambda sub: None)
+    eagle = draft if algorithm.upper() == "EAGLE3" and draft else eagle_draft
+    dflash = draft if algorithm.upper() != "EAGLE3" else None
+    return {"target": model or tb("target"), "eagle3": eagle or tb("eagle3"), "dflash": dflash or tb("dflash")}
+
+
+class MethodFactory:
+    """Loads drafters on first use and builds every requested method around one target."""
+
+    def __init__(self, target: Any, paths: dict[str, str | None], *, pair: str = "df-e3",
+                 tree_budget: int | None = None, eagle_num_steps: int | None = None, router: str = "entropy",
+                 entropy_threshold: float = 0.2, neural_router_path: str | None = None,
+                 neural_threshold: float | None = None, lazy_catchup: bool = True,
+                 time_catchup: bool = False) -> None:
+        self.target, self.paths = target, paths
+        self.pair = Pair.parse(pair)
+        self.tree_budget, self.eagle_num_steps = tree_budget, eagle_num_steps
+        self.router, self.entropy_threshold = router, entropy_threshold
+        self.neural_router_path, self.neural_threshold = neural_router_path, neural_threshold
+        self.lazy_catchup, self.time_catchup = lazy_catchup, time_catchup
+        self._drafters: dict[str, Any] = {}
+        self._neural: Any = None
+
+    def drafter(self, kind: str) -> Any:
+        """The shared `eagle3`, `dflash` or `ddtree` drafter (DDTree reuses the DFlash checkpoint)."""
+        if kind not in self._drafters:
+            key = "eagle3" if kind == "eagle3" else "dflash"
+            path = self.paths.get(key)
+            if not path:
+                flag = "--whiflash-eagle-draft (or --draft-name-or-path with EAGLE3)" if key == "eagle3" \
+                    else "--draft-name-or-path"
+                raise ValueError(f"method needs a {key} checkpoint: give {flag} or --testbed DIR")
+            opts: dict[str, Any] = {}
+            if kind == "ddtree" and self.tree_budget is not None:
+                opts["tree_budget"] = self.tree_budget
+            if kind == "eagle3" and self.eagle_num_steps is not None:
+                opts["num_steps"] = self.eagle_num_steps
+            log.info("loading %s drafter from %s", kind, path)
+            self._drafters[kind] = whiflash.load_drafter(kind, path, self.target, **opts)
+        return self._drafters[kind]
+
+    def neural_router(self) -> Any:
+        if self._neural is None:
+            if not self.neural_router_path:
+                raise ValueError("--whiflash-router neural needs --whiflash-neural-router-path (Hub id, folder or "
+                                 ".safetensors file)")
+            budget = self.tree_budget if self.pair.uses_tree else None
+            if self.pair.uses_tree and budget is None:
+                budget = self.drafter("ddtree").tree_budget
+            self._neural = whiflash.load_router(self.neural_router_path, pair=str(self.pair), tree_budget=budget,
+                                                hidden_size=self.target.config.hidden_size,
+                                                device=self.target.device)
+        return self._neural
+
+    def _members(self) -> dict[str, Any]:
+        """The pair's member drafters and options, as RoutedDrafter and OracleDrafter take them."""
+        slot0 = self.drafter("ddtree" if self.pair.uses_tree else "dflash")
+        eagle = self.drafter("eagle3") if self.pair.needs_eagle3 else None
+        return dict(eagle3=eagle, dflash=slot0, tree_budget=self.tree_budget if self.pair.uses_tree else None,
+                    lazy_catchup=self.lazy_catchup, time_catchup=self.time_catchup)
+
+    def routed(self, policy: Any) -> Any:
+        """A RoutedDrafter over this run's pair around `policy`; the oracle is a drafter of its own."""
+        if policy is None:
+            return whiflash.OracleDrafter(str(self.pair), **self._members())
+        return whiflash.RoutedDrafter(str(self.pair), policy, **self._members())
+
+    def policy(self, name: str, threshold: float | None = None) -> Any:
+        """The routing policy of method `name`, with `threshold` overriding the flag's value."""
+        if name == "whiflash-entropy":
+            return whiflash.EntropyRouter(self.entropy_threshold if threshold is None else threshold)
+        if name == "whiflash-neural":
+            return whiflash.NeuralPolicy(self.neural_router(), self.neural_threshold if threshold is None else threshold)
+        if name == "oracle":
+            return None  # not a policy: `routed` builds the OracleDrafter
+        raise ValueError(f"{name} is not a routed method")
+
+    def build(self, name: str, threshold: float | None = None) -> Method:
+        """Method `name` (see `METHODS`)."""
+        if name == "ar":
+            return Method(name, None, label=LABELS[name])
+        if name in ("eagle3", "dflash", "ddtree"):
+            return Method(name, self.drafter(name), label=LABELS[name])
+        label = f"{LABELS[name]} ({self.pair})"
+        return Method(name, self.routed(self.policy(name, threshold)), routed=True, label=label)

@@ -1,0 +1,186 @@
+"""Run folders and result files: `runs/eval/<timestamp>_<name>/` with config, manifest, rows and tables.
+
+A run folder holds `config.yaml` (the resolved flags), `manifest.json`, `samples.jsonl` (one row per
+sample x turn x method, appended as it goes), `results.json`, `results.csv`, `results.md` and
+`plots/`. A new run never reuses a folder, except to resume: a folder of the same name whose
+`config.json` equals this run's config is continued (done rows are skipped).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from whiflash.versions import package_versions
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SampleLog", "csv_text", "latex_table", "markdown_table", "prepare_run_dir", "write_manifest",
+           "write_results"]
+
+CONFIG_FILE = "config.json"
+
+
+def prepare_run_dir(out: str | Path, name: str, config: dict[str, Any]) -> tuple[Path, bool]:
+    """(folder, resumed): the newest `<out>/*_<name>` holding the same config, else a new timestamped folder."""
+    root = Path(out)
+    for old in sorted(root.glob(f"*_{name}"), reverse=True):
+        saved = old / CONFIG_FILE
+        if saved.is_file() and json.loads(saved.read_text()) == json.loads(json.dumps(config)):
+            log.info("resuming %s (same configuration)", old)
+            return old, True
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    path = root / f"{stamp}_{name}"
+    i = 1
+    while path.exists():  # never overwrite: another run started within the same second
+        path = root / f"{stamp}-{i}_{name}"
+        i += 1
+    path.mkdir(parents=True)
+    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+    return path, False
+
+
+def _git_revision() -> dict[str, Any]:
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=10)
+        return {"sha": sha.stdout.strip() or None, "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"sha": None, "dirty": None}
+
+
+def device_info(device: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"device": device, "cuda": torch.version.cuda, "platform": platform.platform(),
+                            "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def write_manifest(run: Path, *, argv: list[str], seed: int, device: str, models: dict[str, Any],
+                   samples: list[Any], extra: dict[str, Any]) -> dict[str, Any]:
+    manifest = {
+        "tool": "whiflash-eval bench", "argv": argv, "seed": seed, "git": _git_revision(),
+        "versions": package_versions("whiflash", "torch", "transformers", "datasets", "jsonargparse", "numpy"),
+        "python_executable": sys.executable, "hardware": device_info(device), "models": models,
+        "samples": [{"id": s.id, "category": s.category, "turns": s.n_turns, "source": s.source} for s in samples],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra,
+    }
+    (run / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+class SampleLog:
+    """`samples.jsonl`: rows appended and flushed one at a time; `done` lists (sample, turn, method) keys."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: list[dict[str, Any]] = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    try:
+                        self.rows.append(json.loads(line))
+                    except json.JSONDecodeError:  # a line cut by a kill: dropped and redone
+                        log.warning("%s: skipping a truncated row", path)
+            # rewrite without a truncated tail so appends start on a fresh line
+            path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+
+    @property
+    def done(self) -> set[tuple[str, int, str]]:
+        return {(r["sample"], r["turn"], r["method"]) for r in self.rows}
+
+    def find(self, sample: str, turn: int, method: str) -> dict[str, Any] | None:
+        for r in self.rows:
+            if (r["sample"], r["turn"], r["method"]) == (sample, turn, method):
+                return r
+        return None
+
+    def append(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+        self.rows.append(row)
+
+
+def _fmt(x: Any, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x:.{digits}f}"
+
+
+def table_rows(results: dict[str, Any], run_label: str = "") -> list[dict[str, Any]]:
+    """Flat rows (category, method, figures) of one results dict."""
+    out = []
+    for cat, per in results["cells"].items():
+        for m, f in per.items():
+            out.append({"run": run_label, "category": cat, "method": m, **{k: v for k, v in f.items()
+                                                                           if k != "tau_histogram"}})
+    return out
+
+
+def markdown_table(results: dict[str, Any], run_label: str = "") -> str:
+    """Speedup (with 95% interval), pooled speedup, tau, tokens/s and routing figures per category and method."""
+    head = "| category | method | speedup (95% CI) | pooled | tau | tau pooled | tok/s | slot-0 | switch | catch-up | mismatches |"
+    lines = [head, "|" + "---|" * 11]
+    for r in table_rows(results, run_label):
+        share = lambda v: "—" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+        lines.append(f"| {r['category']} | {r['method']} | {_fmt(r['speedup'])}× ({_fmt(r['speedup_ci_low'])}–"
+                     f"{_fmt(r['speedup_ci_high'])}) | {_fmt(r['speedup_pooled'])}× | {_fmt(r['tau'])} | "
+                     f"{_fmt(r['tau_pooled'])} | {_fmt(r['tokens_per_second'], 1)} | {share(r['slot0_share'])} | "
+                     f"{share(r['switch_rate'])} | {share(r['catchup_share'])} | {r['mismatches']} |")
+    text = "\n".join(lines)
+    if results.get("gains"):
+        text += "\n\n| method | category | " + " | ".join(["vs EAGLE-3", "vs DFlash", "vs DDTree"]) + " |\n|---|---|---|---|---|"
+        for m, per in results["gains"].items():
+            for cat, g in per.items():
+                cells = [f"{g[k]:+.1f}%" if k in g else "—" for k in ("vs_eagle3", "vs_dflash", "vs_ddtree")]
+                text += f"\n| {m} | {cat} | " + " | ".join(cells) + " |"
+    text += f"\n\nτ: {results['tau_definition']}.\n"
+    if results.get("catchup_note"):
+        text += f"Catch-up: {results['catchup_note']}.\n"
+    if results.get("lossless_check"):
+        text += f"Lossless check: {results['lossless_check']}; {len(results.get('mismatches') or [])} mismatches.\n"
+    if results.get("protocol"):
+        text += f"\nProtocol: {results['protocol']}\n"
+    return text
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    if rows:
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        w = csv.DictWriter(buf, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    return buf.getvalue()
+
+
+def latex_table(rows: list[dict[str, Any]], tau_definition: str) -> str:
+    """A booktabs table of speedup and tau per (run,) category and method."""
+    lines = [r"\begin{tabular}{lllrrr}", r"\toprule", r"run & category & method & speedup & pooled & $\tau$ \\",
+             r"\midrule"]
+    esc = lambda s: str(s).replace("_", r"\_").replace("%", r"\%")  # noqa: E731
+    for r in rows:
+        lines.append(f"{esc(r.get('run', ''))} & {esc(r['category'])} & {esc(r['method'])} & "
+                     f"{_fmt(r['speedup'])}$\\times$ & {_fmt(r['speedup_pooled'])}$\\times$ & {_fmt(r['tau'])} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}", f"% tau: {tau_definition}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(run: Path, results: dict[str, Any]) -> None:
+    """results.json, results.csv and results.md in `run`."""
+    (run / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    (run / "results.csv").write_text(csv_text(table_rows(results)))
+    (run / "results.md").write_text(markdown_table(results))

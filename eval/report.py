@@ -1,0 +1,51 @@
+"""`whiflash-eval report RUN [RUN...]`: tables (Markdown, CSV, LaTeX) and plots from finished run folders.
+
+Each run's `results.json` is read as written by `bench`; rows of every run appear side by side,
+labelled by the run folder's name.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from .outputs import csv_text, latex_table, markdown_table, table_rows
+from .plots import speedup_bars, tau_histograms
+
+log = logging.getLogger(__name__)
+
+__all__ = ["load_results", "report"]
+
+
+def load_results(run: str | Path) -> dict[str, Any]:
+    """The results.json of a run folder (a clear error when the folder is not a finished run)."""
+    path = Path(run) / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run}: no results.json (not a finished `whiflash-eval bench` run folder)")
+    return json.loads(path.read_text())
+
+
+def report(runs: list[str], out: str | None = None) -> Path:
+    """Write report.md, report.csv, report.tex and plots for `runs` into `out`; return the folder."""
+    loaded = [(Path(r).name, load_results(r)) for r in runs]
+    folder = Path(out) if out else Path("runs/eval") / f"report_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [row for label, res in loaded for row in table_rows(res, label)]
+    tau_def = loaded[0][1]["tau_definition"]
+    md = [f"# whiflash-eval report\n\nRuns: {', '.join(label for label, _ in loaded)}\n"]
+    for label, res in loaded:
+        md.append(f"## {label}\n\n{markdown_table(res, label)}")
+        if res.get("mismatches"):
+            md.append(f"Lossless mismatches: {len(res['mismatches'])} (see the run's results.json)\n")
+    (folder / "report.md").write_text("\n".join(md))
+    (folder / "report.csv").write_text(csv_text(rows))
+    (folder / "report.tex").write_text(latex_table(rows, tau_def))
+    plots = folder / "plots"
+    plots.mkdir(exist_ok=True)
+    speedup_bars(loaded, plots / "speedup.png")
+    for label, res in loaded:
+        tau_histograms(res, plots / f"tau_hist_{label}.png")
+    log.info("report of %d runs in %s", len(loaded), folder)
+    return folder

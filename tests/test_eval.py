@@ -1,0 +1,344 @@
+"""whiflash-eval on the micro testbed: CLI parsing, bench outputs, lossless check, datasets, resume,
+report and calibrate."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+import whiflash
+from whiflash.decoding.stats import TAU_DEFINITION
+from whiflash.eval.cli import bench_config, main, parse
+from whiflash.eval.datasets import load_samples
+from whiflash.eval.methods import method_names, model_paths
+from whiflash.eval.metrics import aggregate, bootstrap_ci
+from whiflash.pairs import Pair
+from whiflash.prompts import encode_chat
+
+SHARED_PROMPTS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "prompts"
+FAST = ["--max-new-tokens", "12", "--warmup-tokens", "4", "--bootstrap", "200", "--dtype", "float32",
+        "--device", "cpu"]
+
+QUICK_START = {
+    "neural-df-e3": """--speculative-algorithm WHIFLASH --model-name-or-path Qwen/Qwen3-8B
+        --draft-name-or-path z-lab/Qwen3-8B-DFlash-b16 --whiflash-eagle-draft WhiFlash/Qwen3-8B-EAGLE3
+        --whiflash-router neural --whiflash-neural-router-path WhiFlash/Qwen3-8B-NeuralRouter-df-e3
+        --whiflash-neural-router-threshold 0.5 --dataset mt-bench --max-samples 10 --max-new-tokens 2048""",
+    "neural-ddt-e3": """--speculative-algorithm WHIFLASH --model-name-or-path Qwen/Qwen3-8B
+        --draft-name-or-path z-lab/Qwen3-8B-DFlash-b16 --whiflash-eagle-draft WhiFlash/Qwen3-8B-EAGLE3
+        --whiflash-drafters ddt-e3 --ddtree-tree-budget 128 --whiflash-router neural
+        --whiflash-neural-router-path WhiFlash/Qwen3-8B-NeuralRouter-ddt-e3-b128
+        --whiflash-neural-router-threshold 1.0 --dataset mt-bench --max-samples 10 --max-new-tokens 2048""",
+    "entropy": """--speculative-algorithm WHIFLASH --model-name-or-path Qwen/Qwen3-8B
+        --draft-name-or-path z-lab/Qwen3-8B-DFlash-b16 --whiflash-eagle-draft WhiFlash/Qwen3-8B-EAGLE3
+        --whiflash-router entropy --whiflash-entropy-threshold 0.2 --dataset mt-bench --max-samples 10
+        --max-new-tokens 2048""",
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread: the micro models are tiny, and on a shared 2-core machine two threads contend."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _bench(tmp: Path, *extra: str) -> int:
+    return main(["bench", "--out", str(tmp), *FAST, *extra])
+
+
+def _run_dir(tmp: Path, name: str) -> Path:
+    (run,) = sorted(tmp.glob(f"*_{name}"))
+    return run
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------- CLI
+
+
+@pytest.mark.parametrize("which", list(QUICK_START))
+def test_quick_start_commands_parse(which: str) -> None:
+    ns, _ = parse(["bench", *QUICK_START[which].split()])
+    cfg = bench_config(ns.bench)
+    paths = model_paths(cfg.speculative_algorithm, cfg.model_name_or_path, cfg.draft_name_or_path,
+                        cfg.whiflash_eagle_draft, None)
+    assert paths == {"target": "Qwen/Qwen3-8B", "eagle3": "WhiFlash/Qwen3-8B-EAGLE3",
+                     "dflash": "z-lab/Qwen3-8B-DFlash-b16"}
+    assert (cfg.dataset, cfg.max_samples, cfg.max_new_tokens) == ("mt-bench", 10, 2048)
+    assert not cfg.whiflash_no_lazy_catchup
+    names = method_names(cfg.speculative_algorithm, cfg.methods, cfg.whiflash_router)
+    pair = Pair.parse(cfg.whiflash_drafters)
+    if which == "entropy":
+        assert names == ["ar", "whiflash-entropy"] and cfg.whiflash_entropy_threshold == 0.2 and str(pair) == "df-e3"
+    elif which == "neural-df-e3":
+        assert names == ["ar", "whiflash-neural"] and cfg.whiflash_neural_router_threshold == 0.5
+        assert cfg.whiflash_neural_router_path.endswith("df-e3") and not pair.uses_tree
+    else:
+        assert names == ["ar", "whiflash-neural"] and cfg.whiflash_neural_router_threshold == 1.0
+        assert pair.uses_tree and pair.needs_eagle3 and cfg.ddtree_tree_budget == 128
+
+
+def test_eagle3_algorithm_takes_draft_path_as_eagle3() -> None:
+    ns, _ = parse(["bench", "--speculative-algorithm", "EAGLE3", "--draft-name-or-path", "e3-draft",
+                   "--whiflash-no-lazy-catchup", "--methods", "eagle3,whiflash,dflash"])
+    cfg = bench_config(ns.bench)
+    assert model_paths("EAGLE3", "t", cfg.draft_name_or_path, None, None)["eagle3"] == "e3-draft"
+    assert model_paths("DFLASH", "t", "df", None, None) == {"target": "t", "eagle3": None, "dflash": "df"}
+    assert cfg.whiflash_no_lazy_catchup
+    assert method_names("EAGLE3", cfg.methods, "oracle") == ["ar", "eagle3", "oracle", "dflash"]
+    with pytest.raises(ValueError, match="--speculative-algorithm"):
+        method_names("MEDUSA", None, "entropy")
+    with pytest.raises(ValueError, match="--methods"):
+        method_names("AR", "ar,medusa", "entropy")
+
+
+def test_module_entry_point() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "whiflash.eval", "bench", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "--whiflash-neural-router-path" in done.stdout
+
+
+def test_config_and_print_config(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--whiflash-drafters", "ddt-e3", "--max-samples", "3", "--print_config"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert "whiflash_drafters: ddt-e3" in text and "max_samples: 3" in text
+    cfg_file = tmp_path / "bench.yaml"
+    cfg_file.write_text(text)
+    ns, _ = parse(["bench", "--config", str(cfg_file), "--max-new-tokens", "7"])
+    cfg = bench_config(ns.bench)
+    assert (cfg.whiflash_drafters, cfg.max_samples, cfg.max_new_tokens) == ("ddt-e3", 3, 7)
+
+
+# ---------------------------------------------------------------- bench on micro
+
+
+@pytest.fixture(scope="module")
+def bench_run(micro: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("eval")
+    code = _bench(out, "--testbed", str(micro), "--max-samples", "3", "--name", "all",
+                  "--methods", "ar,eagle3,dflash,ddtree,whiflash-entropy,oracle", "--whiflash-time-catchup")
+    assert code == 0
+    return _run_dir(out, "all")
+
+
+def test_bench_writes_every_output_and_is_lossless(bench_run: Path) -> None:
+    for name in ("config.json", "config.yaml", "manifest.json", "samples.jsonl", "results.json", "results.csv",
+                 "results.md", "plots/speedup.png", "plots/tau_hist.png", "plots/slots.png"):
+        assert (bench_run / name).is_file(), name
+    res = json.loads((bench_run / "results.json").read_text())
+    assert res["mismatches"] == [] and res["samples"] == 3
+    assert sorted(res["categories"]) == ["code", "math", "prose"]
+    rows = _rows(bench_run)
+    assert len(rows) == 3 * 6 and all(r["mismatch"] is None for r in rows)
+    assert {r["order"] for r in rows if r["method"] == "ar"} == {0, 5, 4}  # rotating order
+    cell = res["cells"]["all"]
+    assert cell["ar"]["tau"] == 1.0 and cell["ar"]["speedup"] == pytest.approx(1.0)
+    assert cell["eagle3"]["tau"] > 1.0 and cell["eagle3"]["speedup_ci_low"] <= cell["eagle3"]["speedup_ci_high"]
+    assert 0.0 <= cell["oracle"]["slot0_share"] <= 1.0 and cell["oracle"]["catchup_share"] is not None
+    assert cell["eagle3"]["slot0_share"] is None
+    assert "vs_eagle3" in res["gains"]["whiflash-entropy"]["all"]
+    md = (bench_run / "results.md").read_text()
+    assert TAU_DEFINITION in md and "vs EAGLE-3" in md
+    man = json.loads((bench_run / "manifest.json").read_text())
+    assert man["argv"][:2] == ["whiflash-eval", "bench"] and man["seed"] == 0
+    assert man["models"]["target"].endswith("target") and man["hardware"]["device"] == "cpu"
+    assert len(man["samples"]) == 3 and man["versions"]["torch"] and "git" in man
+    assert man["tau_definition"] == TAU_DEFINITION and man["cache_max_len"] > 12
+
+
+def test_wrong_drafter_is_a_mismatch_and_fails_strict(micro: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    real = whiflash.generate
+
+    def corrupt(target, drafter, ids, max_new_tokens, **kw):
+        out, st = real(target, drafter, ids, max_new_tokens, **kw)
+        if drafter is not None and len(out) > 3:
+            out = [*out[:3], (out[3] + 1) % target.config.vocab_size, *out[4:]]
+        return out, st
+
+    monkeypatch.setattr(whiflash, "generate", corrupt)
+    args = ["--testbed", str(micro), "--max-samples", "1", "--methods", "dflash", "--no-plots"]
+    assert _bench(tmp_path, *args, "--name", "lenient") == 0
+    assert _bench(tmp_path, *args, "--name", "strict", "--strict") == 1
+    assert _bench(tmp_path, *args, "--name", "tolerant", "--strict", "--strict-tolerance", "1e9") == 0
+    res = json.loads((_run_dir(tmp_path, "strict") / "results.json").read_text())
+    (m,) = res["mismatches"]
+    assert m["method"] == "dflash" and m["position"] == 3 and m["ar_token"] != m["method_token"]
+    assert m["margin_fp32"] > 0 and m["logit_gap_fp32"] > 0  # AR's token is the fp32 argmax
+    assert res["cells"]["all"]["dflash"]["mismatches"] == 1
+
+
+def test_resume_skips_done_rows(micro: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["--testbed", str(micro), "--max-samples", "2", "--methods", "dflash", "--name", "r", "--no-plots"]
+    assert _bench(tmp_path, *args) == 0
+    run = _run_dir(tmp_path, "r")
+    rows = (run / "samples.jsonl").read_text().splitlines()
+    assert len(rows) == 4
+    (run / "samples.jsonl").write_text("\n".join(rows[:2]) + "\n" + rows[2][:20])  # killed mid-write
+    calls = []
+    real = whiflash.generate
+    monkeypatch.setattr(whiflash, "generate", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    assert _bench(tmp_path, *args) == 0
+    assert _run_dir(tmp_path, "r") == run  # same folder, resumed
+    assert calls.count(12) == 2  # only the unfinished sample's two methods decode again (the rest is warm-up)
+    again = _rows(run)
+    assert len(again) == 4 and len({(r["sample"], r["method"]) for r in again}) == 4
+    assert _bench(tmp_path, *args[:-3], "--name", "r", "--no-plots", "--seed", "1") == 0  # other config: new folder
+    assert len(sorted(tmp_path.glob("*_r"))) == 2
+
+
+# ---------------------------------------------------------------- datasets
+
+
+def _write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_dataset_formats(tmp_path: Path) -> None:
+    mt = _write(tmp_path / "mt_bench.jsonl", [{"question_id": 81, "category": "writing", "turns": ["Hi.", "More."]},
+                                              {"question_id": 82, "category": "roleplay", "turns": ["One turn."]}])
+    pr = _write(tmp_path / "mine.jsonl", [{"id": "a", "prompt": "def f(x):"}])
+    ids = _write(tmp_path / "ids.jsonl", [{"input_ids": [5, 6, 7]}])
+    samples = load_samples(f"{mt},{pr}@coding,{ids}", seed=0)
+    by_id = {s.id: s for s in samples}
+    assert by_id["mt_bench-81"].category == "chat" and by_id["mt_bench-81"].subcategory == "writing"
+    assert by_id["mt_bench-81"].n_turns == 2 and by_id["mt_bench-81"].turns == ("Hi.", "More.")
+    assert by_id["mine-a"].category == "coding" and by_id["mine-a"].turns == ("def f(x):",)
+    assert by_id["ids-1"].input_ids == (5, 6, 7) and by_id["ids-1"].category == "ids"
+    bad = _write(tmp_path / "bad.jsonl", [{"text": "no known field"}])
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        load_samples(str(bad))
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        load_samples(str(tmp_path / "missing.jsonl"))
+
+
+def test_named_benchmark_offline_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"local JSONL.*\.jsonl"):
+        load_samples("gsm8k")
+    assert time.perf_counter() - t0 < 2.0
+    with pytest.raises(ValueError, match="not a known benchmark"):
+        load_samples("no-such-benchmark")
+
+
+@pytest.mark.skipif(not (SHARED_PROMPTS / "mt_bench.jsonl").is_file(), reason="shared prompt files absent")
+def test_shared_prompt_files_seeded_subset() -> None:
+    files = ",".join(str(SHARED_PROMPTS / f) for f in ("mt_bench.jsonl", "gsm8k.jsonl", "humaneval.jsonl"))
+    a = load_samples(files, max_samples=6, seed=0)
+    assert [s.category for s in a] == ["chat", "math", "coding"] * 2
+    assert [s.id for s in a] == [s.id for s in load_samples(files, max_samples=6, seed=0)]
+    assert [s.id for s in a] != [s.id for s in load_samples(files, max_samples=6, seed=1)]
+    assert all(s.n_turns == 2 for s in a if s.category == "chat")
+
+
+def test_chat_template_history_and_thinking_off() -> None:
+    class Tok:
+        chat_template = "{{ messages }}"
+
+        def apply_chat_template(self, messages, **kw):
+            self.seen = (messages, kw)
+            return list(range(len(messages)))
+
+    tok = Tok()
+    ids = encode_chat(tok, ["q1", "q2"], ["a1"])
+    messages, kw = tok.seen
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"] and messages[1]["content"] == "a1"
+    assert kw["enable_thinking"] is False and kw["add_generation_prompt"] and ids == [0, 1, 2]
+    encode_chat(tok, ["q"], enable_thinking=True)
+    assert tok.seen[1]["enable_thinking"] is True
+    with pytest.raises(ValueError, match="earlier replies"):
+        encode_chat(tok, ["q1", "q2"], [])
+
+
+def test_multi_turn_bench_replays_ar_reply(micro: Path, tmp_path: Path) -> None:
+    f = _write(tmp_path / "conv.jsonl", [{"question_id": 1, "turns": ["def add(a, b):", "def sub(a, b):"]},
+                                         {"question_id": 2, "prompt": "Question: What is 2 plus 3?\nAnswer:"},
+                                         {"question_id": 3, "input_ids": [10, 11, 12, 13]}])
+    assert _bench(tmp_path, "--testbed", str(micro), "--dataset", f"{f}@coding", "--methods", "eagle3",
+                  "--name", "mt", "--no-plots", "--strict") == 0
+    rows = _rows(_run_dir(tmp_path, "mt"))
+    assert len(rows) == (2 + 1 + 1) * 2 and {r["category"] for r in rows} == {"coding"}
+    t0, t1 = ([r for r in rows if r["sample"] == "conv-1" and r["turn"] == t and r["method"] == "ar"][0]
+              for t in (0, 1))
+    assert t1["prompt_tokens"] > t0["prompt_tokens"] + t0["new_tokens"] - 2  # turn 2 carries AR's reply
+    assert [r["prompt_tokens"] for r in rows if r["sample"] == "conv-3"] == [4, 4]
+
+
+# ---------------------------------------------------------------- metrics, report, calibrate
+
+
+def test_metrics_mean_pooled_and_interval() -> None:
+    def row(method: str, sec: float, cat: str = "c") -> dict:
+        return {"method": method, "category": cat, "new_tokens": 11, "decode_seconds": sec, "taus": [1] * 10,
+                "ar_decode_seconds": 1.0, "ar_new_tokens": 11, "speedup": 1.0 / sec, "slots": [],
+                "catchup_seconds": 0.0}
+
+    rows = [row("ar", 1.0), row("ar", 1.0), row("dflash", 0.5), row("dflash", 0.25)]
+    res = aggregate(rows, ["ar", "dflash"], iterations=200)
+    d = res["cells"]["c"]["dflash"]
+    assert d["speedup"] == pytest.approx(3.0) and d["speedup_pooled"] == pytest.approx(2 / 0.75)
+    assert d["speedup_ci_low"] >= 2.0 and d["speedup_ci_high"] <= 4.0
+    assert bootstrap_ci([2.0, 2.0, 2.0]) == (2.0, 2.0)
+
+
+def test_report_side_by_side(bench_run: Path, tmp_path: Path) -> None:
+    assert main(["report", str(bench_run), str(bench_run), "--out", str(tmp_path / "rep")]) == 0
+    for name in ("report.md", "report.csv", "report.tex", "plots/speedup.png"):
+        assert (tmp_path / "rep" / name).is_file(), name
+    assert (tmp_path / "rep" / "report.md").read_text().count(f"## {bench_run.name}") == 2
+    assert "\\toprule" in (tmp_path / "rep" / "report.tex").read_text()
+    with pytest.raises(FileNotFoundError, match="results.json"):
+        main(["report", str(tmp_path)])
+
+
+def test_calibrate_then_bench_uses_thresholds(micro: Path, bench_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "thr.json"
+    assert main(["calibrate", "--out", str(tmp_path), *FAST, "--testbed", str(micro), "--max-samples", "3",
+                 "--thresholds", "0.01,100", "--exclude-run", str(bench_run), "--output", str(out)]) == 0
+    thr = json.loads(out.read_text())
+    bench_ids = {s["id"] for s in json.loads((bench_run / "manifest.json").read_text())["samples"]}
+    assert thr["method"] == "whiflash-entropy" and set(thr["thresholds"]) == {"code", "math", "prose"}
+    assert not bench_ids & set(thr["samples"]) and len(thr["samples"]) == 3
+    assert set(thr["details"]["math"]["sweep"]) == {"0.01", "100.0"}
+    thr["thresholds"] = {"code": 0.01, "math": 100.0, "prose": 0.01}
+    out.write_text(json.dumps(thr))
+    assert _bench(tmp_path, "--testbed", str(micro), "--max-samples", "3", "--methods", "whiflash-entropy",
+                  "--whiflash-thresholds", str(out), "--name", "thr", "--no-plots") == 0
+    used = {r["category"]: r["threshold"] for r in _rows(_run_dir(tmp_path, "thr")) if r["method"] != "ar"}
+    assert used == {"code": 0.01, "math": 100.0, "prose": 0.01}
+
+
+def test_neural_router_file_and_tree_pair(micro: Path, tmp_path: Path) -> None:
+    from whiflash.router import NeuralRouter, export_single_file
+
+    router = export_single_file(NeuralRouter(hidden_size=128, mlp_dim=8, drafters="df-e3"), tmp_path / "r.safetensors")
+    assert _bench(tmp_path, "--testbed", str(micro), "--max-samples", "1", "--speculative-algorithm", "WHIFLASH",
+                  "--whiflash-router", "neural", "--whiflash-neural-router-path", str(router),
+                  "--whiflash-neural-router-threshold", "0.0", "--name", "neural", "--no-plots", "--strict") == 0
+    assert {r["method"] for r in _rows(_run_dir(tmp_path, "neural"))} == {"ar", "whiflash-neural"}
+    assert _bench(tmp_path, "--testbed", str(micro), "--max-samples", "1", "--whiflash-drafters", "ddt-e3",
+                  "--ddtree-tree-budget", "3", "--methods", "whiflash,oracle", "--name", "tree", "--no-plots",
+                  "--strict") == 0
+    rows = _rows(_run_dir(tmp_path, "tree"))
+    assert {r["method"] for r in rows} == {"ar", "whiflash-entropy", "oracle"}
+    assert all(r["label"].endswith("(ddt-e3)") for r in rows if r["method"] != "ar")
+    with pytest.raises(ValueError, match="ddt-e3"):  # a df-e3 router refused for another pair, naming both
+        _bench(tmp_path, "--testbed", str(micro), "--max-samples", "1", "--whiflash-drafters", "ddt-e3",
+               "--methods", "whiflash-neural", "--whiflash-neural-router-path", str(router), "--name", "bad")
+    assert not list(tmp_path.glob("*_bad"))
