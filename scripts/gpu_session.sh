@@ -6,6 +6,8 @@
 #           (adds WhiFlash-Neural when the `router` step has left a router in TESTBED_DIR/router);
 #   router  whiflash-datagen on training-split prompts + whiflash-train fit, router into TESTBED_DIR/router
 #           (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse` importable);
+#   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
+#           `router` step has left a router), bf16 + CUDA graphs on a GPU; the run folder goes to LOG_DIR/eval
 #   tests   the CUDA tests (lossless in fp32 / near-ties in bf16, graphs == eager, transformers parity);
 #   profile real-shape latency of Qwen3-8B, Qwen3-4B and Llama-3.1-8B (scripts/profile_shapes.py, 3.5 min;
 #           --smoke at toy widths when there is no GPU).
@@ -60,13 +62,20 @@ PY
       router=(); [ -d "$TB/router" ] && router=(--router "$TB/router")
       timeout 300 python3 scripts/bench_testbed.py --testbed "$TB" --prompts 4 --max-new-tokens 96 "${router[@]}" \
         --json "$LOG/bench_${PRESET}.json" 2>&1 | tee "$LOG/bench_${PRESET}.log" | quiet | tail -18 ;;
+    eval)
+      neural=""; router=(); [ -d "$TB/router" ] && neural=",whiflash-neural" router=(--whiflash-neural-router-path "$TB/router")
+      gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs true)
+      timeout 420 python3 -m whiflash.eval bench --testbed "$TB" --dataset testbed:test --max-samples "${EVAL_SAMPLES:-30}" \
+        --max-new-tokens 96 --methods "ar,eagle3,dflash,ddtree,whiflash-entropy${neural},oracle" "${router[@]}" "${gpu[@]}" \
+        --out "$LOG/eval" --name "$PRESET" 2>&1 | tee "$LOG/eval.log" | quiet | tail -5
+      cat "$LOG"/eval/*/results.md 2>/dev/null | head -60 ;;
     tests)
       timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$LOG/gpu_tests.log" | tail -5 ;;
     profile)
       smoke=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || smoke=(--smoke --ctx 64)
       timeout 300 python3 scripts/profile_shapes.py "${smoke[@]}" --json "$LOG/profile.json" 2>&1 \
         | tee "$LOG/profile.log" | quiet | tail -40 ;;
-    *) echo "unknown step $step (build, router, bench, tests, profile)"; exit 2 ;;
+    *) echo "unknown step $step (build, router, bench, eval, tests, profile)"; exit 2 ;;
   esac
 done
 echo "=== done ($(date +%T))"
