@@ -64,7 +64,7 @@ PY
         --json "$LOG/bench_${PRESET}.json" 2>&1 | tee "$LOG/bench_${PRESET}.log" | quiet | tail -18 ;;
     eval)
       neural=""; router=(); [ -d "$TB/router" ] && neural=",whiflash-neural" router=(--whiflash-neural-router-path "$TB/router")
-      gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs true)
+      gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
       timeout 420 python3 -m whiflash.eval bench --testbed "$TB" --dataset testbed:test --max-samples "${EVAL_SAMPLES:-30}" \
         --max-new-tokens 96 --methods "ar,eagle3,dflash,ddtree,whiflash-entropy${neural},oracle" "${router[@]}" "${gpu[@]}" \
         --out "$LOG/eval" --name "$PRESET" 2>&1 | tee "$LOG/eval.log" | quiet | tail -5

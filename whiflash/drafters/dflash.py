@@ -159,4 +159,7 @@ class DFlashDrafter(Drafter):
         logits = self.block_logits(pending, pos)
         if tree_budget is None:
             return Proposal(tokens=logits.argmax(-1))
-        return tree_proposal(logits, tree_budget)
+        if not self.fixed_shapes:
+            return tree_proposal(logits, tree_budget)
+        # the builder is a few hundred small kernels at fixed shapes: one graph replay instead
+        return self.run_fixed(("tree", tree_budget), lambda x: tree_proposal(x, tree_budget), logits)
