@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -279,3 +280,74 @@ def test_task_names_the_pair_flag_and_reads_old_checkpoint_hparams() -> None:
     old = {"hyper_parameters": {"hidden_size": H, "drafters": "df-e3", "tree_budget": 8}}  # before the rename
     with pytest.raises(ValueError, match="trained with drafter pair 'df-e3', but this run has drafter pair 'ddt-e3'"):
         task.on_load_checkpoint(old)
+
+
+# ---- row values checked at the door ----------------------------------------------------------------------------
+
+
+def _corrupt(folder: Path, shard: str, column: str, row: int, value: float | None) -> None:
+    """Set ``column[row]`` of ``folder/shard`` to ``value`` (None: null) and re-pin the shard in the manifest."""
+    from whiflash.data import shard_entry
+
+    path = folder / shard
+    table = pq.read_table(path)
+    col = table.column(column).combine_chunks()
+    if column == "hidden":
+        values = col.flatten().to_numpy().copy().reshape(len(col), -1)
+        values[row, 1] = value
+        new = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+    else:
+        values = col.to_pylist()
+        values[row] = value
+        new = pa.array(values, type=col.type)
+    pq.write_table(table.set_column(table.schema.get_field_index(column), column, new), path)
+    m = json.loads((folder / "manifest.json").read_text())
+    m["shards"] = [dict(s, **vars(shard_entry(path))) if s["file"] == shard else s for s in m["shards"]]
+    (folder / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("column, value, says", [
+    ("hidden", float("nan"), "holds a NaN or inf element"),
+    ("entropy", float("inf"), "holds inf"),
+    ("tau_0", None, "holds nan"),
+    ("tau_1", None, "holds nan"),
+    ("gain", float("nan"), "holds nan"),
+    ("gain", 0.5, r"is 0.5, expected tau_0 - tau_1 = "),
+])
+def test_bad_row_values_are_named_before_fitting(dataset: Path, tmp_path: Path, column: str, value: float | None,
+                                                 says: str) -> None:
+    bad = _copy(dataset, tmp_path)
+    _corrupt(bad, "shard-00001.parquet", column, 7, value)
+    with pytest.raises(DatasetFormatError, match=rf"{bad}/shard-00001.parquet: column '{column}' row 7 {says}"):
+        _dm(bad, tmp_path).setup("fit")
+
+
+def _empty_dataset(folder: Path) -> Path:
+    """A dataset that follows the contract but whose only shard has 0 rows."""
+    from whiflash.data import RouterDatasetManifest, write_manifest, write_shard
+
+    cols = {c: [] for c in ("prompt_id", "category", "round", "position", "entropy", "tau_0", "tau_1", "gain", "active")}
+    entry = write_shard(folder / "shard-00000.parquet", {**cols, "hidden": np.zeros((0, H))}, H)
+    write_manifest(folder, RouterDatasetManifest(
+        target="t", pair="df-e3", drafter_ids=("dflash", "eagle3"), tree_budget=None, tap_layers=[], hidden_size=H,
+        prompt_sets=[], seed=0, versions={}, shards=[entry]))
+    return folder
+
+
+def test_dataset_without_rows_is_named(tmp_path: Path) -> None:
+    empty = _empty_dataset(tmp_path)
+    with pytest.raises(DatasetFormatError, match=rf"router dataset {tmp_path}: its 1 shard\(s\) .* hold no rows"):
+        _dm(empty, tmp_path).setup("fit")
+
+
+def test_refused_fit_leaves_no_run_folder(dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from whiflash.train.cli import run
+
+    monkeypatch.setattr("sys.argv", ["whiflash-train"])
+    bad = _copy(dataset, tmp_path)
+    _corrupt(bad, "shard-00000.parquet", "entropy", 3, float("nan"))
+    out = tmp_path / "runs"
+    with pytest.raises(DatasetFormatError, match="shard-00000.parquet: column 'entropy' row 3"):
+        run(["fit", "--data.path", str(bad), "--trainer.default_root_dir", str(out), "--trainer.max_epochs", "1",
+             "--data.cache_dir", str(tmp_path / "cache"), "--trainer.enable_progress_bar", "false"])
+    assert not out.exists() or not any(out.iterdir()), sorted(out.rglob("*"))

@@ -78,6 +78,10 @@ class RouterCLI(LightningCLI):
             kwargs["logger"] = CSVLogger(save_dir=str(root), name="", version=_fresh_version(root, name, self.subcommand))
         return super().instantiate_trainer(**kwargs)
 
+    def before_fit(self) -> None:
+        """Read and check the dataset before the run folder exists, so a refused dataset leaves nothing behind."""
+        self.datamodule.setup("fit")
+
     def after_fit(self) -> None:
         from .export import export_run
         from .plots import plot_run

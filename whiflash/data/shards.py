@@ -18,7 +18,8 @@ from whiflash.io import atomic_path
 
 from .manifest import MANIFEST_NAME, DatasetFormatError, RouterDatasetManifest, ShardEntry, sha256_file
 
-__all__ = ["COLUMNS", "SCALAR_COLUMNS", "check_shards", "row_schema", "shard_entry", "write_shard"]
+__all__ = ["COLUMNS", "FINITE_COLUMNS", "SCALAR_COLUMNS", "check_row_values", "check_shards", "row_schema",
+           "shard_entry", "write_shard"]
 
 #: Per-round columns other than ``hidden``: name -> Arrow type.
 SCALAR_COLUMNS: dict[str, pa.DataType] = {
@@ -32,6 +33,10 @@ SCALAR_COLUMNS: dict[str, pa.DataType] = {
     "gain": pa.float32(),
     "active": pa.int8(),
 }
+#: Numeric columns whose every value must be finite (no NaN, inf or null).
+FINITE_COLUMNS = ("hidden", "entropy", "tau_0", "tau_1", "gain")
+#: Rows of ``hidden`` summed per block when looking for non-finite values (bounds the temporary memory).
+_HIDDEN_BLOCK_ROWS = 1 << 16
 COLUMNS = ("prompt_id", "category", "round", "position", "hidden", "entropy", "tau_0", "tau_1", "gain", "active")
 
 
@@ -86,3 +91,53 @@ def check_shards(data_dir: str | Path, manifest: RouterDatasetManifest, verify_h
             raise DatasetFormatError(f"{path}: sha256 differs from {MANIFEST_NAME} (file changed or truncated)")
         paths.append(path)
     return paths
+
+
+def check_row_values(table: pa.Table, shards: list[tuple[Path, int]]) -> None:
+    """Refuse non-finite values and a ``gain`` other than ``tau_0 - tau_1``; errors name shard, column and row.
+
+    ``table`` is the concatenation of ``shards`` (path, row count) in order. Vectorised over the Arrow
+    columns: ``hidden`` is scanned in blocks of row sums (a NaN or inf in any element makes its row's sum
+    non-finite), so the check costs one pass over the data and little memory.
+    """
+    for name in FINITE_COLUMNS:
+        bad = _nonfinite_hidden_rows(table, name) if name == "hidden" else ~np.isfinite(_as_float(table, name))
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            value = "a NaN or inf element" if name == "hidden" else repr(float(_as_float(table, name)[row]))
+            _raise_at(shards, row, name, f"holds {value} (expected finite values; {int(bad.sum())} such row(s) "
+                                         "in the dataset)")
+    gain, tau_0, tau_1 = (_as_float(table, c) for c in ("gain", "tau_0", "tau_1"))
+    bad = gain != tau_0 - tau_1
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        _raise_at(shards, row, "gain", f"is {gain[row]:g}, expected tau_0 - tau_1 = {tau_0[row]:g} - {tau_1[row]:g} "
+                                       f"= {tau_0[row] - tau_1[row]:g} ({int(bad.sum())} such row(s) in the dataset)")
+
+
+def _as_float(table: pa.Table, name: str) -> np.ndarray:
+    """Column ``name`` as float64 numpy (nulls become NaN, so they are caught as non-finite)."""
+    return table.column(name).to_numpy().astype(np.float64)
+
+
+def _nonfinite_hidden_rows(table: pa.Table, name: str) -> np.ndarray:
+    """Bool per row: does the fixed-size-list column ``name`` hold a NaN, inf or null element in that row?"""
+    out = []
+    for chunk in table.column(name).chunks:
+        width = chunk.type.list_size
+        values = chunk.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+        sums = np.concatenate([values[i : i + _HIDDEN_BLOCK_ROWS].sum(axis=1, dtype=np.float32)
+                               for i in range(0, len(values), _HIDDEN_BLOCK_ROWS)] or [np.zeros(0, np.float32)])
+        bad = ~np.isfinite(sums)
+        if chunk.null_count:
+            bad |= chunk.is_null().to_numpy(zero_copy_only=False)
+        out.append(bad)
+    return np.concatenate(out) if out else np.zeros(0, dtype=bool)
+
+
+def _raise_at(shards: list[tuple[Path, int]], row: int, column: str, what: str) -> None:
+    """Raise :class:`DatasetFormatError` for global ``row``, named by its shard file and its row in that shard."""
+    ends = np.cumsum([rows for _, rows in shards])
+    k = int(np.searchsorted(ends, row, side="right"))
+    start = int(ends[k - 1]) if k else 0
+    raise DatasetFormatError(f"{shards[k][0]}: column '{column}' row {row - start} {what}")
