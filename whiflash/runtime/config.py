@@ -5,7 +5,6 @@ Only the fields our forward needs are kept; both the transformers-4 (`rope_theta
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,8 @@ class ModelConfig:
             )
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
             if key not in cfg:
-                raise ValueError(f"{source}: required field {key!r} is missing")
+                raise ValueError(f"{source}: required field {key!r} is missing (expected an integer, as in the "
+                                 "config.json of a Hugging Face Qwen3/Llama model)")
         rope_theta, rope_scaling = rope_from_config(cfg)
         heads = cfg["num_attention_heads"]
         return cls(
@@ -69,12 +69,9 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> "ModelConfig":
-        path = Path(path)
-        try:
-            cfg = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: no config.json; expected a Hugging Face model folder") from None
-        return cls.from_dict(cfg, source=str(path))
+        from whiflash.runtime.weights import read_json  # weights imports torch; keep this module light
+
+        return cls.from_dict(read_json(path, "the config.json of a Hugging Face Qwen3/Llama model"), source=str(path))
 
 
 def rope_from_config(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
