@@ -163,34 +163,6 @@ def test_empty_split_is_named(dataset: Path, tmp_path: Path) -> None:
 # ---- push ---------------------------------------------------------------------------------------------------
 
 
-class FakeHfApi:
-    """Records calls; ``upload_folder`` copies the folder to ``root/<repo_id>[@revision]``."""
-
-    root: Path
-    calls: list
-
-    def __init__(self, token: str | None = None) -> None:
-        self.token = token
-
-    def whoami(self) -> dict:
-        FakeHfApi.calls.append(("whoami",))
-        return {"name": "alice"}
-
-    def create_repo(self, repo_id: str, repo_type: str, private: bool, exist_ok: bool):
-        FakeHfApi.calls.append(("create_repo", repo_id, private, exist_ok))
-        return type("RepoUrl", (), {"repo_id": repo_id})()
-
-    def create_branch(self, repo_id: str, branch: str, exist_ok: bool) -> None:
-        FakeHfApi.calls.append(("create_branch", repo_id, branch))
-
-    def upload_folder(self, repo_id: str, repo_type: str, folder_path: str, commit_message: str, revision: str | None,
-                      allow_patterns: list[str]):
-        FakeHfApi.calls.append(("upload_folder", repo_id, revision, commit_message))
-        dest = FakeHfApi.root / (repo_id + (f"@{revision}" if revision else ""))
-        shutil.copytree(folder_path, dest, ignore=lambda d, names: [n for n in names if n not in allow_patterns])
-        return type("CommitInfo", (), {"commit_url": f"https://hf.co/{repo_id}/commit/1"})()
-
-
 @pytest.fixture
 def exported(tmp_path: Path) -> Path:
     torch.manual_seed(0)
@@ -202,46 +174,39 @@ def exported(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.fixture
-def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    FakeHfApi.root, FakeHfApi.calls = tmp_path / "hub", []
-    monkeypatch.setattr("whiflash.train.push.HfApi", FakeHfApi)
-    return FakeHfApi.root
-
-
-def test_push_cli_uploads_the_folder(exported: Path, fake_hub: Path, capsys) -> None:
+def test_push_cli_uploads_the_folder(exported: Path, fake_hub: type, capsys) -> None:
     from whiflash.train.cli import run
 
     url = run(["push", "--router", str(exported), "--repo-id", "org/my-router", "--private",
                "--revision", "dev"])
     assert url == "https://hf.co/org/my-router/commit/1" and url in capsys.readouterr().out
-    assert ("create_repo", "org/my-router", True, True) in FakeHfApi.calls
-    assert ("create_branch", "org/my-router", "dev") in FakeHfApi.calls
-    upload = [c for c in FakeHfApi.calls if c[0] == "upload_folder"][0]
+    assert ("create_repo", "org/my-router", True, True) in fake_hub.calls
+    assert ("create_branch", "org/my-router", "dev") in fake_hub.calls
+    upload = [c for c in fake_hub.calls if c[0] == "upload_folder"][0]
     assert upload[2] == "dev" and "ddt-e3" in upload[3] and "tree budget 128" in upload[3]
-    pushed = fake_hub / "org/my-router@dev"
+    pushed = fake_hub.root / "org/my-router@dev"
     assert sorted(p.name for p in pushed.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert "base_model: Qwen/Qwen3-8B" in (pushed / "README.md").read_text()
     x = torch.randn(4, H)
     assert torch.equal(load_router(pushed)(x), load_router(exported)(x))
 
 
-def test_push_suggests_the_upstream_name(exported: Path, fake_hub: Path) -> None:
+def test_push_suggests_the_upstream_name(exported: Path, fake_hub: type) -> None:
     from whiflash.train.push import push_router
 
     push_router(exported)
-    assert ("create_repo", "alice/Qwen3-8B-NeuralRouter-ddt-e3-b128", False, True) in FakeHfApi.calls
+    assert ("create_repo", "alice/Qwen3-8B-NeuralRouter-ddt-e3-b128", False, True) in fake_hub.calls
     push_router(exported, namespace="WhiFlash")
-    assert (fake_hub / "WhiFlash/Qwen3-8B-NeuralRouter-ddt-e3-b128" / "model.safetensors").is_file()
+    assert (fake_hub.root / "WhiFlash/Qwen3-8B-NeuralRouter-ddt-e3-b128" / "model.safetensors").is_file()
 
 
-def test_push_refuses_a_broken_folder(exported: Path, fake_hub: Path) -> None:
+def test_push_refuses_a_broken_folder(exported: Path, fake_hub: type) -> None:
     from whiflash.train.push import push_router
 
     (exported / "README.md").unlink()
     with pytest.raises(FileNotFoundError, match=r"expected \['config.json', 'model.safetensors', 'README.md'\].*README.md"):
         push_router(exported, "org/x")
-    assert FakeHfApi.calls == []
+    assert fake_hub.calls == []
 
 
 @pytest.mark.hub
@@ -351,3 +316,18 @@ def test_refused_fit_leaves_no_run_folder(dataset: Path, tmp_path: Path, monkeyp
         run(["fit", "--data.path", str(bad), "--trainer.default_root_dir", str(out), "--trainer.max_epochs", "1",
              "--data.cache_dir", str(tmp_path / "cache"), "--trainer.enable_progress_bar", "false"])
     assert not out.exists() or not any(out.iterdir()), sorted(out.rglob("*"))
+
+
+def test_push_offline_or_without_token_says_what_to_do(exported: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+    from whiflash.train.cli import run
+    from whiflash.train.push import HubPushError
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the real HfApi, refused before any network call
+    with pytest.raises(HubPushError, match=r"Hub repo org/r .*OfflineModeIsEnabled.*huggingface-cli login.*HF_TOKEN"):
+        run(["push", "--router", str(exported), "--repo-id", "org/r"])
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(exported / "no-token"))
+    with pytest.raises(HubPushError, match=r"Hub repo <your namespace>/Qwen3-8B-NeuralRouter-ddt-e3-b128 .*"
+                                           r"LocalTokenNotFoundError.*HF_TOKEN"):
+        run(["push", "--router", str(exported)])
