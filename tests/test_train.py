@@ -272,7 +272,7 @@ def _corrupt(folder: Path, shard: str, column: str, row: int, value: float | Non
 
 
 @pytest.mark.parametrize("column, value, says", [
-    ("hidden", float("nan"), "holds a NaN or inf element"),
+    ("hidden", float("nan"), "holds a NaN, inf or null element"),
     ("entropy", float("inf"), "holds inf"),
     ("tau_0", None, "holds nan"),
     ("tau_1", None, "holds nan"),

@@ -181,11 +181,11 @@ def load_router(
     if isinstance(found, str):  # a Hub repo id: config + safetensors only, never a pickle fallback
         try:
             config_path = Path(hf_hub_download(found, "config.json", revision=revision))
-            config = _read_config(config_path, src)
             weights = hf_hub_download(found, "model.safetensors", revision=revision)
         except Exception as e:  # offline, unknown repo, missing file: say what was tried
             raise FileNotFoundError(f"router {src}: not a local folder or file, and downloading config.json + "
                                     f"model.safetensors from the Hub repo '{src}' failed: {e}") from e
+        config = _read_config(config_path, src)
     elif found.is_dir():
         weights = found / "model.safetensors"
         config_path = found / "config.json"

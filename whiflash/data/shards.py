@@ -100,14 +100,15 @@ def check_row_values(table: pa.Table, shards: list[tuple[Path, int]]) -> None:
     columns: ``hidden`` is scanned in blocks of row sums (a NaN or inf in any element makes its row's sum
     non-finite), so the check costs one pass over the data and little memory.
     """
+    scalars = {c: _as_float(table, c) for c in FINITE_COLUMNS if c != "hidden"}
     for name in FINITE_COLUMNS:
-        bad = _nonfinite_hidden_rows(table, name) if name == "hidden" else ~np.isfinite(_as_float(table, name))
+        bad = _nonfinite_rows(table.column(name)) if name == "hidden" else ~np.isfinite(scalars[name])
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            value = "a NaN or inf element" if name == "hidden" else repr(float(_as_float(table, name)[row]))
+            value = "a NaN, inf or null element" if name == "hidden" else f"{scalars[name][row]}"
             _raise_at(shards, row, name, f"holds {value} (expected finite values; {int(bad.sum())} such row(s) "
                                          "in the dataset)")
-    gain, tau_0, tau_1 = (_as_float(table, c) for c in ("gain", "tau_0", "tau_1"))
+    gain, tau_0, tau_1 = scalars["gain"], scalars["tau_0"], scalars["tau_1"]
     bad = gain != tau_0 - tau_1
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
@@ -120,19 +121,23 @@ def _as_float(table: pa.Table, name: str) -> np.ndarray:
     return table.column(name).to_numpy().astype(np.float64)
 
 
-def _nonfinite_hidden_rows(table: pa.Table, name: str) -> np.ndarray:
-    """Bool per row: does the fixed-size-list column ``name`` hold a NaN, inf or null element in that row?"""
-    out = []
-    for chunk in table.column(name).chunks:
-        width = chunk.type.list_size
-        values = chunk.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
-        sums = np.concatenate([values[i : i + _HIDDEN_BLOCK_ROWS].sum(axis=1, dtype=np.float32)
-                               for i in range(0, len(values), _HIDDEN_BLOCK_ROWS)] or [np.zeros(0, np.float32)])
-        bad = ~np.isfinite(sums)
-        if chunk.null_count:
-            bad |= chunk.is_null().to_numpy(zero_copy_only=False)
-        out.append(bad)
-    return np.concatenate(out) if out else np.zeros(0, dtype=bool)
+def _nonfinite_rows(column: pa.ChunkedArray) -> np.ndarray:
+    """Bool per row of a fixed-size-list column: does the row hold a NaN, inf or null (or is it null)?"""
+    return np.concatenate([_nonfinite_chunk_rows(c) for c in column.chunks] or [np.zeros(0, dtype=bool)])
+
+
+def _nonfinite_chunk_rows(chunk: pa.FixedSizeListArray) -> np.ndarray:
+    """:func:`_nonfinite_rows` of one chunk, summing ``_HIDDEN_BLOCK_ROWS`` rows at a time in float32."""
+    width = chunk.type.list_size
+    # .values keeps the slots of null rows (flatten() drops them), so rows and values stay aligned
+    values = chunk.values.slice(chunk.offset * width, len(chunk) * width).to_numpy(zero_copy_only=False)
+    values = values.reshape(len(chunk), width)
+    bad = np.zeros(len(chunk), dtype=bool)
+    for i in range(0, len(chunk), _HIDDEN_BLOCK_ROWS):
+        bad[i : i + _HIDDEN_BLOCK_ROWS] = ~np.isfinite(values[i : i + _HIDDEN_BLOCK_ROWS].sum(axis=1, dtype=np.float32))
+    if chunk.null_count:
+        bad |= chunk.is_null().to_numpy(zero_copy_only=False)
+    return bad
 
 
 def _raise_at(shards: list[tuple[Path, int]], row: int, column: str, what: str) -> None:

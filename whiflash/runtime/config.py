@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from whiflash.runtime.weights import read_json
+
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama")
 
 
@@ -69,8 +71,7 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> "ModelConfig":
-        from whiflash.runtime.weights import read_json  # weights imports torch; keep this module light
-
+        """Read and check ``path``; errors name it and what was expected."""
         return cls.from_dict(read_json(path, "the config.json of a Hugging Face Qwen3/Llama model"), source=str(path))
 
 
