@@ -55,7 +55,8 @@ def _loaders(tmp_path: Path, world: tuple) -> dict[str, tuple[Path, Callable[[Pa
         (fresh_target / f.name).write_bytes(f.read_bytes())
     return {
         "target": (fresh_target, lambda d: whiflash.load_target(d)),
-        "dflash": (make_dflash(tmp_path / "dflash", cfg, [0, 1, 2]), lambda d: whiflash.load_drafter("dflash", d, target)),
+        "dflash": (make_dflash(tmp_path / "dflash", cfg, [0, 1, 2]),
+                   lambda d: whiflash.load_drafter("dflash", d, target)),
         "eagle3": (make_eagle3(tmp_path / "eagle3", cfg, [0, 1, 2], 24),
                    lambda d: whiflash.load_drafter("eagle3", d, target)),
         "router": (_router(tmp_path / "router"), lambda d: whiflash.load_router(d)),

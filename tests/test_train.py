@@ -289,9 +289,9 @@ def test_bad_row_values_are_named_before_fitting(dataset: Path, tmp_path: Path, 
 
 def _empty_dataset(folder: Path) -> Path:
     """A dataset that follows the contract but whose only shard has 0 rows."""
-    from whiflash.data import RouterDatasetManifest, write_manifest, write_shard
+    from whiflash.data import SCALAR_COLUMNS, RouterDatasetManifest, write_manifest, write_shard
 
-    cols = {c: [] for c in ("prompt_id", "category", "round", "position", "entropy", "tau_0", "tau_1", "gain", "active")}
+    cols = {c: [] for c in SCALAR_COLUMNS}
     entry = write_shard(folder / "shard-00000.parquet", {**cols, "hidden": np.zeros((0, H))}, H)
     write_manifest(folder, RouterDatasetManifest(
         target="t", pair="df-e3", drafter_ids=("dflash", "eagle3"), tree_budget=None, tap_layers=[], hidden_size=H,

@@ -181,7 +181,8 @@ def local_paths_run(env, tmp_path_factory: pytest.TempPathFactory) -> dict:
         from whiflash.train import plots
 
         real = plots.tau_vs_threshold
-        mp.setattr(plots, "tau_vs_threshold", lambda routing, out, names: labels.append(names) or real(routing, out, names))
+        mp.setattr(plots, "tau_vs_threshold",
+                   lambda routing, out, names: labels.append(names) or real(routing, out, names))
         cli = run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(tmp / "out"),
                    "--trainer.max_epochs", "1", "--model.mlp_dim", "8", "--data.cache_dir", str(tmp / "cache"),
                    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])

@@ -35,8 +35,9 @@ SCALAR_COLUMNS: dict[str, pa.DataType] = {
 }
 #: Numeric columns whose every value must be finite (no NaN, inf or null).
 FINITE_COLUMNS = ("hidden", "entropy", "tau_0", "tau_1", "gain")
-#: Rows of ``hidden`` summed per block when looking for non-finite values (bounds the temporary memory).
-_HIDDEN_BLOCK_ROWS = 1 << 16
+#: Rows of ``hidden`` scanned per block when looking for non-finite values (bounds the temporary memory).
+_HIDDEN_BLOCK_ROWS = 1 << 14
+_F16_EXPONENT = np.uint16(0x7C00)
 COLUMNS = ("prompt_id", "category", "round", "position", "hidden", "entropy", "tau_0", "tau_1", "gain", "active")
 
 
@@ -97,8 +98,8 @@ def check_row_values(table: pa.Table, shards: list[tuple[Path, int]]) -> None:
     """Refuse non-finite values and a ``gain`` other than ``tau_0 - tau_1``; errors name shard, column and row.
 
     ``table`` is the concatenation of ``shards`` (path, row count) in order. Vectorised over the Arrow
-    columns: ``hidden`` is scanned in blocks of row sums (a NaN or inf in any element makes its row's sum
-    non-finite), so the check costs one pass over the data and little memory.
+    columns: ``hidden`` is scanned block by block (one integer max per row over the float16 exponent bits), so
+    the check costs one pass over the data and little memory.
     """
     scalars = {c: _as_float(table, c) for c in FINITE_COLUMNS if c != "hidden"}
     for name in FINITE_COLUMNS:
@@ -127,17 +128,26 @@ def _nonfinite_rows(column: pa.ChunkedArray) -> np.ndarray:
 
 
 def _nonfinite_chunk_rows(chunk: pa.FixedSizeListArray) -> np.ndarray:
-    """:func:`_nonfinite_rows` of one chunk, summing ``_HIDDEN_BLOCK_ROWS`` rows at a time in float32."""
+    """:func:`_nonfinite_rows` of one chunk, ``_HIDDEN_BLOCK_ROWS`` rows at a time."""
     width = chunk.type.list_size
     # .values keeps the slots of null rows (flatten() drops them), so rows and values stay aligned
     values = chunk.values.slice(chunk.offset * width, len(chunk) * width).to_numpy(zero_copy_only=False)
     values = values.reshape(len(chunk), width)
     bad = np.zeros(len(chunk), dtype=bool)
     for i in range(0, len(chunk), _HIDDEN_BLOCK_ROWS):
-        bad[i : i + _HIDDEN_BLOCK_ROWS] = ~np.isfinite(values[i : i + _HIDDEN_BLOCK_ROWS].sum(axis=1, dtype=np.float32))
+        bad[i : i + _HIDDEN_BLOCK_ROWS] = _nonfinite_block_rows(values[i : i + _HIDDEN_BLOCK_ROWS])
     if chunk.null_count:
         bad |= chunk.is_null().to_numpy(zero_copy_only=False)
     return bad
+
+
+def _nonfinite_block_rows(block: np.ndarray) -> np.ndarray:
+    """Bool per row of a 2-D block: does it hold a NaN or inf? For float16 (the contract's ``hidden``) an element
+    is NaN or inf exactly when its 5 exponent bits are all set, so one integer max per row decides (2-3x faster
+    than ``isfinite``); other dtypes take ``isfinite``."""
+    if block.dtype == np.float16:
+        return (block.view(np.uint16) & _F16_EXPONENT).max(axis=1, initial=0) == _F16_EXPONENT
+    return ~np.isfinite(block).all(axis=1)
 
 
 def _raise_at(shards: list[tuple[Path, int]], row: int, column: str, what: str) -> None:
