@@ -320,12 +320,15 @@ def test_refused_fit_leaves_no_run_folder(dataset: Path, tmp_path: Path, monkeyp
 
 def test_push_offline_or_without_token_says_what_to_do(exported: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from huggingface_hub import constants
-    from whiflash.train.cli import run
+
+    from whiflash.train.cli import main, run
     from whiflash.train.push import HubPushError
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the real HfApi, refused before any network call
     with pytest.raises(HubPushError, match=r"Hub repo org/r .*OfflineModeIsEnabled.*huggingface-cli login.*HF_TOKEN"):
         run(["push", "--router", str(exported), "--repo-id", "org/r"])
+    with pytest.raises(SystemExit, match=r"^whiflash-train push: could not push to the Hub repo org/r"):
+        main(["push", "--router", str(exported), "--repo-id", "org/r"])  # the console script: message, no traceback
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(exported / "no-token"))
     with pytest.raises(HubPushError, match=r"Hub repo <your namespace>/Qwen3-8B-NeuralRouter-ddt-e3-b128 .*"

@@ -173,8 +173,14 @@ def _push_main(argv: list[str]) -> str:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``whiflash-train``; ``args`` replaces ``sys.argv[1:]`` (tests)."""
-    run(args)
+    """Entry point of ``whiflash-train``; ``args`` replaces ``sys.argv[1:]`` (tests). A push the Hub refuses
+    ends with its message (repo and what to do), not with a traceback."""
+    from .push import HubPushError
+
+    try:
+        run(args)
+    except HubPushError as e:
+        sys.exit(str(e))
 
 
 def run(args: list[str] | None = None) -> RouterCLI | str:
