@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,39 @@ def micro(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("testbed") / "micro"
     build(out, get_preset("micro"))
     return out
+
+
+class FakeHfApi:
+    """Records calls; ``upload_folder`` copies the folder to ``root/<repo_id>[@revision]``."""
+
+    root: Path
+    calls: list
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token
+
+    def whoami(self) -> dict:
+        FakeHfApi.calls.append(("whoami",))
+        return {"name": "alice"}
+
+    def create_repo(self, repo_id: str, repo_type: str, private: bool, exist_ok: bool):
+        FakeHfApi.calls.append(("create_repo", repo_id, private, exist_ok))
+        return type("RepoUrl", (), {"repo_id": repo_id})()
+
+    def create_branch(self, repo_id: str, branch: str, exist_ok: bool) -> None:
+        FakeHfApi.calls.append(("create_branch", repo_id, branch))
+
+    def upload_folder(self, repo_id: str, repo_type: str, folder_path: str, commit_message: str, revision: str | None,
+                      allow_patterns: list[str]):
+        FakeHfApi.calls.append(("upload_folder", repo_id, revision, commit_message))
+        dest = FakeHfApi.root / (repo_id + (f"@{revision}" if revision else ""))
+        shutil.copytree(folder_path, dest, ignore=lambda d, names: [n for n in names if n not in allow_patterns])
+        return type("CommitInfo", (), {"commit_url": f"https://hf.co/{repo_id}/commit/1"})()
+
+
+@pytest.fixture
+def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> type[FakeHfApi]:
+    """A fake Hub for ``whiflash-train push``: the FakeHfApi class, with ``root`` and ``calls`` reset."""
+    FakeHfApi.root, FakeHfApi.calls = tmp_path / "hub", []
+    monkeypatch.setattr("whiflash.train.push.HfApi", FakeHfApi)
+    return FakeHfApi

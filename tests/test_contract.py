@@ -7,9 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
-from whiflash.data import KIND, DatasetFormatError, RouterDatasetManifest, read_manifest, write_manifest
+from whiflash.data import (
+    KIND, DatasetFormatError, RouterDatasetManifest, check_row_values, read_manifest, write_manifest,
+)
 from whiflash.pairs import PAIRS
 from whiflash.train.synthetic import write_synthetic_dataset
 
@@ -82,3 +86,25 @@ def test_datagen_imports_no_app_and_whiflash_no_heavy_packages() -> None:
             "apps = [m for m in sys.modules if m.startswith('whiflash.train')]; assert not apps, apps")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _rows(hidden: pa.Array, n: int, gain: float = 2.0) -> pa.Table:
+    """A table of ``n`` rows with ``hidden`` and consistent scalar columns (tau_0 = 3, tau_1 = 1)."""
+    full = lambda v, t: pa.array(np.full(n, v), type=t)  # noqa: E731
+    return pa.table({"hidden": hidden, "entropy": full(1.0, pa.float32()), "tau_0": full(3, pa.int16()),
+                     "tau_1": full(1, pa.int16()), "gain": full(gain, pa.float32())})
+
+
+def test_row_values_name_the_shard_row_across_chunks_and_null_rows() -> None:
+    h = np.ones((6, 4), dtype=np.float16)
+    h[0, 0] = 65504  # the largest float16 is finite
+    check_row_values(_rows(pa.FixedSizeListArray.from_arrays(pa.array(h.reshape(-1)), 4), 6), [(Path("a"), 6)])
+    h[4, 2] = -np.inf
+    hidden = pa.FixedSizeListArray.from_arrays(pa.array(h.reshape(-1)), 4)
+    chunked = pa.concat_tables([_rows(hidden.slice(0, 3), 3), _rows(hidden.slice(3), 3)])
+    with pytest.raises(DatasetFormatError, match=r"^b: column 'hidden' row 2 holds a NaN, inf or null element"):
+        check_row_values(chunked, [(Path("a"), 2), (Path("b"), 4)])
+    nulls = pa.FixedSizeListArray.from_arrays(pa.array(np.ones(24, np.float16)), 4,
+                                              mask=pa.array([False, False, True, False, False, False]))
+    with pytest.raises(DatasetFormatError, match=r"^b: column 'hidden' row 0 holds a NaN, inf or null element"):
+        check_row_values(_rows(nulls.slice(1), 5), [(Path("a"), 1), (Path("b"), 4)])

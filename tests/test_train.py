@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -162,34 +163,6 @@ def test_empty_split_is_named(dataset: Path, tmp_path: Path) -> None:
 # ---- push ---------------------------------------------------------------------------------------------------
 
 
-class FakeHfApi:
-    """Records calls; ``upload_folder`` copies the folder to ``root/<repo_id>[@revision]``."""
-
-    root: Path
-    calls: list
-
-    def __init__(self, token: str | None = None) -> None:
-        self.token = token
-
-    def whoami(self) -> dict:
-        FakeHfApi.calls.append(("whoami",))
-        return {"name": "alice"}
-
-    def create_repo(self, repo_id: str, repo_type: str, private: bool, exist_ok: bool):
-        FakeHfApi.calls.append(("create_repo", repo_id, private, exist_ok))
-        return type("RepoUrl", (), {"repo_id": repo_id})()
-
-    def create_branch(self, repo_id: str, branch: str, exist_ok: bool) -> None:
-        FakeHfApi.calls.append(("create_branch", repo_id, branch))
-
-    def upload_folder(self, repo_id: str, repo_type: str, folder_path: str, commit_message: str, revision: str | None,
-                      allow_patterns: list[str]):
-        FakeHfApi.calls.append(("upload_folder", repo_id, revision, commit_message))
-        dest = FakeHfApi.root / (repo_id + (f"@{revision}" if revision else ""))
-        shutil.copytree(folder_path, dest, ignore=lambda d, names: [n for n in names if n not in allow_patterns])
-        return type("CommitInfo", (), {"commit_url": f"https://hf.co/{repo_id}/commit/1"})()
-
-
 @pytest.fixture
 def exported(tmp_path: Path) -> Path:
     torch.manual_seed(0)
@@ -201,46 +174,39 @@ def exported(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.fixture
-def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    FakeHfApi.root, FakeHfApi.calls = tmp_path / "hub", []
-    monkeypatch.setattr("whiflash.train.push.HfApi", FakeHfApi)
-    return FakeHfApi.root
-
-
-def test_push_cli_uploads_the_folder(exported: Path, fake_hub: Path, capsys) -> None:
+def test_push_cli_uploads_the_folder(exported: Path, fake_hub: type, capsys) -> None:
     from whiflash.train.cli import run
 
     url = run(["push", "--router", str(exported), "--repo-id", "org/my-router", "--private",
                "--revision", "dev"])
     assert url == "https://hf.co/org/my-router/commit/1" and url in capsys.readouterr().out
-    assert ("create_repo", "org/my-router", True, True) in FakeHfApi.calls
-    assert ("create_branch", "org/my-router", "dev") in FakeHfApi.calls
-    upload = [c for c in FakeHfApi.calls if c[0] == "upload_folder"][0]
+    assert ("create_repo", "org/my-router", True, True) in fake_hub.calls
+    assert ("create_branch", "org/my-router", "dev") in fake_hub.calls
+    upload = [c for c in fake_hub.calls if c[0] == "upload_folder"][0]
     assert upload[2] == "dev" and "ddt-e3" in upload[3] and "tree budget 128" in upload[3]
-    pushed = fake_hub / "org/my-router@dev"
+    pushed = fake_hub.root / "org/my-router@dev"
     assert sorted(p.name for p in pushed.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert "base_model: Qwen/Qwen3-8B" in (pushed / "README.md").read_text()
     x = torch.randn(4, H)
     assert torch.equal(load_router(pushed)(x), load_router(exported)(x))
 
 
-def test_push_suggests_the_upstream_name(exported: Path, fake_hub: Path) -> None:
+def test_push_suggests_the_upstream_name(exported: Path, fake_hub: type) -> None:
     from whiflash.train.push import push_router
 
     push_router(exported)
-    assert ("create_repo", "alice/Qwen3-8B-NeuralRouter-ddt-e3-b128", False, True) in FakeHfApi.calls
+    assert ("create_repo", "alice/Qwen3-8B-NeuralRouter-ddt-e3-b128", False, True) in fake_hub.calls
     push_router(exported, namespace="WhiFlash")
-    assert (fake_hub / "WhiFlash/Qwen3-8B-NeuralRouter-ddt-e3-b128" / "model.safetensors").is_file()
+    assert (fake_hub.root / "WhiFlash/Qwen3-8B-NeuralRouter-ddt-e3-b128" / "model.safetensors").is_file()
 
 
-def test_push_refuses_a_broken_folder(exported: Path, fake_hub: Path) -> None:
+def test_push_refuses_a_broken_folder(exported: Path, fake_hub: type) -> None:
     from whiflash.train.push import push_router
 
     (exported / "README.md").unlink()
     with pytest.raises(FileNotFoundError, match=r"expected \['config.json', 'model.safetensors', 'README.md'\].*README.md"):
         push_router(exported, "org/x")
-    assert FakeHfApi.calls == []
+    assert fake_hub.calls == []
 
 
 @pytest.mark.hub
@@ -279,3 +245,92 @@ def test_task_names_the_pair_flag_and_reads_old_checkpoint_hparams() -> None:
     old = {"hyper_parameters": {"hidden_size": H, "drafters": "df-e3", "tree_budget": 8}}  # before the rename
     with pytest.raises(ValueError, match="trained with drafter pair 'df-e3', but this run has drafter pair 'ddt-e3'"):
         task.on_load_checkpoint(old)
+
+
+# ---- row values checked at the door ----------------------------------------------------------------------------
+
+
+def _corrupt(folder: Path, shard: str, column: str, row: int, value: float | None) -> None:
+    """Set ``column[row]`` of ``folder/shard`` to ``value`` (None: null) and re-pin the shard in the manifest."""
+    from whiflash.data import shard_entry
+
+    path = folder / shard
+    table = pq.read_table(path)
+    col = table.column(column).combine_chunks()
+    if column == "hidden":
+        values = col.flatten().to_numpy().copy().reshape(len(col), -1)
+        values[row, 1] = value
+        new = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+    else:
+        values = col.to_pylist()
+        values[row] = value
+        new = pa.array(values, type=col.type)
+    pq.write_table(table.set_column(table.schema.get_field_index(column), column, new), path)
+    m = json.loads((folder / "manifest.json").read_text())
+    m["shards"] = [dict(s, **vars(shard_entry(path))) if s["file"] == shard else s for s in m["shards"]]
+    (folder / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("column, value, says", [
+    ("hidden", float("nan"), "holds a NaN, inf or null element"),
+    ("entropy", float("inf"), "holds inf"),
+    ("tau_0", None, "holds nan"),
+    ("tau_1", None, "holds nan"),
+    ("gain", float("nan"), "holds nan"),
+    ("gain", 0.5, r"is 0.5, expected tau_0 - tau_1 = "),
+])
+def test_bad_row_values_are_named_before_fitting(dataset: Path, tmp_path: Path, column: str, value: float | None,
+                                                 says: str) -> None:
+    bad = _copy(dataset, tmp_path)
+    _corrupt(bad, "shard-00001.parquet", column, 7, value)
+    with pytest.raises(DatasetFormatError, match=rf"{bad}/shard-00001.parquet: column '{column}' row 7 {says}"):
+        _dm(bad, tmp_path).setup("fit")
+
+
+def _empty_dataset(folder: Path) -> Path:
+    """A dataset that follows the contract but whose only shard has 0 rows."""
+    from whiflash.data import SCALAR_COLUMNS, RouterDatasetManifest, write_manifest, write_shard
+
+    cols = {c: [] for c in SCALAR_COLUMNS}
+    entry = write_shard(folder / "shard-00000.parquet", {**cols, "hidden": np.zeros((0, H))}, H)
+    write_manifest(folder, RouterDatasetManifest(
+        target="t", pair="df-e3", drafter_ids=("dflash", "eagle3"), tree_budget=None, tap_layers=[], hidden_size=H,
+        prompt_sets=[], seed=0, versions={}, shards=[entry]))
+    return folder
+
+
+def test_dataset_without_rows_is_named(tmp_path: Path) -> None:
+    empty = _empty_dataset(tmp_path)
+    with pytest.raises(DatasetFormatError, match=rf"router dataset {tmp_path}: its 1 shard\(s\) .* hold no rows"):
+        _dm(empty, tmp_path).setup("fit")
+
+
+def test_refused_fit_leaves_no_run_folder(dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from whiflash.train.cli import run
+
+    monkeypatch.setattr("sys.argv", ["whiflash-train"])
+    bad = _copy(dataset, tmp_path)
+    _corrupt(bad, "shard-00000.parquet", "entropy", 3, float("nan"))
+    out = tmp_path / "runs"
+    with pytest.raises(DatasetFormatError, match="shard-00000.parquet: column 'entropy' row 3"):
+        run(["fit", "--data.path", str(bad), "--trainer.default_root_dir", str(out), "--trainer.max_epochs", "1",
+             "--data.cache_dir", str(tmp_path / "cache"), "--trainer.enable_progress_bar", "false"])
+    assert not out.exists() or not any(out.iterdir()), sorted(out.rglob("*"))
+
+
+def test_push_offline_or_without_token_says_what_to_do(exported: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    from whiflash.train.cli import main, run
+    from whiflash.train.push import HubPushError
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the real HfApi, refused before any network call
+    with pytest.raises(HubPushError, match=r"Hub repo org/r .*OfflineModeIsEnabled.*huggingface-cli login.*HF_TOKEN"):
+        run(["push", "--router", str(exported), "--repo-id", "org/r"])
+    with pytest.raises(SystemExit, match=r"^whiflash-train push: could not push to the Hub repo org/r"):
+        main(["push", "--router", str(exported), "--repo-id", "org/r"])  # the console script: message, no traceback
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(exported / "no-token"))
+    with pytest.raises(HubPushError, match=r"Hub repo <your namespace>/Qwen3-8B-NeuralRouter-ddt-e3-b128 .*"
+                                           r"LocalTokenNotFoundError.*HF_TOKEN"):
+        run(["push", "--router", str(exported)])

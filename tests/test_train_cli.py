@@ -159,3 +159,50 @@ def test_cli_contract_command(env, tmp_path: Path) -> None:
     assert len(folders) == 1
     router = load_router(folders[0])
     assert router(torch.randn(5, 8)).shape == (5,)
+
+
+def _files_mentioning(folder: Path, text: str) -> list[Path]:
+    """Files under ``folder`` whose bytes contain ``text``."""
+    return [p for p in folder.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+@pytest.fixture(scope="module")
+def local_paths_run(env, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A short fit on data whose manifest names the target and both drafters by absolute local paths."""
+    tmp = tmp_path_factory.mktemp("private")
+    data, models = tmp / "data", tmp / "home" / "alice" / "models"
+    write_synthetic_dataset(data, num_prompts=40, rounds_per_prompt=10, hidden_size=8, seed=2, progress=False,
+                            target=str(models / "Qwen3-8B"))
+    m = json.loads((data / "manifest.json").read_text())
+    m["drafters"] = {"slot_0": str(models / "dflash-b16"), "slot_1": str(models / "eagle3")}
+    (data / "manifest.json").write_text(json.dumps(m))
+    labels: list[tuple[str, str]] = []
+    with pytest.MonkeyPatch.context() as mp:
+        from whiflash.train import plots
+
+        real = plots.tau_vs_threshold
+        mp.setattr(plots, "tau_vs_threshold",
+                   lambda routing, out, names: labels.append(names) or real(routing, out, names))
+        cli = run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(tmp / "out"),
+                   "--trainer.max_epochs", "1", "--model.mlp_dim", "8", "--data.cache_dir", str(tmp / "cache"),
+                   "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
+    return {"run_dir": Path(cli.trainer.log_dir), "models": str(models), "labels": labels}
+
+
+def test_exports_name_checkpoints_without_local_paths(local_paths_run: dict) -> None:
+    run_dir, models = local_paths_run["run_dir"], local_paths_run["models"]
+    assert _files_mentioning(run_dir / "router", models) == []
+    assert _files_mentioning(run_dir / "router.safetensors", models) == []
+    card = (run_dir / "router" / "README.md").read_text()
+    assert "`Qwen3-8B`" in card and "slot 0 = dflash-b16" in card and "# Qwen3-8B-NeuralRouter-df-e3" in card
+    assert json.loads((run_dir / "router" / "config.json").read_text())["target"] == "Qwen3-8B"
+    assert local_paths_run["labels"] == [("dflash-b16", "eagle3")]  # plot legends
+
+
+def test_push_uploads_no_local_paths(local_paths_run: dict, fake_hub: type) -> None:
+    url = run(["push", "--router", str(local_paths_run["run_dir"] / "router"), "--repo-id", "org/r"])
+    assert url.startswith("https://hf.co/org/r")
+    pushed = fake_hub.root / "org/r"
+    assert sorted(p.name for p in pushed.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert _files_mentioning(pushed, local_paths_run["models"]) == []
+    assert all(local_paths_run["models"] not in str(c) for c in fake_hub.calls)

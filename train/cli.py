@@ -78,6 +78,10 @@ class RouterCLI(LightningCLI):
             kwargs["logger"] = CSVLogger(save_dir=str(root), name="", version=_fresh_version(root, name, self.subcommand))
         return super().instantiate_trainer(**kwargs)
 
+    def before_fit(self) -> None:
+        """Read and check the dataset before the run folder exists, so a refused dataset leaves nothing behind."""
+        self.datamodule.setup("fit")
+
     def after_fit(self) -> None:
         from .export import export_run
         from .plots import plot_run
@@ -169,8 +173,14 @@ def _push_main(argv: list[str]) -> str:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``whiflash-train``; ``args`` replaces ``sys.argv[1:]`` (tests)."""
-    run(args)
+    """Entry point of ``whiflash-train``; ``args`` replaces ``sys.argv[1:]`` (tests). A push the Hub refuses
+    ends with its message (repo and what to do), not with a traceback."""
+    from .push import HubPushError
+
+    try:
+        run(args)
+    except HubPushError as e:
+        sys.exit(str(e))
 
 
 def run(args: list[str] | None = None) -> RouterCLI | str:

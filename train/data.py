@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from whiflash.data import check_shards, manifest_hash, read_manifest
+from whiflash.data import DatasetFormatError, check_row_values, check_shards, manifest_hash, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -170,11 +170,14 @@ class RouterDataModule(L.LightningDataModule):
         import datasets
 
         shard_paths = check_shards(self.path, self.manifest, verify_hashes=self.hparams.verify_hashes)
+        if self.manifest.num_rows == 0:
+            raise DatasetFormatError(f"router dataset {self.path}: its {len(shard_paths)} shard(s) "
+                                     f"{[p.name for p in shard_paths]} hold no rows (expected at least one round)")
         ds = datasets.load_dataset("parquet", data_files={"train": [str(p) for p in shard_paths]}, split="train",
                                    cache_dir=self.hparams.cache_dir, writer_batch_size=1 << 20)
         table = ds.data.table if hasattr(ds.data, "table") else ds.data
-        if table.num_rows == 0:
-            raise ValueError(f"router dataset {self.path} has no rows (shards {[p.name for p in shard_paths]})")
+        # refuse NaN/inf and inconsistent labels before anything is fitted on them
+        check_row_values(table, [(p, s.rows) for p, s in zip(shard_paths, self.manifest.shards)])
         prompt = table.column("prompt_id").combine_chunks().dictionary_encode()
         category = table.column("category").combine_chunks().dictionary_encode()
         self.categories = [str(c) for c in category.dictionary.to_pylist()]

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from huggingface_hub import ModelCard, ModelCardData
 
-from whiflash.hub import is_hub_id
+from whiflash.hub import is_hub_id, public_name
 from whiflash.io import atomic_write_json
 from whiflash.router import NeuralRouter, export_single_file, load_router, suggested_repo_name
 
@@ -70,8 +70,17 @@ def evaluate_scores(scores: dict[str, np.ndarray], thresholds: list[float], cate
     return res
 
 
+def _prompt_set_name(prompt_set: Any) -> Any:
+    """A prompt set as the card shows it: its ``name``, and a local file by its name only."""
+    name = prompt_set.get("name", prompt_set) if isinstance(prompt_set, dict) else prompt_set
+    return public_name(name) if isinstance(name, str) else name
+
+
 def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, Any], ckpt: str | None) -> ModelCard:
-    """Model card: what the router was trained for, on which data (manifest hash), and how well it routes."""
+    """Model card: what the router was trained for, on which data (manifest hash), and how well it routes.
+
+    Checkpoints are named by Hub id or folder name (:func:`whiflash.hub.public_name`), never by local path.
+    """
     m, r = dm.manifest, results["routing"]
     data = ModelCardData(library_name="whiflash", license="apache-2.0", tags=[
         "speculative-decoding", "router", "whiflash", *sorted(set(router.pair.slots))],
@@ -85,15 +94,15 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
         "acceptance-length gain `g = tau(slot 0) - tau(slot 1)`; the routed loop drafts with slot 0 when "
         "`g_hat > threshold`.", "",
         "| field | value |", "|---|---|",
-        f"| target | `{router.target}` |",
-        f"| drafter pair (`--whiflash-drafters`) | `{router.pair}` (slot 0 = {m.drafter_ids[0]}, "
-        f"slot 1 = {m.drafter_ids[1]}) |",
+        f"| target | `{public_name(router.target)}` |",
+        f"| drafter pair (`--whiflash-drafters`) | `{router.pair}` (slot 0 = {public_name(m.drafter_ids[0])}, "
+        f"slot 1 = {public_name(m.drafter_ids[1])}) |",
         f"| DDTree tree budget (`--ddtree-tree-budget`) | {budget} |",
         f"| hidden size / MLP width | {router.hidden_size} / {router.mlp_dim} |",
         f"| recommended threshold | **{router.threshold:g}** (re-calibrate per hardware and category) |",
         f"| data manifest sha256 | `{dm.manifest_sha256}` |",
         f"| data | {m.num_rows} rounds, prompt sets "
-        f"{[p.get('name', p) if isinstance(p, dict) else p for p in m.prompt_sets]}, seed {m.seed} |",
+        f"{[_prompt_set_name(p) for p in m.prompt_sets]}, seed {m.seed} |",
         f"| checkpoint | `{Path(ckpt).name if ckpt else 'last weights'}` |", "",
         f"## Validation ({results['rows']} rounds, prompts disjoint from training)", "",
         f"{m.tau_definition}; taus are pooled means over rounds, replaying the logged rounds.", "",
@@ -122,7 +131,9 @@ def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt
     router = src.router.cpu().eval()
     scores = score_split(router, dm, "val")
     results = evaluate_scores(scores, task.thresholds, dm.categories)
-    final = NeuralRouter(**{**router.config(), "threshold": results["routing"]["best_threshold"]})
+    # the exports are shared: name the target by Hub id or folder name, never by a local path
+    final = NeuralRouter(**{**router.config(), "threshold": results["routing"]["best_threshold"],
+                            "target": public_name(router.target)})
     final.load_state_dict(router.state_dict(), strict=True)
     final.eval()
     folder = run_dir / "router"

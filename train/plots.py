@@ -14,6 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from whiflash.hub import public_name  # noqa: E402
+
 log = logging.getLogger(__name__)
 
 
@@ -93,12 +95,13 @@ def tau_vs_threshold(routing: dict[str, Any], out: Path, slot_names: tuple[str, 
 
 
 def plot_run(run_dir: Path, results: dict[str, Any], slot_names: tuple[str, str]) -> list[Path]:
-    """All plots of a run into ``run_dir/plots``."""
+    """All plots of a run into ``run_dir/plots``; slots are labelled by Hub id or folder name, never local path."""
     plots = run_dir / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     made = [learning_curves(run_dir / "metrics.csv", plots / "learning_curves.png")]
     scores = results.get("_scores")
     if scores is not None and len(scores["gain"]):
         made.append(pred_vs_actual(scores["pred"], scores["gain"], plots / "pred_vs_actual.png"))
-    made.append(tau_vs_threshold(results["routing"], plots / "tau_vs_threshold.png", slot_names))
+    names = (public_name(slot_names[0]), public_name(slot_names[1]))
+    made.append(tau_vs_threshold(results["routing"], plots / "tau_vs_threshold.png", names))
     return [p for p in made if p is not None]

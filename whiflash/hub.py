@@ -12,7 +12,7 @@ from pathlib import Path
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-__all__ = ["is_hub_id", "local_or_hub"]
+__all__ = ["is_hub_id", "local_or_hub", "public_name"]
 
 #: Suffixes of files the toolkit reads; a Hub repo id never names a file.
 FILE_SUFFIXES = (".safetensors", ".json")
@@ -54,3 +54,10 @@ def local_or_hub(name_or_path: str | Path, what: str = "checkpoint") -> Path | s
         return name
     thing = "file" if name.endswith(FILE_SUFFIXES) else "folder"
     raise FileNotFoundError(f"{what}: no such {thing}: {name} (and not a Hub repo id of the form ORG/NAME)")
+
+
+def public_name(name_or_path: str | Path) -> str:
+    """How shared artefacts (model cards, configs, plots) name a checkpoint: a Hub repo id as is, a local path
+    by its folder (or file) name only, so that no local directory layout leaves this machine."""
+    name = str(name_or_path)
+    return name if is_hub_id(name) else (Path(name).expanduser().name or name)

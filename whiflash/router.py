@@ -20,12 +20,13 @@ from typing import Any
 import torch
 from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from whiflash.hub import local_or_hub
 from whiflash.io import atomic_path
 from whiflash.pairs import Pair
+from whiflash.runtime.weights import read_json, read_safetensors, readable_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +134,14 @@ def export_single_file(router: NeuralRouter, path: str | Path) -> Path:
     return path
 
 
-def _build(config: dict[str, Any], weights: str | Path, source: str) -> NeuralRouter:
+def _build(config: dict[str, Any], weights: str | Path, source: str, config_from: str) -> NeuralRouter:
+    """The router ``config`` (read from ``config_from``) describes, with the weights of file ``weights``."""
     try:
         router = NeuralRouter(**config)
     except TypeError as e:
-        raise ValueError(f"router {source}: config does not match NeuralRouter's arguments: {e}") from e
-    state = load_file(str(weights))
+        raise ValueError(f"router {source}: config {config_from} does not match NeuralRouter's arguments: {e} "
+                         "(expected the config.json written by whiflash-train fit)") from e
+    state = read_safetensors(weights)
     missing = sorted(set(router.state_dict()) - set(state))
     unexpected = sorted(set(state) - set(router.state_dict()))
     if missing or unexpected:
@@ -152,9 +155,10 @@ def _build(config: dict[str, Any], weights: str | Path, source: str) -> NeuralRo
 
 
 def _read_config(path: Path, source: str) -> dict[str, Any]:
+    """The router config at ``path``; errors name ``path`` and what the file should be."""
     if not path.is_file():
         raise FileNotFoundError(f"router {source}: expected {path.name} (the router config) at {path}")
-    return json.loads(path.read_text())
+    return read_json(path, "a router config (a JSON object of NeuralRouter's arguments)")
 
 
 def load_router(
@@ -176,26 +180,29 @@ def load_router(
     found = local_or_hub(name_or_path, "router")
     if isinstance(found, str):  # a Hub repo id: config + safetensors only, never a pickle fallback
         try:
-            config = _read_config(Path(hf_hub_download(found, "config.json", revision=revision)), src)
+            config_path = Path(hf_hub_download(found, "config.json", revision=revision))
             weights = hf_hub_download(found, "model.safetensors", revision=revision)
         except Exception as e:  # offline, unknown repo, missing file: say what was tried
             raise FileNotFoundError(f"router {src}: not a local folder or file, and downloading config.json + "
                                     f"model.safetensors from the Hub repo '{src}' failed: {e}") from e
+        config = _read_config(config_path, src)
     elif found.is_dir():
         weights = found / "model.safetensors"
-        config = _read_config(found / "config.json", src)
+        config_path = found / "config.json"
+        config = _read_config(config_path, src)
         if not weights.is_file():
             raise FileNotFoundError(f"router {src}: expected model.safetensors (the router weights) at {weights}")
     else:
         if found.suffix != ".safetensors":
             raise ValueError(f"router {src}: expected a folder or a .safetensors file, got {found.suffix or 'no suffix'}")
-        with safe_open(str(found), framework="pt") as f:
+        with readable_safetensors(found), safe_open(str(found), framework="pt") as f:
             meta = f.metadata() or {}
         if CONFIG_METADATA_KEY not in meta:
             raise ValueError(f"router {src}: single-file export lacks the '{CONFIG_METADATA_KEY}' metadata entry; "
                              "export it with whiflash.router.export_single_file or load its folder instead")
         config, weights = json.loads(meta[CONFIG_METADATA_KEY]), found
-    router = _build(config, weights, src)
+        config_path = f"'{CONFIG_METADATA_KEY}' of {found}"
+    router = _build(config, weights, src, str(config_path))
     check_compatible(router, src, hidden_size, pair, tree_budget)
     return router.to(device)
 

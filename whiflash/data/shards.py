@@ -18,7 +18,8 @@ from whiflash.io import atomic_path
 
 from .manifest import MANIFEST_NAME, DatasetFormatError, RouterDatasetManifest, ShardEntry, sha256_file
 
-__all__ = ["COLUMNS", "SCALAR_COLUMNS", "check_shards", "row_schema", "shard_entry", "write_shard"]
+__all__ = ["COLUMNS", "FINITE_COLUMNS", "SCALAR_COLUMNS", "check_row_values", "check_shards", "row_schema",
+           "shard_entry", "write_shard"]
 
 #: Per-round columns other than ``hidden``: name -> Arrow type.
 SCALAR_COLUMNS: dict[str, pa.DataType] = {
@@ -32,6 +33,11 @@ SCALAR_COLUMNS: dict[str, pa.DataType] = {
     "gain": pa.float32(),
     "active": pa.int8(),
 }
+#: Numeric columns whose every value must be finite (no NaN, inf or null).
+FINITE_COLUMNS = ("hidden", "entropy", "tau_0", "tau_1", "gain")
+#: Rows of ``hidden`` scanned per block when looking for non-finite values (bounds the temporary memory).
+_HIDDEN_BLOCK_ROWS = 1 << 14
+_F16_EXPONENT = np.uint16(0x7C00)
 COLUMNS = ("prompt_id", "category", "round", "position", "hidden", "entropy", "tau_0", "tau_1", "gain", "active")
 
 
@@ -86,3 +92,67 @@ def check_shards(data_dir: str | Path, manifest: RouterDatasetManifest, verify_h
             raise DatasetFormatError(f"{path}: sha256 differs from {MANIFEST_NAME} (file changed or truncated)")
         paths.append(path)
     return paths
+
+
+def check_row_values(table: pa.Table, shards: list[tuple[Path, int]]) -> None:
+    """Refuse non-finite values and a ``gain`` other than ``tau_0 - tau_1``; errors name shard, column and row.
+
+    ``table`` is the concatenation of ``shards`` (path, row count) in order. Vectorised over the Arrow
+    columns: ``hidden`` is scanned block by block (one integer max per row over the float16 exponent bits), so
+    the check costs one pass over the data and little memory.
+    """
+    scalars = {c: _as_float(table, c) for c in FINITE_COLUMNS if c != "hidden"}
+    for name in FINITE_COLUMNS:
+        bad = _nonfinite_rows(table.column(name)) if name == "hidden" else ~np.isfinite(scalars[name])
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            value = "a NaN, inf or null element" if name == "hidden" else f"{scalars[name][row]}"
+            _raise_at(shards, row, name, f"holds {value} (expected finite values; {int(bad.sum())} such row(s) "
+                                         "in the dataset)")
+    gain, tau_0, tau_1 = scalars["gain"], scalars["tau_0"], scalars["tau_1"]
+    bad = gain != tau_0 - tau_1
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        _raise_at(shards, row, "gain", f"is {gain[row]:g}, expected tau_0 - tau_1 = {tau_0[row]:g} - {tau_1[row]:g} "
+                                       f"= {tau_0[row] - tau_1[row]:g} ({int(bad.sum())} such row(s) in the dataset)")
+
+
+def _as_float(table: pa.Table, name: str) -> np.ndarray:
+    """Column ``name`` as float64 numpy (nulls become NaN, so they are caught as non-finite)."""
+    return table.column(name).to_numpy().astype(np.float64)
+
+
+def _nonfinite_rows(column: pa.ChunkedArray) -> np.ndarray:
+    """Bool per row of a fixed-size-list column: does the row hold a NaN, inf or null (or is it null)?"""
+    return np.concatenate([_nonfinite_chunk_rows(c) for c in column.chunks] or [np.zeros(0, dtype=bool)])
+
+
+def _nonfinite_chunk_rows(chunk: pa.FixedSizeListArray) -> np.ndarray:
+    """:func:`_nonfinite_rows` of one chunk, ``_HIDDEN_BLOCK_ROWS`` rows at a time."""
+    width = chunk.type.list_size
+    # .values keeps the slots of null rows (flatten() drops them), so rows and values stay aligned
+    values = chunk.values.slice(chunk.offset * width, len(chunk) * width).to_numpy(zero_copy_only=False)
+    values = values.reshape(len(chunk), width)
+    bad = np.zeros(len(chunk), dtype=bool)
+    for i in range(0, len(chunk), _HIDDEN_BLOCK_ROWS):
+        bad[i : i + _HIDDEN_BLOCK_ROWS] = _nonfinite_block_rows(values[i : i + _HIDDEN_BLOCK_ROWS])
+    if chunk.null_count:
+        bad |= chunk.is_null().to_numpy(zero_copy_only=False)
+    return bad
+
+
+def _nonfinite_block_rows(block: np.ndarray) -> np.ndarray:
+    """Bool per row of a 2-D block: does it hold a NaN or inf? For float16 (the contract's ``hidden``) an element
+    is NaN or inf exactly when its 5 exponent bits are all set, so one integer max per row decides (2-3x faster
+    than ``isfinite``); other dtypes take ``isfinite``."""
+    if block.dtype == np.float16:
+        return (block.view(np.uint16) & _F16_EXPONENT).max(axis=1, initial=0) == _F16_EXPONENT
+    return ~np.isfinite(block).all(axis=1)
+
+
+def _raise_at(shards: list[tuple[Path, int]], row: int, column: str, what: str) -> None:
+    """Raise :class:`DatasetFormatError` for global ``row``, named by its shard file and its row in that shard."""
+    ends = np.cumsum([rows for _, rows in shards])
+    k = int(np.searchsorted(ends, row, side="right"))
+    start = int(ends[k - 1]) if k else 0
+    raise DatasetFormatError(f"{shards[k][0]}: column '{column}' row {row - start} {what}")

@@ -1,7 +1,6 @@
 """Drafters behind one interface, and `load_drafter` for upstream checkpoints."""
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from whiflash.drafters.base import Commit, Drafter, Proposal, write_checkpoint
 from whiflash.drafters.ddtree import DDTreeDrafter
 from whiflash.drafters.dflash import DFlashDrafter
 from whiflash.drafters.eagle3 import Eagle3Drafter
-from whiflash.runtime.weights import load_strict, read_state_dict, resolve_checkpoint
+from whiflash.runtime.weights import load_strict, read_json, read_state_dict, resolve_checkpoint
 
 __all__ = [
     "Commit", "DDTreeDrafter", "DFlashDrafter", "Drafter", "Eagle3Drafter", "Proposal",
@@ -19,6 +18,12 @@ __all__ = [
 ]
 log = logging.getLogger(__name__)
 KINDS = ("eagle3", "dflash", "ddtree")
+#: The keyword options `load_drafter` accepts for each kind (see `build_drafter`).
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "eagle3": ("num_steps", "own_embedding"),
+    "dflash": ("block_size", "mask_token_id"),
+    "ddtree": ("tree_budget", "block_size", "mask_token_id"),
+}
 
 
 def _check_target(kind: str, source: str, cfg: dict[str, Any], target: Any) -> None:
@@ -66,6 +71,16 @@ def build_drafter(
     raise ValueError(f"drafter kind {kind!r} is not one of {KINDS}")
 
 
+def check_options(kind: str, options: dict[str, Any]) -> None:
+    """Refuse an unknown `kind` and options that do not apply to it, naming the option and the kind."""
+    if kind not in KINDS:
+        raise ValueError(f"drafter kind {kind!r} is not one of {KINDS}")
+    foreign = sorted(set(options) - set(OPTIONS[kind]))
+    if foreign:
+        raise ValueError(f"load_drafter: option(s) {foreign} do not apply to drafter kind {kind!r} "
+                         f"(its options: {list(OPTIONS[kind])})")
+
+
 def load_drafter(kind: str, name_or_path: str | Path, target: Any, **options: Any) -> Drafter:
     """Load an upstream drafter checkpoint (Hub repo id or local folder) for `target`.
 
@@ -73,14 +88,10 @@ def load_drafter(kind: str, name_or_path: str | Path, target: Any, **options: An
     (tree_budget, block_size, mask_token_id). Weights load strictly; the only keys allowed to be
     absent are the ones that come from the target (embedding) or have a documented default.
     """
-    if kind not in KINDS:
-        raise ValueError(f"drafter kind {kind!r} is not one of {KINDS}")
+    check_options(kind, options)
     folder = resolve_checkpoint(name_or_path, f"{kind} drafter")
     source = str(folder)
-    try:
-        raw = json.loads((folder / "config.json").read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{folder}: no config.json; expected a {kind} drafter folder") from None
+    raw = read_json(folder / "config.json", f"the config.json of a {kind} drafter")
     state = read_state_dict(folder)
     allow: tuple[str, ...] = ()
     if kind == "eagle3":

@@ -5,10 +5,11 @@ Only the fields our forward needs are kept; both the transformers-4 (`rope_theta
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from whiflash.runtime.weights import read_json
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama")
 
@@ -44,7 +45,8 @@ class ModelConfig:
             )
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
             if key not in cfg:
-                raise ValueError(f"{source}: required field {key!r} is missing")
+                raise ValueError(f"{source}: required field {key!r} is missing (expected an integer, as in the "
+                                 "config.json of a Hugging Face Qwen3/Llama model)")
         rope_theta, rope_scaling = rope_from_config(cfg)
         heads = cfg["num_attention_heads"]
         return cls(
@@ -69,12 +71,8 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> "ModelConfig":
-        path = Path(path)
-        try:
-            cfg = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: no config.json; expected a Hugging Face model folder") from None
-        return cls.from_dict(cfg, source=str(path))
+        """Read and check ``path``; errors name it and what was expected."""
+        return cls.from_dict(read_json(path, "the config.json of a Hugging Face Qwen3/Llama model"), source=str(path))
 
 
 def rope_from_config(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
 from whiflash.hub import local_or_hub
@@ -38,11 +40,47 @@ def resolve_checkpoint(name_or_path: str | Path, what: str = "checkpoint") -> Pa
         raise FileNotFoundError(f"{what} {found!r}: not a local folder and the Hub download failed: {err}") from err
 
 
+def read_json(path: str | Path, expected: str) -> dict[str, Any]:
+    """The JSON object in ``path``; errors name the full path and ``expected`` (what the file should be)."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no {path.name}; expected {expected}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); expected {expected}") from e
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: holds a JSON {type(obj).__name__}; expected {expected} (a JSON object)")
+    return obj
+
+
+@contextmanager
+def readable_safetensors(file: str | Path) -> Iterator[None]:
+    """Turn a failure to read ``file`` into ``ValueError("FILE: not a readable safetensors file (why)")``."""
+    try:
+        yield
+    except (SafetensorError, OSError, RuntimeError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"{file}: not a readable safetensors file ({e}); expected safetensors weights "
+                         "(truncated or garbled? download or export it again)") from e
+
+
+def read_safetensors(file: str | Path, keys: set[str] | None = None) -> dict[str, Tensor]:
+    """The tensors of one safetensors file (only ``keys``, where given), on CPU; errors name the file."""
+    out: dict[str, Tensor] = {}
+    with readable_safetensors(file), safe_open(str(file), framework="pt") as f:
+        for key in f.keys():
+            if keys is None or key in keys:
+                out[key] = f.get_tensor(key)
+    return out
+
+
 def safetensors_files(folder: Path) -> list[Path]:
     """The weight files of a folder: the shards named by the index, or the single `model.safetensors`."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        weight_map = read_json(index, "a safetensors index with a 'weight_map' object").get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index}: field 'weight_map' is missing or not an object")
         return [folder / f for f in sorted(set(weight_map.values()))]
@@ -64,10 +102,7 @@ def read_state_dict(folder: Path, keys: Iterable[str] | None = None) -> dict[str
     for file in safetensors_files(folder):
         if not file.exists():
             raise FileNotFoundError(f"{file}: shard named in the index is missing")
-        with safe_open(file, framework="pt") as f:
-            for key in f.keys():
-                if wanted is None or key in wanted:
-                    out[key] = f.get_tensor(key)
+        out.update(read_safetensors(file, wanted))
     return out
 
 
