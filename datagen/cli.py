@@ -30,6 +30,26 @@ log = logging.getLogger("whiflash.datagen")
 ARGS_FILE = "datagen_args.json"
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _check_arguments(args: dict, pair: Pair) -> None:
+    """Refuse unusable arguments before anything is pinned or loaded, naming the flag."""
+    for flag in ("num_steps", "per_category", "max_prompt_tokens", "max_new_tokens", "shard_size"):
+        value = args[flag]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"--{flag}: expected an integer >= 1, got {value!r}")
+    if args["max_prompts"] is not None and (not isinstance(args["max_prompts"], int) or args["max_prompts"] < 1):
+        raise ValueError(f"--max_prompts: expected an integer >= 1 (or none), got {args['max_prompts']!r}")
+    if args["dtype"] not in DTYPES:
+        raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {args['dtype']!r}")
+    budget = args["tree_budget"]
+    if budget is not None and not pair.uses_tree:
+        raise ValueError(f"--tree_budget {budget}: --pair {pair} has no DDTree slot")
+    if budget is not None and (not isinstance(budget, int) or budget < 1):
+        raise ValueError(f"--tree_budget: expected an integer >= 1, got {budget!r}")
+
+
 def datagen(
     *,
     out: Path,
@@ -79,10 +99,15 @@ def datagen(
     # what the rows depend on (the execution mode does not count: graphs and eager record the same rows)
     args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items() if k not in ("out", "cuda_graphs")}
     parsed = Pair.parse(pair, what="--pair")
+    _check_arguments(args, parsed)
     saved = out / ARGS_FILE
-    if saved.exists() and json.loads(saved.read_text()) != args:
-        raise ValueError(f"{out} holds a datagen run with other arguments ({saved}); resume with the same "
-                         "arguments or choose another --out")
+    if saved.exists():
+        pinned = json.loads(saved.read_text())
+        differ = sorted(k for k in pinned.keys() | args.keys() if pinned.get(k) != args.get(k))
+        if differ:
+            changes = ", ".join(f"--{k} {pinned.get(k)!r} -> {args.get(k)!r}" for k in differ)
+            raise ValueError(f"{out} holds a datagen run with other arguments ({saved}: {changes}); resume with "
+                             "the same arguments or choose another --out")
     paths = {k: v or (str(testbed / k) if testbed else None) for k, v in
              (("target", target), ("eagle3", eagle3), ("dflash", dflash))}
     if paths["target"] is None or paths["dflash"] is None or (parsed.needs_eagle3 and paths["eagle3"] is None):

@@ -31,8 +31,9 @@ def prompt_file(tmp_path_factory):
 
 
 def _run(world, out, prompt_file, **kw):
+    options = dict(max_new_tokens=30, shard_size=3, device="cpu") | kw
     return datagen(out=out, prompts=[str(prompt_file)], target=str(world.target_dir), eagle3=str(world.eagle_dir),
-                   dflash=str(world.dflash_dir), max_new_tokens=30, shard_size=3, device="cpu", **kw)
+                   dflash=str(world.dflash_dir), **options)
 
 
 @pytest.mark.parametrize("pair", ["df-e3", "ddt-e3"])
@@ -78,7 +79,7 @@ def test_resume_reuses_finished_shards_and_refuses_other_arguments(worlds, tmp_p
     again = read_manifest(out)
     assert again.shards == first.shards  # same rows, same hashes: nothing lost, nothing duplicated
     assert all((out / n).stat().st_mtime_ns == t for n, t in stamps.items() if n != "shard-00002.parquet")
-    with pytest.raises(ValueError, match="other arguments"):
+    with pytest.raises(ValueError, match=r"other arguments .*--max_prompts None -> 2"):
         _run(world, out, prompt_file, max_prompts=2)
 
 
@@ -89,6 +90,12 @@ def test_bad_input_names_the_problem_and_leaves_the_folder_usable(worlds, tmp_pa
         datagen(out=out, prompts=[str(prompt_file)], max_new_tokens=30, device="cpu")
     with pytest.raises(ValueError, match="--pair: expected one of df-e3, ddt-e3, df-ddt, got 'e3-df'"):
         _run(world, out, prompt_file, pair="e3-df")
+    for bad, message in ((dict(shard_size=0), "--shard_size: expected an integer >= 1, got 0"),
+                         (dict(dtype="banana"), "--dtype: expected one of float32, bfloat16, float16, got 'banana'"),
+                         (dict(max_new_tokens=2.5), "--max_new_tokens: expected an integer >= 1"),
+                         (dict(tree_budget=9), "--tree_budget 9: --pair df-e3 has no DDTree slot")):
+        with pytest.raises(ValueError, match=message):
+            _run(world, out, prompt_file, **bad)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"prompt": "fine"}\n{"prompt": \n')
     with pytest.raises(ValueError, match=r"broken.jsonl:2: not a JSON record"):
