@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 import whiflash
 from whiflash.router import NeuralRouter

@@ -6,7 +6,6 @@ import json
 import math
 from pathlib import Path
 
-import pytest
 import torch
 
 from whiflash.testbed.build import STAGES, build
