@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 import whiflash
 from whiflash.decoding.stats import TAU_DEFINITION
+from whiflash.io import atomic_write_text
 from whiflash.prompts import encode_chat
 
 from .config import BenchConfig
@@ -213,7 +214,7 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
     config = asdict(cfg)
     run, resumed = prepare_run_dir(cfg.out, cfg.run_name(), config)
     if config_dump is not None and not resumed:
-        (run / "config.yaml").write_text(config_dump)
+        atomic_write_text(run / "config.yaml", config_dump)
     max_len = runner.prepare(samples)
     catchup_note = ("catch-up timed with synchronisation (--whiflash-time-catchup); speed figures include that cost"
                     if cfg.whiflash_time_catchup else "not timed (enable with --whiflash-time-catchup)")
@@ -224,13 +225,7 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
                    extra={"methods": runner.names, "tau_definition": TAU_DEFINITION, "protocol": PROTOCOL,
                           "cache_max_len": max_len, "cuda_graphs": runner.graphs, "resumed": resumed,
                           "catchup": catchup_note, "strict_tolerance": cfg.strict_tolerance})
-    rows_log = SampleLog(run / "samples.jsonl")
-    probe = MarginProbe(runner.paths["target"], device=cfg.device)
-    for k, sample in enumerate(tqdm(samples, desc="bench samples")):
-        replies: list[str] = []
-        for turn in range(sample.n_turns):
-            run_turn(runner, rows_log, probe, sample, turn, k, replies)
-    rows = rows_log.rows
+    rows = run_samples(runner, samples, run, "bench samples")
     results = aggregate(rows, runner.names, seed=cfg.seed, iterations=cfg.bootstrap)
     mismatches = [r["mismatch"] for r in rows if r.get("mismatch")]
     results.update({"mismatches": mismatches, "catchup_note": catchup_note, "run": str(run),
@@ -250,6 +245,18 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
     log.info("%d rows, %d mismatches; results in %s", len(rows), len(mismatches), run)
     code = 1 if cfg.strict and bad else 0
     return BenchResult(run, results, mismatches, code)
+
+
+def run_samples(runner: Runner, samples: list[Sample], run: Path, desc: str) -> list[dict[str, Any]]:
+    """Every turn of every sample through `run_turn`, rows appended to `run/samples.jsonl` (resumable);
+    returns all rows of the run, earlier ones included."""
+    rows_log = SampleLog(run / "samples.jsonl")
+    probe = MarginProbe(runner.paths["target"], device=runner.cfg.device)
+    for k, sample in enumerate(tqdm(samples, desc=desc)):
+        replies: list[str] = []
+        for turn in range(sample.n_turns):
+            run_turn(runner, rows_log, probe, sample, turn, k, replies)
+    return rows_log.rows
 
 
 def run_turn(runner: Runner, rows_log: SampleLog, probe: MarginProbe, sample: Sample, turn: int, k: int,

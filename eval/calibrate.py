@@ -16,12 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
+from whiflash.io import atomic_write_json
 
 from .config import BenchConfig
 from .datasets import load_samples, select
 from .metrics import aggregate, summarize_rows
-from .outputs import SampleLog, prepare_run_dir, write_results
+from .outputs import prepare_run_dir, write_results
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def pick_thresholds(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[float] | None = None,
               exclude_run: str | None = None, output: str | None = None) -> Path:
     """Sweep `values` for `method` per category and write thresholds.json; returns its path."""
-    from .bench import Runner
+    from .bench import Runner, run_samples
 
     if method not in ("whiflash-entropy", "whiflash-neural"):
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
@@ -71,28 +71,19 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
         m.name = f"{method}@{v:g}"
         runner.add_method(m)
     runner.prepare(samples)
-    rows_log = SampleLog(run / "samples.jsonl")
-    from .bench import run_turn
-    from .lossless import MarginProbe
-
-    probe = MarginProbe(runner.paths["target"], device=cfg.device)
-    for k, sample in enumerate(tqdm(samples, desc="calibrate samples")):
-        replies: list[str] = []
-        for turn in range(sample.n_turns):
-            run_turn(runner, rows_log, probe, sample, turn, k, replies)
-    results = aggregate(rows_log.rows, runner.names, seed=cfg.seed, iterations=cfg.bootstrap)
-    write_results(run, results)
-    picked = pick_thresholds(rows_log.rows)
+    rows = run_samples(runner, samples, run, "calibrate samples")
+    write_results(run, aggregate(rows, runner.names, seed=cfg.seed, iterations=cfg.bootstrap))
+    picked = pick_thresholds(rows)
     result = {"method": method, "thresholds": {c: p["threshold"] for c, p in picked.items()},
               "details": picked,
               "samples": [s.id for s in samples], "excluded_benchmark_ids": sorted(bench_ids),
               "dataset": cfg.dataset, "pair": cfg.whiflash_drafters, "device": cfg.device, "dtype": cfg.dtype,
               "run": str(run)}
-    rows_all = [{**r, "category": "all"} for r in rows_log.rows]
+    rows_all = [{**r, "category": "all"} for r in rows]
     overall = pick_thresholds(rows_all).get("all")
     result["default"] = overall["threshold"] if overall else None
     path = Path(output) if output else run / "thresholds.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
+    atomic_write_json(path, result)
     log.info("thresholds per category %s written to %s", result["thresholds"], path)
     return path

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from whiflash.io import atomic_write_json, atomic_write_text
 from whiflash.versions import package_versions
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def prepare_run_dir(out: str | Path, name: str, config: dict[str, Any]) -> tuple
         path = root / f"{stamp}-{i}_{name}"
         i += 1
     path.mkdir(parents=True)
-    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+    atomic_write_json(path / CONFIG_FILE, config, sort_keys=True)
     return path, False
 
 
@@ -77,7 +78,7 @@ def write_manifest(run: Path, *, argv: list[str], seed: int, device: str, models
         "samples": [{"id": s.id, "category": s.category, "turns": s.n_turns, "source": s.source} for s in samples],
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra,
     }
-    (run / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    atomic_write_json(run / "manifest.json", manifest)
     return manifest
 
 
@@ -87,6 +88,7 @@ class SampleLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.rows: list[dict[str, Any]] = []
+        self._index: dict[tuple[str, int, str], dict[str, Any]] = {}
         if path.exists():
             for line in path.read_text().splitlines():
                 if line.strip():
@@ -94,24 +96,28 @@ class SampleLog:
                         self.rows.append(json.loads(line))
                     except json.JSONDecodeError:  # a line cut by a kill: dropped and redone
                         log.warning("%s: skipping a truncated row", path)
-            # rewrite without a truncated tail so appends start on a fresh line
-            path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+            # rewrite without a truncated tail so appends start on a fresh line (atomically: a kill
+            # during the rewrite must not lose the rows already there)
+            atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in self.rows))
+        self._index = {_key(r): r for r in self.rows}
 
     @property
     def done(self) -> set[tuple[str, int, str]]:
-        return {(r["sample"], r["turn"], r["method"]) for r in self.rows}
+        return set(self._index)
 
     def find(self, sample: str, turn: int, method: str) -> dict[str, Any] | None:
-        for r in self.rows:
-            if (r["sample"], r["turn"], r["method"]) == (sample, turn, method):
-                return r
-        return None
+        return self._index.get((sample, turn, method))
 
     def append(self, row: dict[str, Any]) -> None:
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
             fh.flush()
         self.rows.append(row)
+        self._index[_key(row)] = row
+
+
+def _key(row: dict[str, Any]) -> tuple[str, int, str]:
+    return row["sample"], row["turn"], row["method"]
 
 
 def _fmt(x: Any, digits: int = 2) -> str:
@@ -181,6 +187,6 @@ def latex_table(rows: list[dict[str, Any]], tau_definition: str) -> str:
 
 def write_results(run: Path, results: dict[str, Any]) -> None:
     """results.json, results.csv and results.md in `run`."""
-    (run / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    (run / "results.csv").write_text(csv_text(table_rows(results)))
-    (run / "results.md").write_text(markdown_table(results))
+    atomic_write_text(run / "results.json", json.dumps(results, indent=2, default=str))
+    atomic_write_text(run / "results.csv", csv_text(table_rows(results)))
+    atomic_write_text(run / "results.md", markdown_table(results))

@@ -39,10 +39,7 @@ def speedup_bars(results: list[tuple[str, dict[str, Any]]], path: Path) -> Path:
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats)
     ax.set_ylabel("speedup over AR (×)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def tau_histograms(res: dict[str, Any], path: Path) -> Path:
@@ -58,10 +55,7 @@ def tau_histograms(res: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("τ (accepted drafts + 1)")
     ax.set_ylabel("share of rounds")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def slot_timelines(rows: list[dict[str, Any]], path: Path, max_samples: int = 4) -> Path | None:
@@ -79,10 +73,7 @@ def slot_timelines(rows: list[dict[str, Any]], path: Path, max_samples: int = 4)
         ax.set_xlim(0, max(pos, 2))
         ax.set_title(f"{r['sample']} turn {r['turn']} {r['method']}", fontsize=7, loc="left")
     axes[-1, 0].set_xlabel("output token (blue: slot 0, orange: slot 1)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_plots(run: Path, results: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> list[Path]:
@@ -95,3 +86,11 @@ def write_plots(run: Path, results: dict[str, Any], rows: list[dict[str, Any]] |
         if p:
             paths.append(p)
     return paths
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Lay out, write and close a figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

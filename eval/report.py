@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from whiflash.io import atomic_write_text
+
 from .outputs import csv_text, latex_table, markdown_table, table_rows
 from .plots import speedup_bars, tau_histograms
 
@@ -39,9 +41,9 @@ def report(runs: list[str], out: str | None = None) -> Path:
         md.append(f"## {label}\n\n{markdown_table(res, label)}")
         if res.get("mismatches"):
             md.append(f"Lossless mismatches: {len(res['mismatches'])} (see the run's results.json)\n")
-    (folder / "report.md").write_text("\n".join(md))
-    (folder / "report.csv").write_text(csv_text(rows))
-    (folder / "report.tex").write_text(latex_table(rows, tau_def))
+    atomic_write_text(folder / "report.md", "\n".join(md))
+    atomic_write_text(folder / "report.csv", csv_text(rows))
+    atomic_write_text(folder / "report.tex", latex_table(rows, tau_def))
     plots = folder / "plots"
     plots.mkdir(exist_ok=True)
     speedup_bars(loaded, plots / "speedup.png")
