@@ -89,6 +89,8 @@ def test_drafters_load_and_accept_more_than_one_token(micro: Path) -> None:
     assert acc["lossless_mismatches"] == 0
     assert set(acc["tau"]) == {"eagle3", "dflash", "ddtree", "oracle"}
     assert all(set(v) == set(CATEGORIES) for v in acc["tau"].values())
+    assert set(acc["switching"]) == set(CATEGORIES) == {"code", "math", "prose", "agentic"}
+    assert all(0 <= v["switching_sequences"] <= 1 for v in acc["switching"].values())
     for cat in CATEGORIES:  # the per-round oracle is never below the better single drafter by much
         assert acc["tau"]["oracle"][cat] >= 0.95 * max(acc["tau"]["eagle3"][cat], acc["tau"]["dflash"][cat])
 
@@ -168,3 +170,60 @@ def test_cli_build_reuses_and_prints_summary(micro: Path, capsys) -> None:
     main(["build", "--preset", "micro", "--out", str(micro), "--quiet", "true"])
     text = capsys.readouterr().out
     assert "reused" in text and "math" in text and "built" not in text
+
+
+def test_steps_alone_bound_training(micro: Path) -> None:
+    m = _manifest(micro)
+    cfg = get_preset("micro")
+    assert m["stages"]["target"]["steps"] == cfg.target.max_steps
+    assert m["stages"]["eagle3"]["steps"] == cfg.eagle3.max_steps and m["stages"]["dflash"]["steps"] == cfg.dflash.max_steps
+    from whiflash.testbed.presets import PRESETS
+
+    for name, make in PRESETS.items():  # no preset caps training by the clock
+        p = make()
+        assert p.target.max_minutes is p.eagle3.max_minutes is p.dflash.max_minutes is None, name
+
+
+def test_time_cap_stops_the_build_instead_of_training_less(micro: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import pytest
+
+    from whiflash.testbed.manifest import fingerprint
+    from whiflash.testbed.target import TimeCapExceeded
+
+    out = tmp_path / "tb"
+    shutil.copytree(micro, out)
+    shutil.rmtree(out / "eagle3")  # forces the stage to run again
+    cfg = get_preset("micro")
+    cfg.eagle3.max_minutes = 1e-6
+    with pytest.raises(TimeCapExceeded, match=r"eagle3: training passed its time cap .* after 1 of 40 steps"):
+        build(out, cfg)
+    assert not (out / "eagle3").exists() and not _manifest(out)["stages"].get("eagle3", {}).get("done")
+    # A cap cannot change what a finished stage holds, so it is not part of any fingerprint.
+    assert fingerprint(cfg.eagle3) == fingerprint(get_preset("micro").eagle3)
+
+
+def test_two_builds_of_a_preset_are_identical(micro: Path, tmp_path: Path) -> None:
+    """A build is a function of its preset and seed: retraining every model stage gives the same bytes and taus."""
+    import shutil
+
+    out = tmp_path / "again"
+    shutil.copytree(micro, out)
+    for stage in ("target", "responses", "eagle3", "dflash", "acceptance"):
+        shutil.rmtree(out / stage)
+    m = build(out, get_preset("micro"))
+    first = _manifest(micro)
+    for stage in ("target", "responses", "eagle3", "dflash"):
+        assert m["stages"][stage]["output_sha256"] == first["stages"][stage]["output_sha256"], stage
+    assert m["stages"]["acceptance"]["tau"] == first["stages"]["acceptance"]["tau"]
+
+
+def test_tap_layers_follow_the_released_rules_at_real_depth() -> None:
+    from whiflash.testbed.drafter_data import tap_layers
+
+    assert tap_layers("eagle3", 36) == [1, 17, 32] and tap_layers("dflash", 36) == [1, 9, 17, 25, 33]
+    assert tap_layers("eagle3", 4) == [0, 2, 3] and tap_layers("dflash", 4) == [0, 1, 2, 3]  # too shallow: even
+    small = get_preset("small")
+    assert small.target.num_hidden_layers == 36 and small.dflash.num_hidden_layers == 5
+    assert small.dflash.block_size == 16 and small.eagle3.ttt_length == 7

@@ -81,6 +81,10 @@ def summary(manifest: dict) -> str:
         if acc.get("oracle_headroom"):
             lines.append("oracle   headroom over the best single drafter (EAGLE-3 or DFlash): "
                          + ", ".join(f"{c} x{v:.2f}" for c, v in acc["oracle_headroom"].items()))
+        if acc.get("switching"):
+            lines.append("round winners (oracle; DFlash / EAGLE-3 / tie) and sequences where each wins >= 20%: "
+                         + ", ".join(f"{c} {v['dflash_wins']:.2f}/{v['eagle3_wins']:.2f}/{v['ties']:.2f} "
+                                     f"switching {v['switching_sequences']:.2f}" for c, v in acc["switching"].items()))
     return "\n".join(lines)
 
 

@@ -4,7 +4,8 @@ Greedy ``whiflash.generate`` on held-out (test split) prompts for EAGLE-3, DFlas
 for the per-round oracle (both drafters draft from the same state each round, the longer
 acceptance advances: the bound a router between EAGLE-3 and DFlash can reach). Also checks that
 every output equals plain autoregressive decoding (the engine is lossless). The headroom is the
-oracle's tau over the best single drafter's tau, per category.
+oracle's tau over the best single drafter's tau, per category; the switching figures say whether
+the drafter that wins a round changes within sequences (``switching``).
 tau of a round = accepted draft tokens + 1 (bonus included); reported tau = mean over rounds
 per sequence, then mean over sequences (``whiflash.summarize``).
 """
@@ -23,10 +24,29 @@ from whiflash.decoding.stats import TAU_DEFINITION
 from .presets import CATEGORIES
 from .prompts import eval_prompts
 
-__all__ = ["measure_acceptance"]
+__all__ = ["measure_acceptance", "switching", "SWITCH_SHARE"]
+
+SWITCH_SHARE = 0.2
+"""A sequence "switches" when each drafter wins (accepts strictly longer) at least this share of its rounds."""
 
 log = logging.getLogger(__name__)
 
+
+def switching(slot_taus: list[list[tuple[int, int]]]) -> dict[str, float]:
+    """Who wins the oracle's rounds (slot 0 = DFlash, slot 1 = EAGLE-3), from per-sequence (tau0, tau1) lists.
+
+    ``dflash_wins``/``eagle3_wins``/``ties``: shares of all rounds; ``switching_sequences``: share of
+    sequences in which both drafters win at least ``SWITCH_SHARE`` of the rounds.
+    """
+    rounds = [r for seq in slot_taus for r in seq]
+    n = max(1, len(rounds))
+    both = [seq for seq in slot_taus if seq
+            and sum(a > b for a, b in seq) >= SWITCH_SHARE * len(seq)
+            and sum(b > a for a, b in seq) >= SWITCH_SHARE * len(seq)]
+    return {"dflash_wins": round(sum(a > b for a, b in rounds) / n, 3),
+            "eagle3_wins": round(sum(b > a for a, b in rounds) / n, 3),
+            "ties": round(sum(a == b for a, b in rounds) / n, 3),
+            "switching_sequences": round(len(both) / max(1, len(slot_taus)), 3)}
 
 
 @torch.no_grad()
@@ -63,6 +83,8 @@ def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8,
                 mismatches += int(out != ref)
                 stats[kind][cat].append(st)
                 row[kind] = st.taus
+                if kind == "oracle":
+                    row["oracle_slot_taus"] = st.slot_taus  # (DFlash, EAGLE-3) tau of every round
             rows.append(row)
     with open(out_dir / "acceptance.jsonl", "w") as fh:
         for row in rows:
@@ -70,6 +92,8 @@ def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8,
     tau = {kind: {cat: round(whiflash.summarize(v)["tau"], 3) for cat, v in per.items()} for kind, per in stats.items()}
     headroom = {cat: round(tau["oracle"][cat] / max(tau["eagle3"][cat], tau["dflash"][cat]), 3) for cat in CATEGORIES
                 if max(tau["eagle3"][cat], tau["dflash"][cat]) > 0}
-    log.info("acceptance (tau, bonus included): %s; oracle headroom over the best single drafter: %s", tau, headroom)
-    return {"tau": tau, "oracle_headroom": headroom, "lossless_mismatches": mismatches, "prompts_per_category": prompts_per_category,
+    switch = {cat: switching([st.slot_taus for st in stats["oracle"][cat]]) for cat in CATEGORIES}
+    log.info("acceptance (tau, bonus included): %s; oracle headroom over the best single drafter: %s; "
+             "round winners: %s", tau, headroom, switch)
+    return {"tau": tau, "oracle_headroom": headroom, "switching": switch, "lossless_mismatches": mismatches, "prompts_per_category": prompts_per_category,
             "max_new_tokens": max_new_tokens, "tau_definition": TAU_DEFINITION}

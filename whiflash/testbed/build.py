@@ -131,6 +131,7 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
                                                  cuda_graphs=acc.cuda_graphs))
     if rec is not None:
         man.data["acceptance"] = {"tau": rec["tau"], "oracle_headroom": rec.get("oracle_headroom"),
+                                  "switching": rec.get("switching"),
                                   "tau_definition": rec["tau_definition"]}
     return _finish(man, t_start)
 

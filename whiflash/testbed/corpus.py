@@ -1,12 +1,14 @@
 """The testbed corpus: text every Python install has, split by document group.
 
-Three categories:
+Four categories:
 
 * ``code``  — the interpreter's standard-library ``.py`` files (encodings tables, ``lib2to3``
   and very large files excluded; test suites only with ``include_tests``);
 * ``math``  — seeded arithmetic word problems with worked solutions (``mathgen``);
 * ``prose`` — English from the standard library: module/class/function docstrings and the
-  ``pydoc_data`` topic texts.
+  ``pydoc_data`` topic texts;
+* ``agentic`` — seeded agent transcripts that switch regime within a sequence: free prose
+  interleaved with JSON calls of real standard-library functions and their results (``agentgen``).
 
 Splits are assigned per *group* by a seeded hash, not per document: a source file's code
 document and its docstring documents share the group ``stdlib/<path>``, so no held-out code
@@ -28,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .agentgen import generate_transcripts
 from .mathgen import generate_problems
 from .presets import CATEGORIES, CorpusConfig
 
@@ -130,6 +133,8 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[D
             yield Document(f"prose:topic:{name}", "prose", f"topic/{name}", _clean(text))
     for i, problem in enumerate(generate_problems(cfg.math_problems, cfg.seed)):
         yield Document(f"math:{i}", "math", f"math/{i}", problem.text)
+    for i, text in enumerate(generate_transcripts(cfg.agent_transcripts, cfg.seed)):
+        yield Document(f"agentic:{i}", "agentic", f"agentic/{i}", _clean(text))
     log.info("collected %d standard-library files from %s", n_files, root)
 
 

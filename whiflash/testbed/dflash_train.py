@@ -27,7 +27,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from .drafter_data import even_layers, pad_batch, sample_loader, target_features, to_cpu
+from .drafter_data import pad_batch, sample_loader, tap_layers, target_features, to_cpu
 from .presets import CATEGORIES, DFlashConfig
 from .target import adamw_schedule, make_trainer
 
@@ -170,7 +170,7 @@ def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = 
     from whiflash.testbed.tokenizer import load_tokenizer
 
     tc = ModelConfig.from_json(root / "target" / "config.json")
-    taps = even_layers(tc.num_hidden_layers, min(5, tc.num_hidden_layers))
+    taps = tap_layers("dflash", tc.num_hidden_layers)
     mask_id = load_tokenizer(root / "target").mask_token_id
     samples, target = target_features(root, taps, device=device)
     pad_id = int(target.config.extra.get("pad_token_id") or 0)
@@ -180,7 +180,7 @@ def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = 
     with torch.no_grad():
         drafter.norm.weight.copy_(target.model.norm.weight)  # the frozen LM head expects the target's scale
     module = DFlashModule(drafter, target.model.embed_tokens.weight, target.lm_head.weight, cfg, seed)
-    trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes)
+    trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, stage="dflash")
     t0 = time.perf_counter()
     trainer.fit(module, train_dataloaders=sample_loader(samples, cfg.batch_size, pad_id, seed + 1))
     seconds = time.perf_counter() - t0

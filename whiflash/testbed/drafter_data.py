@@ -20,7 +20,7 @@ from tqdm import tqdm
 from .presets import CATEGORIES, ResponsesConfig
 from .prompts import held_out_prompts
 
-__all__ = ["generate_responses", "greedy_batch", "load_responses", "Sample", "target_features", "even_layers",
+__all__ = ["generate_responses", "greedy_batch", "load_responses", "Sample", "target_features", "even_layers", "released_taps", "tap_layers",
            "pad_batch", "sample_loader", "to_cpu"]
 
 log = logging.getLogger(__name__)
@@ -117,14 +117,33 @@ def _runtime_agreement(root: Path, rows: list[dict], device: str, n: int = 12) -
 
 
 def even_layers(num_layers: int, n: int) -> list[int]:
-    """``n`` tap layers spread evenly over ``0 .. num_layers-1`` (last layer included).
-
-    Small targets have too few layers for the real models' rules ([1, N/2-1, N-4] for EAGLE-3,
-    1 .. N-3 for DFlash); the last layer's output is the most informative tap they have.
-    """
+    """``n`` tap layers spread evenly over ``0 .. num_layers-1`` (last layer included)."""
     if n == 1:
         return [num_layers - 1]
     return [round(i * (num_layers - 1) / (n - 1)) for i in range(n)]
+
+
+def released_taps(kind: str, num_layers: int) -> list[int]:
+    """Tap layers by the released drafters' rules (docs/design.md, "Tap layers"), output-of-layer ids.
+
+    EAGLE-3: SpecForge's default ``[1, N//2 - 1, N - 4]``; DFlash (5 taps): ids spaced evenly from
+    1 to ``N - 3`` and rounded, which gives ``[1, 9, 17, 25, 33]`` for Qwen3-8B's 36 layers.
+    """
+    if kind == "eagle3":
+        return [1, num_layers // 2 - 1, num_layers - 4]
+    if kind == "dflash":
+        return [round(1 + i * (num_layers - 4) / 4) for i in range(5)]
+    raise ValueError(f"released_taps: unknown drafter kind {kind!r}; expected 'eagle3' or 'dflash'")
+
+
+def tap_layers(kind: str, num_layers: int) -> list[int]:
+    """The released rule where the target is deep enough for it to give distinct, increasing layers
+    (real-depth testbeds); else taps spread evenly with the last layer, the most informative tap a
+    shallow target has (3 for EAGLE-3, ``min(5, N)`` for DFlash)."""
+    taps = released_taps(kind, num_layers)
+    if taps[0] >= 0 and all(a < b for a, b in zip(taps, taps[1:])) and taps[-1] < num_layers:
+        return taps
+    return even_layers(num_layers, 3 if kind == "eagle3" else min(5, num_layers))
 
 
 @dataclass

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .drafter_data import Sample, even_layers, pad_batch, sample_loader, target_features, to_cpu
+from .drafter_data import Sample, pad_batch, sample_loader, tap_layers, target_features, to_cpu
 from .presets import CATEGORIES, Eagle3Config
 from .target import adamw_schedule, make_trainer
 
@@ -171,7 +171,7 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
     from whiflash.runtime import ModelConfig
 
     tc = ModelConfig.from_json(root / "target" / "config.json")
-    taps = even_layers(tc.num_hidden_layers, 3)
+    taps = tap_layers("eagle3", tc.num_hidden_layers)
     samples, target = target_features(root, taps, device=device)
     pad_id = int(target.config.extra.get("pad_token_id") or 0)
     used, d2t, t2d = build_draft_vocab(samples, root, tc.vocab_size, cfg.draft_vocab_size)
@@ -186,7 +186,7 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
     drafter.to(device)
     module = Eagle3Module(drafter, target.model.embed_tokens.weight, target.lm_head.weight, used.to(device),
                           cfg, pad_id)
-    trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes)
+    trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, stage="eagle3")
     t0 = time.perf_counter()
     trainer.fit(module, train_dataloaders=sample_loader(samples, cfg.batch_size, pad_id, seed))
     seconds = time.perf_counter() - t0

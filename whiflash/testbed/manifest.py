@@ -18,6 +18,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,21 @@ FORMAT_VERSION = 1
 """Bump when a stage's on-disk output changes meaning, so old builds are not reused."""
 
 
+UNFINGERPRINTED = frozenset({"max_minutes"})
+"""Config fields that cannot change a stage's output (a time cap only aborts), so changing them rebuilds nothing."""
+
+
+def _plain(x: Any) -> Any:
+    if is_dataclass(x) and not isinstance(x, type):
+        return {k: _plain(v) for k, v in asdict(x).items() if k not in UNFINGERPRINTED}
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items() if k not in UNFINGERPRINTED}
+    return x
+
+
 def fingerprint(*parts: Any) -> str:
-    """Stable short hash of JSON-able parts."""
-    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    """Stable short hash of JSON-able parts (dataclasses as dicts, ``UNFINGERPRINTED`` fields left out)."""
+    blob = json.dumps([_plain(p) for p in parts], sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

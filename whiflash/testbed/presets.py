@@ -2,7 +2,8 @@
 
 ``micro`` is for the test suite (tens of seconds on a 2-core CPU), ``tiny`` is the CPU
 default used by the demo (at most ~5 minutes on 2 cores), ``small`` is sized for one H200
-(bf16 autocast, at most ~8 minutes). Stage fingerprints are computed from these dataclasses,
+(bf16 autocast, ~12 minutes of stages, a target of Qwen3-8B's depth). Step counts alone bound
+training; ``max_minutes`` only stops a build that runs too long, with a message. Stage fingerprints are computed from these dataclasses,
 so changing a field rebuilds exactly the stages that depend on it.
 """
 
@@ -18,7 +19,7 @@ __all__ = [
     "Eagle3Config", "DFlashConfig", "AcceptanceConfig", "TestbedConfig", "PRESETS", "get_preset", "apply_overrides",
 ]
 
-CATEGORIES: tuple[str, ...] = ("code", "math", "prose")
+CATEGORIES: tuple[str, ...] = ("code", "math", "prose", "agentic")
 """Document categories; also the evaluation categories of the testbed."""
 
 
@@ -30,6 +31,8 @@ class CorpusConfig:
     """Seed of the split assignment and of the math problem generator."""
     math_problems: int = 20_000
     """Number of generated arithmetic word problems (all splits together)."""
+    agent_transcripts: int = 8_000
+    """Number of generated agent transcripts (prose + JSON tool calls; all splits together)."""
     validation_fraction: float = 0.05
     """Share of document groups (source files, topics, problems) assigned to validation."""
     test_fraction: float = 0.05
@@ -83,14 +86,14 @@ class TargetConfig:
     max_steps: int = 400
     """Optimiser steps."""
     max_minutes: float | None = None
-    """Optional wall-clock cap on training (the step count stays the primary budget)."""
+    """Optional wall-clock cap: training past it stops the build with a message (it never trains fewer steps)."""
     lr: float = 3e-3
     """Peak AdamW learning rate (cosine decay to 10% after linear warmup)."""
     warmup_steps: int = 30
     """Linear warmup steps."""
     weight_decay: float = 0.05
     """AdamW weight decay on matrices (not on norms)."""
-    mix: dict[str, float] = field(default_factory=lambda: {"code": 0.35, "math": 0.35, "prose": 0.3})
+    mix: dict[str, float] = field(default_factory=lambda: {"code": 0.3, "math": 0.25, "prose": 0.25, "agentic": 0.2})
     """Sampling share of each category's training tokens (the raw corpus is code-heavy)."""
     val_every: int = 100
     """Steps between validation passes (per-category loss in the training log)."""
@@ -133,7 +136,7 @@ class Eagle3Config:
     lr: float = 2e-3
     """Peak AdamW learning rate."""
     max_minutes: float | None = None
-    """Optional wall-clock cap on training."""
+    """Optional wall-clock cap: training past it stops the build with a message (it never trains fewer steps)."""
 
 
 @dataclass
@@ -157,7 +160,7 @@ class DFlashConfig:
     lr: float = 2e-3
     """Peak AdamW learning rate."""
     max_minutes: float | None = None
-    """Optional wall-clock cap on training."""
+    """Optional wall-clock cap: training past it stops the build with a message (it never trains fewer steps)."""
 
 
 @dataclass
@@ -212,7 +215,7 @@ def _micro() -> TestbedConfig:
         name="micro",
         precision="bf16-mixed",
         num_threads=1,
-        corpus=CorpusConfig(math_problems=3_000, max_file_chars=40_000),
+        corpus=CorpusConfig(math_problems=3_000, agent_transcripts=1_000, max_file_chars=40_000),
         tokenizer=TokenizerConfig(vocab_size=1024, train_chars_per_category=300_000),
         target=TargetConfig(
             hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=2,
@@ -229,43 +232,52 @@ def _micro() -> TestbedConfig:
 
 def _tiny() -> TestbedConfig:
     # ~2 minutes of target training on 2 CPU cores (bf16 autocast halves the step time there);
-    # math templates are learned to low entropy, code and prose stay uncertain.
+    # math templates are learned to low entropy, code and prose stay uncertain. Steps alone bound
+    # every stage (no time caps), so two builds give the same testbed on any load.
     return TestbedConfig(
         name="tiny",
         precision="bf16-mixed",
         num_threads=1,
+        corpus=CorpusConfig(agent_transcripts=6_000),
         tokenizer=TokenizerConfig(vocab_size=2048),
-        target=TargetConfig(batch_size=8, max_steps=480, max_minutes=2.5, val_every=240),
-        responses=ResponsesConfig(prompts_per_category=48, max_new_tokens=96, batch_size=16),
-        eagle3=Eagle3Config(draft_vocab_size=1024, ttt_length=4, max_steps=160, batch_size=8, max_minutes=1.0),
-        dflash=DFlashConfig(block_size=8, num_hidden_layers=2, max_steps=200, batch_size=8, max_minutes=0.75),
+        target=TargetConfig(batch_size=8, max_steps=480, val_every=240),
+        responses=ResponsesConfig(prompts_per_category=40, max_new_tokens=96, batch_size=20),
+        eagle3=Eagle3Config(draft_vocab_size=1024, ttt_length=4, max_steps=160, batch_size=8),
+        dflash=DFlashConfig(block_size=8, num_hidden_layers=2, max_steps=200, batch_size=8),
+        acceptance=AcceptanceConfig(prompts_per_category=6),
     )
 
 
 def _small() -> TestbedConfig:
-    # One H200 under bf16 autocast: a ~40M-parameter target trained for a few minutes.
+    # One H200 under bf16 autocast, in the real system's cost regime: a target as deep as
+    # Qwen3-8B (36 layers; width 512 as the time budget allows), DFlash with the released
+    # drafters' 5 layers and block 16 (taps [1, 9, 17, 25, 33]), EAGLE-3 one layer drafting 7 steps
+    # (taps [1, 17, 32]). At batch 1 a decode step is launch/latency-bound, so the cost ratios
+    # (verify / AR step, drafter round / AR step) follow depth, not width (scripts/profile_shapes.py).
+    # Stage time ~12 minutes; the build resumes per stage, so it can be split over two commands.
     return TestbedConfig(
         name="small",
         device="cuda",
         precision="bf16-mixed",
-        corpus=CorpusConfig(math_problems=100_000, max_file_chars=400_000, include_tests=True),
+        corpus=CorpusConfig(math_problems=100_000, agent_transcripts=40_000, max_file_chars=400_000,
+                            include_tests=True),
         tokenizer=TokenizerConfig(vocab_size=8192, train_chars_per_category=6_000_000),
         target=TargetConfig(
-            hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
-            num_key_value_heads=4, head_dim=64, seq_len=512, batch_size=32, max_steps=2000,
-            warmup_steps=150, lr=1.5e-3, val_every=500, eval_windows=128, max_minutes=2.5,
-            max_position_embeddings=4096, mix={"code": 0.45, "math": 0.3, "prose": 0.25},
+            hidden_size=512, intermediate_size=1408, num_hidden_layers=36, num_attention_heads=8,
+            num_key_value_heads=4, head_dim=64, seq_len=512, batch_size=32, max_steps=1500,
+            warmup_steps=150, lr=1e-3, val_every=500, eval_windows=128,
+            max_position_embeddings=4096, mix={"code": 0.35, "math": 0.2, "prose": 0.2, "agentic": 0.25},
         ),
         # The first H200 build (1024 prompts/category, 362 of them code: one cut per source file) gave
         # drafters that fit their training sequences far better than held-out ones (EAGLE-3 code step-0
-        # agreement 0.65 in training, tau 1.47 held out), so drafting data is 2x wider and code takes
+        # agreement 0.65 in training, tau 1.47 held out), so drafting data is wide and code takes
         # several def/class cuts per file.
-        responses=ResponsesConfig(prompts_per_category=2048, max_new_tokens=192, max_prompt_tokens=256,
-                                  batch_size=512),
-        eagle3=Eagle3Config(draft_vocab_size=4096, intermediate_size=1408, ttt_length=7, max_steps=1500,
-                            batch_size=32, lr=1e-3, max_minutes=1.0),
-        dflash=DFlashConfig(block_size=16, num_hidden_layers=2, intermediate_size=1408, num_anchors=128,
-                            loss_decay_gamma=7.0, max_steps=1500, batch_size=32, lr=1e-3, max_minutes=1.0),
+        responses=ResponsesConfig(prompts_per_category=1536, max_new_tokens=192, max_prompt_tokens=256,
+                                  batch_size=768),
+        eagle3=Eagle3Config(draft_vocab_size=4096, intermediate_size=1408, ttt_length=7, max_steps=2000,
+                            batch_size=32, lr=1e-3),
+        dflash=DFlashConfig(block_size=16, num_hidden_layers=5, intermediate_size=1408, num_anchors=128,
+                            loss_decay_gamma=7.0, max_steps=1500, batch_size=32, lr=1e-3),
         acceptance=AcceptanceConfig(prompts_per_category=10, max_new_tokens=96),
     )
 

@@ -5,7 +5,9 @@ Each category is cut where a user of that kind of model would stop typing:
 * math  — ``Question: ...\\nAnswer:`` (the worked solution is the continuation);
 * code  — the file up to and including a ``def``/``class`` header line (the body follows),
   keeping at most ``max_chars`` characters of preceding context;
-* prose — the first sentence(s) of a docstring or topic, cut at a word boundary.
+* prose — the first sentence(s) of a docstring or topic, cut at a word boundary;
+* agentic — the transcript up to a ``Thought:`` label (the tool list, the task and any earlier
+  steps are context; the continuation is prose, then a JSON call and its result).
 
 Choice is seeded and deterministic. A document gives one prompt per pass; further passes (new cuts
 of the same documents) are made only when a split has fewer usable documents than prompts asked for,
@@ -62,6 +64,12 @@ def cut_prompt(category: str, text: str, rng: random.Random, max_chars: int = 60
         start = max(0, cut - max_chars)
         start = text.find("\n", start) + 1 if start > 0 else 0  # begin on a whole line
         return text[start:cut], text[cut:]
+    if category == "agentic":
+        labels = [m.end() for m in re.finditer(r"\nThought:", text)][:-1]  # the last one only sums up
+        if not labels:
+            return None
+        cut = rng.choice(labels)
+        return text[:cut], text[cut:]
     if category == "prose":
         if len(text) < 80:
             return None

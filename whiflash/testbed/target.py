@@ -23,7 +23,7 @@ from .data import WindowSampler, fixed_windows, unigram_logprobs
 from .presets import CATEGORIES, TargetConfig
 
 __all__ = ["qwen3_config", "TargetModule", "train_target", "evaluate_target", "LOW_ENTROPY_NATS", "lr_lambda",
-           "make_trainer", "param_groups"]
+           "make_trainer", "param_groups", "TimeCap", "TimeCapExceeded"]
 
 log = logging.getLogger(__name__)
 
@@ -107,18 +107,45 @@ class TargetModule(L.LightningModule):
         return adamw_schedule(self.model, self.cfg.lr, self.cfg.weight_decay, self.cfg.warmup_steps, self.cfg.max_steps)
 
 
+class TimeCapExceeded(RuntimeError):
+    """A training stage ran past its wall-clock cap; the build stops instead of shrinking."""
+
+
+class TimeCap(L.Callback):
+    """Stop a build whose training runs past ``minutes``, with a message, instead of silently
+    training fewer steps (Lightning's ``max_time``): a testbed must be a function of its preset
+    and seed, not of how loaded the machine was."""
+
+    def __init__(self, stage: str, minutes: float, max_steps: int) -> None:
+        self.stage, self.minutes, self.max_steps = stage, minutes, max_steps
+        self.t0 = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        elapsed = (time.perf_counter() - self.t0) / 60
+        if elapsed > self.minutes and trainer.global_step < self.max_steps:
+            raise TimeCapExceeded(
+                f"{self.stage}: training passed its time cap of {self.minutes:g} min after {trainer.global_step} of "
+                f"{self.max_steps} steps; the build stopped rather than train fewer steps. Raise the cap "
+                f"(--set+ {self.stage}.max_minutes=...) or remove it (null), or lower {self.stage}.max_steps.")
+
+
 def make_trainer(max_steps: int, device: str, precision: str, log_dir: Path, max_minutes: float | None,
-             val_every: int | None = None, grad_clip: float = 1.0) -> L.Trainer:
-    """A quiet Lightning trainer with a CSV log and a tqdm progress bar."""
+                 val_every: int | None = None, grad_clip: float = 1.0, stage: str = "training") -> L.Trainer:
+    """A quiet Lightning trainer with a CSV log and a tqdm progress bar; ``max_minutes`` aborts (``TimeCap``)."""
     from lightning.pytorch.callbacks import TQDMProgressBar
     from lightning.pytorch.loggers import CSVLogger
 
+    callbacks: list[L.Callback] = [TQDMProgressBar(refresh_rate=10)]
+    if max_minutes:
+        callbacks.append(TimeCap(stage, max_minutes, max_steps))
     return L.Trainer(
         accelerator="gpu" if device.startswith("cuda") else "cpu",
         devices=1,
         precision=precision,
         max_steps=max_steps,
-        max_time={"minutes": max_minutes} if max_minutes else None,
         val_check_interval=val_every,
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
@@ -127,7 +154,7 @@ def make_trainer(max_steps: int, device: str, precision: str, log_dir: Path, max
         logger=CSVLogger(str(log_dir), name="", version=""),
         enable_checkpointing=False,
         enable_model_summary=False,
-        callbacks=[TQDMProgressBar(refresh_rate=10)],
+        callbacks=callbacks,
         log_every_n_steps=10,
         default_root_dir=str(log_dir),
     )
@@ -146,7 +173,8 @@ def train_target(cfg: TargetConfig, tok_info: dict, tokens_dir: Path, tokenizer,
     vals = [DataLoader(TensorDataset(fixed_windows(tokens_dir, "validation", c, cfg.seq_len, n_val)),
                        batch_size=cfg.batch_size) for c in CATEGORIES]
     val_every = cfg.val_every if 0 < cfg.val_every <= cfg.max_steps else None
-    trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, val_every)
+    trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, val_every,
+                           stage="target")
     t0 = time.perf_counter()
     trainer.fit(module, train_dataloaders=train, val_dataloaders=vals if val_every else None)
     seconds = time.perf_counter() - t0

@@ -1,0 +1,75 @@
+"""The agentic category: transcripts of real standard-library calls that switch regime within a sequence."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import random
+
+import pytest
+
+from whiflash.testbed.acceptance import switching
+from whiflash.testbed.agentgen import generate_transcript, generate_transcripts, tools
+from whiflash.testbed.prompts import cut_prompt
+
+
+def _steps(text: str) -> list[tuple[dict, object]]:
+    lines = text.splitlines()
+    calls = [json.loads(line[len("Call: "):]) for line in lines if line.startswith("Call: ")]
+    results = [json.loads(line[len("Result: "):]) for line in lines if line.startswith("Result: ")]
+    assert len(calls) == len(results) >= 2
+    return list(zip(calls, results))
+
+
+def test_tools_have_real_signatures() -> None:
+    offered = {t.name: t for t in tools()}
+    assert len(offered) >= 20 and {"posixpath.join", "calendar.monthrange", "math.comb"} <= set(offered)
+    for tool in offered.values():
+        assert tool.params == [p for p in inspect.signature(tool.func).parameters
+                               if inspect.signature(tool.func).parameters[p].kind is not inspect.Parameter.VAR_KEYWORD]
+        assert tool.summary and "\n" not in tool.summary
+
+
+def test_calls_name_real_parameters_and_results_are_the_librarys() -> None:
+    offered = {t.name: t for t in tools()}
+    for text in generate_transcripts(50, seed=3):
+        assert text.startswith("Tools:\n") and "\nUser: " in text and "\nAnswer: " in text
+        for call, result in _steps(text):
+            tool = offered[call["name"]]
+            assert set(call["arguments"]) <= set(tool.params)
+            values: list = []  # positional values in signature order (*args spread out)
+            for name, param in inspect.signature(tool.func).parameters.items():
+                if name in call["arguments"]:
+                    v = call["arguments"][name]
+                    values += v if param.kind is inspect.Parameter.VAR_POSITIONAL else [v]
+            assert json.loads(json.dumps(tool.func(*values), default=str)) == result
+            # Every argument value was stated by the user: the call copies it (the structured span).
+            user = next(line for line in text.splitlines() if line.startswith("User: "))
+            for k, v in call["arguments"].items():
+                assert f"{k}={json.dumps(v, ensure_ascii=False)}" in user
+
+
+def test_transcripts_are_seeded() -> None:
+    assert list(generate_transcripts(5, seed=1)) == list(generate_transcripts(5, seed=1))
+    assert list(generate_transcripts(5, seed=1)) != list(generate_transcripts(5, seed=2))
+
+
+def test_agentic_prompts_end_at_a_thought_label() -> None:
+    text = generate_transcript(random.Random(0))
+    cuts = set()
+    for i in range(20):
+        prompt, rest = cut_prompt("agentic", text, random.Random(i))
+        assert prompt + rest == text and prompt.endswith("\nThought:") and "\nCall: " in rest
+        cuts.add(len(prompt))
+    assert len(cuts) >= 2  # any step but the closing one can be the cut
+
+
+def test_switching_counts_wins_per_sequence() -> None:
+    # slot 0 = DFlash, slot 1 = EAGLE-3; a tie is nobody's win.
+    seqs = [[(5, 1), (1, 3), (2, 2), (6, 1), (1, 2)],  # both win >= 20%: switches
+            [(4, 1), (4, 1), (4, 1), (1, 2), (3, 3), (3, 3)]]  # EAGLE-3 wins 1 of 6 rounds (< 20%)
+    s = switching(seqs)
+    assert s["switching_sequences"] == pytest.approx(0.5)
+    assert s["dflash_wins"] == pytest.approx(5 / 11, abs=1e-3) and s["eagle3_wins"] == pytest.approx(3 / 11, abs=1e-3)
+    assert s["ties"] == pytest.approx(3 / 11, abs=1e-3)
+    assert switching([])["switching_sequences"] == 0.0

@@ -1,0 +1,234 @@
+"""Seeded generator of agent transcripts: free prose interleaved with JSON tool calls.
+
+An agentic sequence switches regime within itself, which is what a per-round router exists
+for: ``Thought:`` lines are free English (reasoning, and sentences of the tools' real
+documentation) where every next word is uncertain, while ``Call:`` lines are JSON whose tool
+name and argument names come from ``inspect.signature`` of real standard-library functions and
+whose values were already stated in the task, and ``Result:`` lines hold what calling the
+function really returned. A transcript looks like::
+
+    Tools:
+    {"name": "calendar.monthrange", "parameters": ["year", "month"], "description": "Return ..."}
+    ...
+    User: Find calendar.monthrange with year=1994, month=7, then ...
+    Thought: <prose>
+    Call: {"name": "calendar.monthrange", "arguments": {"year": 1994, "month": 7}}
+    Result: [4, 31]
+    ...
+    Thought: The numbers add up: 4 + 31 = 35.
+    Answer: calendar.monthrange gave [4, 31]; ...
+
+Only pure, deterministic functions are offered as tools (arithmetic, paths, calendars, text
+escaping); the generator calls each one, so every result is the library's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import random
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+__all__ = ["Tool", "tools", "generate_transcript", "generate_transcripts"]
+
+WORDS = ("alpha", "report", "budget", "notes", "draft", "summary", "orders", "archive", "config", "invoice",
+         "backup", "photos", "music", "ledger", "schedule", "inventory", "results", "metrics", "readme", "index")
+ROOTS = ("home/ada", "srv/data", "var/log", "opt/app", "tmp/work", "usr/share/doc", "mnt/disk", "etc/site")
+EXTS = ("txt", "csv", "json", "py", "md", "log", "tar.gz", "html")
+HOSTS = ("https://example.org", "https://docs.example.com", "http://intranet.local", "https://api.example.net")
+PHRASES = ("the quick brown fox", "hello world again", "fish and chips", "a tale of two cities",
+           "rock & roll <live>", "tom's \"best\" recipes", "one small step", "zen of python", "read the docs first")
+
+
+def _path(rng: random.Random) -> str:
+    return f"/{rng.choice(ROOTS)}/{rng.choice(WORDS)}/{rng.choice(WORDS)}.{rng.choice(EXTS)}"
+
+
+def _ints(rng: random.Random, k: int, lo: int = 1, hi: int = 99) -> list[int]:
+    return [rng.randint(lo, hi) for _ in range(k)]
+
+
+# Qualified name -> positional argument values for one call. Names resolve by import, so a
+# function missing from an interpreter is simply not offered.
+_ARGS: dict[str, Callable[[random.Random], list[Any]]] = {
+    "math.comb": lambda r: [r.randint(5, 30), r.randint(1, 5)],
+    "math.perm": lambda r: [r.randint(4, 15), r.randint(1, 4)],
+    "math.factorial": lambda r: [r.randint(3, 12)],
+    "math.isqrt": lambda r: [r.randint(10, 50_000)],
+    "math.gcd": lambda r: [r.randint(2, 30) * r.randint(2, 12), r.randint(2, 30) * r.randint(2, 12)],
+    "operator.add": lambda r: _ints(r, 2, 10, 999),
+    "operator.sub": lambda r: sorted(_ints(r, 2, 10, 999), reverse=True),
+    "operator.mul": lambda r: _ints(r, 2, 2, 99),
+    "operator.floordiv": lambda r: [r.randint(100, 9999), r.randint(2, 40)],
+    "operator.mod": lambda r: [r.randint(100, 9999), r.randint(2, 40)],
+    "posixpath.join": lambda r: [f"/{r.choice(ROOTS)}", r.choice(WORDS), f"{r.choice(WORDS)}.{r.choice(EXTS)}"],
+    "posixpath.basename": lambda r: [_path(r)],
+    "posixpath.dirname": lambda r: [_path(r)],
+    "posixpath.splitext": lambda r: [_path(r)],
+    "posixpath.normpath": lambda r: [f"/{r.choice(ROOTS)}//{r.choice(WORDS)}/../{r.choice(WORDS)}/./x.{r.choice(EXTS)}"],
+    "calendar.isleap": lambda r: [r.randint(1890, 2030)],
+    "calendar.monthrange": lambda r: [r.randint(1950, 2030), r.randint(1, 12)],
+    "calendar.weekday": lambda r: [r.randint(1950, 2030), r.randint(1, 12), r.randint(1, 28)],
+    "string.capwords": lambda r: [r.choice(PHRASES)],
+    "textwrap.shorten": lambda r: [" ".join(r.sample(PHRASES, 3)), r.randint(15, 40)],
+    "shlex.quote": lambda r: [f"{r.choice(WORDS)} {r.choice(WORDS)}.{r.choice(EXTS)}"],
+    "html.escape": lambda r: [r.choice(PHRASES)],
+    "urllib.parse.quote": lambda r: [f"/{r.choice(WORDS)}/{r.choice(PHRASES)}"],
+    "urllib.parse.urljoin": lambda r: [f"{r.choice(HOSTS)}/{r.choice(WORDS)}/", f"{r.choice(WORDS)}.html"],
+    "statistics.median": lambda r: [_ints(r, r.choice((3, 5, 7)))],
+    "statistics.mean": lambda r: [_ints(r, 4, 2, 50)],
+    "heapq.nlargest": lambda r: [r.randint(2, 3), _ints(r, 6)],
+    "bisect.bisect_left": lambda r: [sorted(_ints(r, 6)), r.randint(1, 99)],
+    "fnmatch.fnmatch": lambda r: [f"{r.choice(WORDS)}.{r.choice(EXTS)}", f"*.{r.choice(EXTS)}"],
+    "difflib.get_close_matches": lambda r: [r.choice(WORDS)[:-1] + "e", list(r.sample(WORDS, 6))],
+    "re.escape": lambda r: [f"{r.choice(WORDS)}.{r.choice(EXTS)} (v{r.randint(1, 9)})"],
+}
+
+_THOUGHTS = (
+    "I should break this into steps and do them one at a time.",
+    "Before answering I want the exact value rather than a guess.",
+    "It is easy to get this wrong by hand, so I will let the library do it.",
+    "That settles the first part.",
+    "The user asked for several things, so I will keep track of each result.",
+    "Nothing here needs a network call; everything can be computed locally.",
+    "I will double-check the arguments against the request before calling anything.",
+    "The earlier result looks reasonable, so I can move on.",
+    "This is a pure function, so calling it twice would give the same answer.",
+    "A quick sanity check: the value has the type I expected.",
+    "Let me look at what the documentation promises before relying on it.",
+    "The order of the arguments matters here.",
+    "I can reuse the value I already have instead of asking again.",
+    "Once this is done only the summary is left.",
+    "There is a subtle point about edge cases, but the inputs are ordinary.",
+    "If this fails I will report the error instead of inventing a value.",
+)
+_OPENERS = ("Next I need", "Now I want", "The next step is", "I still need", "Then I have to", "After that I need")
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A standard-library function offered to the agent."""
+
+    name: str
+    """Qualified name, e.g. ``posixpath.join``."""
+    func: Callable[..., Any]
+    """The function itself."""
+    signature: inspect.Signature
+    """Its real signature (parameter names in calls come from here)."""
+    make_args: Callable[[random.Random], list[Any]]
+    """Positional argument values for one call."""
+
+    @property
+    def params(self) -> list[str]:
+        """Parameter names that a call can fill (``*args`` included, ``**kwargs`` not)."""
+        return [p.name for p in self.signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+
+    @property
+    def summary(self) -> str:
+        """First sentence of the function's docstring."""
+        return _sentences(inspect.getdoc(self.func) or "")[:1][0] if inspect.getdoc(self.func) else self.name
+
+    def arguments(self, values: list[Any]) -> dict[str, Any]:
+        """Bound arguments as a JSON object (``*args`` as a list)."""
+        bound = self.signature.bind(*values)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in bound.arguments.items()}
+
+    def call(self, values: list[Any]) -> Any:
+        """The real result, made JSON-able (tuples become lists)."""
+        return json.loads(json.dumps(self.func(*values), default=str))
+
+
+def _sentences(text: str) -> list[str]:
+    flat = re.sub(r"\s+", " ", text).strip()
+    return [s for s in re.split(r"(?<=[.!?])\s+", flat) if len(s) > 12]
+
+
+def _resolve(name: str) -> Callable[..., Any] | None:
+    module, _, attr = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return None
+
+
+@cache
+def tools() -> tuple[Tool, ...]:
+    """Every tool this interpreter offers (functions without an introspectable signature are skipped)."""
+    out = []
+    for name, make in _ARGS.items():
+        func = _resolve(name)
+        if func is None:
+            continue
+        try:
+            sig = inspect.signature(func)
+        except (TypeError, ValueError):
+            continue
+        out.append(Tool(name, func, sig, make))
+    return tuple(out)
+
+
+@cache
+def _module_sentences(module: str) -> tuple[str, ...]:
+    """Documentation sentences of a module and its public functions (the agent "reads the docs")."""
+    mod = importlib.import_module(module)
+    docs = [inspect.getdoc(mod) or ""]
+    docs += [inspect.getdoc(getattr(mod, n)) or "" for n in sorted(dir(mod))
+             if not n.startswith("_") and callable(getattr(mod, n, None))]
+    return tuple(s for d in docs for s in _sentences(d) if len(s) < 240)
+
+
+def _fmt(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _ask(tool: Tool, args: dict[str, Any]) -> str:
+    return f"{tool.name} with " + ", ".join(f"{k}={_fmt(v)}" for k, v in args.items())
+
+
+def _thought(rng: random.Random, tool: Tool, first: bool) -> str:
+    parts = [f"{'First I need' if first else rng.choice(_OPENERS)} {tool.name}. Its documentation says: "
+             f"{tool.summary}"]
+    module = tool.name.rpartition(".")[0]
+    extra = _module_sentences(module)
+    if extra and rng.random() < 0.6:
+        parts.append(f"The {module} documentation also notes: {rng.choice(extra)}")
+    parts += rng.sample(_THOUGHTS, rng.randint(1, 2))
+    return " ".join(parts)
+
+
+def generate_transcript(rng: random.Random) -> str:
+    """One transcript: a tool list, a task, 2-4 thought/call/result steps, arithmetic, an answer."""
+    pool = tools()
+    chosen = rng.sample(pool, rng.randint(2, min(4, len(pool))))
+    values = [t.make_args(rng) for t in chosen]
+    args = [t.arguments(v) for t, v in zip(chosen, values)]
+    results = [t.call(v) for t, v in zip(chosen, values)]
+    listed = rng.sample(pool, min(len(pool), len(chosen) + 2))
+    listed = list(dict.fromkeys([*chosen, *listed]))[: len(chosen) + 2]
+    rng.shuffle(listed)
+    lines = ["Tools:"]
+    lines += [_fmt({"name": t.name, "parameters": t.params, "description": t.summary}) for t in listed]
+    lines.append("User: Use " + ", then ".join(_ask(t, a) for t, a in zip(chosen, args)) + ". Summarise the results.")
+    for i, (tool, a, res) in enumerate(zip(chosen, args, results)):
+        lines.append(f"Thought: {_thought(rng, tool, i == 0)}")
+        lines.append("Call: " + _fmt({"name": tool.name, "arguments": a}))
+        lines.append(f"Result: {_fmt(res)}")
+    numbers = [r for r in results if isinstance(r, int) and not isinstance(r, bool)]
+    if len(numbers) >= 2:
+        lines.append(f"Thought: The numeric results add up to {' + '.join(map(str, numbers))} = {sum(numbers)}.")
+    else:
+        lines.append(f"Thought: {rng.choice(_THOUGHTS)}")
+    lines.append("Answer: " + "; ".join(f"{t.name} gave {_fmt(r)}" for t, r in zip(chosen, results)) + ".")
+    return "\n".join(lines)
+
+
+def generate_transcripts(n: int, seed: int) -> Iterator[str]:
+    """``n`` transcripts, deterministic for a seed (and an interpreter version)."""
+    rng = random.Random(f"agentic:{seed}")
+    for _ in range(n):
+        yield generate_transcript(rng)
