@@ -51,18 +51,21 @@ def switching(slot_taus: list[list[tuple[int, int]]]) -> dict[str, float]:
 
 @torch.no_grad()
 def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8, max_new_tokens: int = 64,
-                       max_prompt_tokens: int = 256, device: str = "cpu", cuda_graphs: bool = True) -> dict:
+                       max_prompt_tokens: int = 256, device: str = "cpu", cuda_graphs: bool = True,
+                       eagle3_steps: int = 6) -> dict:
     """tau per category and drafter on held-out prompts; rows per prompt go to ``acceptance.jsonl``.
 
     ``cuda_graphs`` (CUDA only) replays captured graphs for every fixed-shape pass; outputs stay
-    checked against plain autoregressive decoding either way.
+    checked against plain autoregressive decoding either way. ``eagle3_steps``: EAGLE-3 chain length
+    (the build passes the drafter's training unroll length).
     """
     import whiflash
     from whiflash.testbed.tokenizer import load_tokenizer
 
     tok = load_tokenizer(root / "target")
     target = whiflash.load_target(root / "target", device=device)
-    drafters = {kind: whiflash.load_drafter(kind, root / kind, target) for kind in ("eagle3", "dflash")}
+    drafters = {"eagle3": whiflash.load_drafter("eagle3", root / "eagle3", target, num_steps=eagle3_steps),
+                "dflash": whiflash.load_drafter("dflash", root / "dflash", target)}
     drafters["ddtree"] = whiflash.load_drafter("ddtree", root / "dflash", target)
     drafters["oracle"] = whiflash.OracleDrafter("df-e3", eagle3=drafters["eagle3"],
                                                 dflash=drafters["dflash"])
@@ -96,4 +99,4 @@ def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8,
     log.info("acceptance (tau, bonus included): %s; oracle headroom over the best single drafter: %s; "
              "round winners: %s", tau, headroom, switch)
     return {"tau": tau, "oracle_headroom": headroom, "switching": switch, "lossless_mismatches": mismatches, "prompts_per_category": prompts_per_category,
-            "max_new_tokens": max_new_tokens, "tau_definition": TAU_DEFINITION}
+            "max_new_tokens": max_new_tokens, "eagle3_steps": eagle3_steps, "tau_definition": TAU_DEFINITION}

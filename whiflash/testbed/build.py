@@ -126,9 +126,9 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
     from .acceptance import measure_acceptance
 
     acc = config.acceptance
-    rec = run("acceptance", (acc, sha["target"], sha.get("eagle3"), sha.get("dflash")),
+    rec = run("acceptance", (acc, sha["target"], sha.get("eagle3"), sha.get("dflash"), config.eagle3.ttt_length),
               lambda d: measure_acceptance(out, d, acc.prompts_per_category, acc.max_new_tokens, device=config.device,
-                                                 cuda_graphs=acc.cuda_graphs))
+                                           cuda_graphs=acc.cuda_graphs, eagle3_steps=config.eagle3.ttt_length))
     if rec is not None:
         man.data["acceptance"] = {"tau": rec["tau"], "oracle_headroom": rec.get("oracle_headroom"),
                                   "switching": rec.get("switching"),
