@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # Everything this project measures on one GPU, step by step (each step under its own time limit, so a
 # slow one cannot cost the results of the others inside one 10-minute device command):
-#   build   the `small` testbed (prints stage times and the per-category tau table; resumable);
+#   probe   time a few optimiser steps of the preset's target (ms/step, the target stage's estimate) before
+#           spending a build on it;
+#   build   the `small` testbed (prints stage times and the per-category tau table; resumable: UNTIL=STAGE
+#           stops after a stage, so a build can be split over two device commands on one warm machine;
+#           SET="section.field=value ..." overrides preset fields);
 #   bench   end-to-end tokens/s and speedup of every method on it, eager and CUDA graphs side by side
 #           (adds WhiFlash-Neural when the `router` step has left a router in TESTBED_DIR/router);
-#   router  whiflash-datagen on training-split prompts + whiflash-train fit, router into TESTBED_DIR/router
+#   router  whiflash-datagen on training-split prompts + whiflash-train fit for the pair PAIR (default df-e3),
+#           router into TESTBED_DIR/router (df-e3) or TESTBED_DIR/router_PAIR
 #           (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse` importable);
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
-#           `router` step has left a router), bf16 + CUDA graphs on a GPU; the run folder goes to LOG_DIR/eval
+#           `router` step has left a router for PAIR), bf16 + CUDA graphs on a GPU; METHODS overrides the
+#           method list; the run folder goes to LOG_DIR/eval
 #   tests   the CUDA tests (lossless in fp32 / near-ties in bf16, graphs == eager, transformers parity);
-#   profile real-shape latency of Qwen3-8B, Qwen3-4B and Llama-3.1-8B (scripts/profile_shapes.py, 3.5 min;
+#   profile real-shape latency (scripts/profile_shapes.py; PROFILE_MODELS, default Qwen3-8B, Qwen3-4B and
+#           Llama-3.1-8B, 3.5 min; `qwen3-8b,TESTBED_DIR` puts the testbed's cost ratios beside Qwen3-8B's;
 #           --smoke at toy widths when there is no GPU).
 # Usage: scripts/gpu_session.sh LOG_DIR TESTBED_DIR [STEP...]   (default steps: build bench tests)
 # With a built testbed, `bench profile` is the whole of docs/engine.md's H200 figures in under 7 minutes.
@@ -22,6 +29,8 @@ TB=${2:?TESTBED_DIR}
 shift 2
 STEPS=${*:-build bench tests}
 PRESET=${PRESET:-small}  # PRESET=micro checks the script on a CPU in a minute
+PAIR=${PAIR:-df-e3}
+ROUTER=$TB/router; [ "$PAIR" != df-e3 ] && ROUTER=$TB/router_$PAIR
 mkdir -p "$LOG"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 quiet() { grep -v -i "it/s\|s/it\|warn"; }  # progress bars and library warnings stay in the logs only
@@ -29,18 +38,53 @@ quiet() { grep -v -i "it/s\|s/it\|warn"; }  # progress bars and library warnings
 for step in $STEPS; do
   echo "=== $step ($(date +%T))"
   case $step in
+    probe)
+      timeout 300 python3 - "$TB" "$PRESET" 2>&1 <<'PY' | tee "$LOG/probe.log" | quiet | tail -8
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from whiflash.testbed.build import build
+from whiflash.testbed.presets import get_preset
+from whiflash.testbed.target import TargetModule, qwen3_config
+
+cfg = get_preset(sys.argv[2])
+tok_info = build(Path(sys.argv[1]), cfg, until="tokenizer")["stages"]["tokenizer"]
+t = cfg.target
+module = TargetModule(qwen3_config(t, tok_info), t).to(cfg.device)
+opt = torch.optim.AdamW(module.parameters(), lr=1e-4, betas=(0.9, 0.95))
+x = torch.randint(5, tok_info["vocab_size"], (t.batch_size, t.seq_len + 1), device=cfg.device)
+for i in range(25):
+    if i == 5:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+    with torch.autocast("cuda", torch.bfloat16):
+        loss = module._loss(x)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+torch.cuda.synchronize()
+ms = (time.perf_counter() - t0) / 20 * 1e3
+print(f"probe: target {sum(p.numel() for p in module.parameters()) / 1e6:.1f}M params, {ms:.1f} ms/step, "
+      f"{t.batch_size * t.seq_len / ms * 1e3:,.0f} tok/s; {t.max_steps} steps ~ {ms * t.max_steps / 1e3:.0f} s")
+PY
+      ;;
     build)
-      timeout 460 python3 - "$TB" "$PRESET" 2>&1 <<'PY' | tee "$LOG/build.log" | quiet | tail -30
+      overrides=(); for kv in ${SET:-}; do overrides+=("$kv"); done
+      timeout "${BUILD_TIMEOUT:-460}" python3 - "$TB" "$PRESET" "${UNTIL:-}" "${overrides[@]}" 2>&1 <<'PY' | tee -a "$LOG/build.log" | quiet | tail -34
 import sys
 from pathlib import Path
 
 from whiflash.testbed.__main__ import build
 
-build(sys.argv[2], Path(sys.argv[1]))  # the function behind `python -m whiflash.testbed build`
+# the function behind `python -m whiflash.testbed build`
+build(sys.argv[2], Path(sys.argv[1]), until=sys.argv[3] or None, set=sys.argv[4:])
 PY
       cp "$TB/manifest.json" "$LOG/${PRESET}_manifest.json" 2>/dev/null ;;
     router)
-      timeout 300 python3 - "$TB" 2>&1 <<'PY' | tee "$LOG/router.log" | quiet | tail -30
+      timeout 300 python3 - "$TB" "$PAIR" "$ROUTER" 2>&1 <<'PY' | tee "$LOG/router_$PAIR.log" | quiet | tail -30
 import shutil
 import sys
 from pathlib import Path
@@ -50,32 +94,34 @@ import torch
 from whiflash.datagen.cli import datagen
 from whiflash.train.cli import run
 
-tb = Path(sys.argv[1])
-data = datagen(out=tb / "router_data", prompts=["testbed:train"], testbed=tb, per_category=48,
+tb, pair, router = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+data = datagen(out=tb / f"router_data_{pair}", prompts=["testbed:train"], testbed=tb, pair=pair, per_category=48,
                max_new_tokens=96, dtype="bfloat16" if torch.cuda.is_available() else "float32")
 sys.argv = ["whiflash-train"]  # LightningCLI reads sys.argv alongside args
-run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(tb / "router_runs")])
-shutil.copytree(sorted((tb / "router_runs").glob("*/router"))[-1], tb / "router", dirs_exist_ok=True)
+run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(tb / f"router_runs_{pair}")])
+shutil.copytree(sorted((tb / f"router_runs_{pair}").glob("*/router"))[-1], router, dirs_exist_ok=True)
 PY
-      cp -r "$TB/router" "$LOG/router" 2>/dev/null ;;
+      cp -r "$ROUTER" "$LOG/$(basename "$ROUTER")" 2>/dev/null ;;
     bench)
       router=(); [ -d "$TB/router" ] && router=(--router "$TB/router")
       timeout 300 python3 scripts/bench_testbed.py --testbed "$TB" --prompts 4 --max-new-tokens 96 "${router[@]}" \
         --json "$LOG/bench_${PRESET}.json" 2>&1 | tee "$LOG/bench_${PRESET}.log" | quiet | tail -18 ;;
     eval)
-      neural=""; router=(); [ -d "$TB/router" ] && neural=",whiflash-neural" router=(--whiflash-neural-router-path "$TB/router")
+      neural=""; router=(); [ -d "$ROUTER" ] && neural=",whiflash-neural" router=(--whiflash-neural-router-path "$ROUTER")
       gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
-      timeout 420 python3 -m whiflash.eval bench --testbed "$TB" --dataset testbed:test --max-samples "${EVAL_SAMPLES:-30}" \
-        --max-new-tokens 96 --methods "ar,eagle3,dflash,ddtree,whiflash-entropy${neural},oracle" "${router[@]}" "${gpu[@]}" \
-        --out "$LOG/eval" --name "$PRESET" 2>&1 | tee "$LOG/eval.log" | quiet | tail -5
-      cat "$LOG"/eval/*/results.md 2>/dev/null | head -60 ;;
+      timeout "${EVAL_TIMEOUT:-420}" python3 -m whiflash.eval bench --testbed "$TB" --dataset testbed:test \
+        --max-samples "${EVAL_SAMPLES:-30}" --max-new-tokens 96 --whiflash-drafters "$PAIR" \
+        --methods "${METHODS:-ar,eagle3,dflash,ddtree,whiflash-entropy${neural},oracle}" "${router[@]}" "${gpu[@]}" \
+        --out "$LOG/eval" --name "${PRESET}_$PAIR" 2>&1 | tee "$LOG/eval_$PAIR.log" | quiet | tail -5
+      cat "$LOG"/eval/*"${PRESET}_$PAIR"*/results.md 2>/dev/null | head -60 ;;
     tests)
       timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$LOG/gpu_tests.log" | tail -5 ;;
     profile)
       smoke=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || smoke=(--smoke --ctx 64)
-      timeout 300 python3 scripts/profile_shapes.py "${smoke[@]}" --json "$LOG/profile.json" 2>&1 \
+      models=(); [ -n "${PROFILE_MODELS:-}" ] && models=(--models "$PROFILE_MODELS")
+      timeout "${PROFILE_TIMEOUT:-300}" python3 scripts/profile_shapes.py "${smoke[@]}" "${models[@]}" --json "$LOG/profile.json" 2>&1 \
         | tee "$LOG/profile.log" | quiet | tail -40 ;;
-    *) echo "unknown step $step (build, router, bench, eval, tests, profile)"; exit 2 ;;
+    *) echo "unknown step $step (probe, build, router, bench, eval, tests, profile)"; exit 2 ;;
   esac
 done
 echo "=== done ($(date +%T))"

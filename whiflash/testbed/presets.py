@@ -259,7 +259,7 @@ def _small() -> TestbedConfig:
         name="small",
         device="cuda",
         precision="bf16-mixed",
-        corpus=CorpusConfig(math_problems=100_000, agent_transcripts=40_000, max_file_chars=400_000,
+        corpus=CorpusConfig(math_problems=100_000, agent_transcripts=20_000, max_file_chars=400_000,
                             include_tests=True),
         tokenizer=TokenizerConfig(vocab_size=8192, train_chars_per_category=6_000_000),
         target=TargetConfig(
