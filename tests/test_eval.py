@@ -227,6 +227,15 @@ def test_dataset_formats(tmp_path: Path) -> None:
         load_samples(str(tmp_path / "missing.jsonl"))
 
 
+def test_testbed_source_errors_name_the_spec(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"--dataset 'testbed:nosuch': unknown testbed split 'nosuch'; expected one "
+                                         r"of testbed:train, testbed:validation, testbed:test"):
+        load_samples("testbed:nosuch", testbed=tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"--dataset 'testbed:test': --testbed {tmp_path / 'nope'}: no such "
+                                                r"folder \(expected a built testbed: python -m whiflash.testbed build"):
+        load_samples("testbed:", testbed=tmp_path / "nope")
+
+
 def test_named_benchmark_offline_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     t0 = time.perf_counter()
