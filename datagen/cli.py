@@ -27,8 +27,8 @@ from whiflash.folders import DATAGEN, DATAGEN_RECORD, TESTBED, check_folder, req
 from whiflash.hub import local_or_hub
 from whiflash.io import atomic_write_json
 from whiflash.pairs import Pair
-from whiflash.runtime.weights import read_json
 from whiflash.prompts import encode_chat
+from whiflash.runtime.weights import read_json
 from whiflash.versions import package_versions
 
 log = logging.getLogger("whiflash.datagen")

@@ -2,8 +2,9 @@
 
 A run folder holds `config.yaml` (the resolved flags), `manifest.json` (kind `whiflash.eval`),
 `samples.jsonl` (one row per sample x turn x method, appended as it goes), `results.json`,
-`results.csv`, `results.md` and `plots/`. A new run never reuses a folder, except to resume: a folder of the same name whose
-`config.json` equals this run's config is continued (done rows are skipped).
+`results.csv`, `results.md` and `plots/`. A new run never reuses a folder, except to resume: an
+eval folder of the same name whose `config.json` equals this run's config is continued (done rows
+are skipped). `--out` holds run folders and may not be one itself (`whiflash/folders.py`).
 """
 from __future__ import annotations
 

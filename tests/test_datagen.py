@@ -105,7 +105,8 @@ def test_bad_input_names_the_problem_and_leaves_the_folder_usable(worlds, tmp_pa
     for name, text, message in (("broken", '{"prompt": "fine"}\n{"prompt": \n', "broken.jsonl:2: not a JSON record"),
                                 ("empty", '{"prompt": "fine"}\n{"prompt": " "}\n',
                                  "empty.jsonl:2: field 'prompt': expected non-empty text"),
-                                ("ids", '{"input_ids": [3, -1]}\n', "ids.jsonl:1: field 'input_ids': expected a non-empty")):
+                                ("ids", '{"input_ids": [3, -1]}\n',
+                                 "ids.jsonl:1: field 'input_ids': expected a non-empty")):
         (tmp_path / f"{name}.jsonl").write_text(text)
         with pytest.raises(ValueError, match=message):
             _run(world, out, tmp_path / f"{name}.jsonl")

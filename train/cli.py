@@ -112,9 +112,11 @@ class RouterCLI(LightningCLI):
         })
 
     def after_validate(self) -> None:
+        """Every run folder gets its typed manifest, not only fit's."""
         self._write_manifest({})
 
     def after_test(self) -> None:
+        """Every run folder gets its typed manifest, not only fit's."""
         self._write_manifest({})
 
     def after_predict(self) -> None:
@@ -135,12 +137,18 @@ class RouterCLI(LightningCLI):
         return Path(self.trainer.log_dir or self.trainer.default_root_dir)
 
     def _write_manifest(self, extra: dict[str, Any]) -> None:
-        """``manifest.json`` of the run folder (kind ``whiflash.train``), after every subcommand."""
+        """``manifest.json`` of the run folder (kind ``whiflash.train``: argv, versions, data), after any subcommand."""
         if not self.trainer.is_global_zero:
             return
-        dm = self.datamodule
-        _write_run_manifest(self._run_dir(), {"subcommand": self.subcommand, "data": str(dm.path),
-                                              "data_manifest_sha256": dm.manifest_sha256, **extra})
+        versions = package_versions("whiflash", "torch", "lightning", "torchmetrics", "datasets", "huggingface_hub",
+                                    "safetensors")
+        manifest = {"kind": TRAIN, "tool": "whiflash-train", "subcommand": self.subcommand, "argv": sys.argv,
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_sha": _git_sha(), "versions": versions,
+                    "python": platform.python_version(), "machine": platform.platform(),
+                    "data": str(self.datamodule.path), "data_manifest_sha256": self.datamodule.manifest_sha256, **extra}
+        run_dir = self._run_dir()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2, default=str))
 
 
 def _fresh_version(root: Path, name: str, subcommand: str | None) -> str:
@@ -159,16 +167,6 @@ def _git_sha() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def _write_run_manifest(run_dir: Path, extra: dict[str, Any]) -> None:
-    versions = package_versions("whiflash", "torch", "lightning", "torchmetrics", "datasets", "huggingface_hub",
-                                "safetensors")
-    manifest = {"kind": TRAIN, "tool": "whiflash-train", "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "git_sha": _git_sha(), "versions": versions, "python": platform.python_version(),
-                "machine": platform.platform(), **extra}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2, default=str))
 
 
 def _push_argv(argv: list[str]) -> list[str]:
