@@ -3,31 +3,35 @@
 
 Example (the embedded testbed; a real run names Hub ids or folders instead):
 
-    whiflash-datagen --testbed runs/testbed/tiny --prompts '[testbed:validation]' --out data/tiny-df-e3
+    whiflash-datagen --testbed runs/testbed/tiny --prompts testbed:validation --out data/tiny-df-e3
 """
 from __future__ import annotations
 
-import json
+import inspect
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 import whiflash
-from whiflash.datagen.prompts import PromptItem, read_source
 from whiflash.data import RouterDatasetManifest, shard_entry, write_manifest, write_shard
+from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, read_source, resolve_source
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding.routed import OracleDrafter
+from whiflash.folders import DATAGEN, DATAGEN_RECORD, TESTBED, check_folder, require_kind
+from whiflash.hub import local_or_hub
 from whiflash.io import atomic_write_json
 from whiflash.pairs import Pair
 from whiflash.prompts import encode_chat
+from whiflash.runtime.weights import read_json
 from whiflash.versions import package_versions
 
 log = logging.getLogger("whiflash.datagen")
-ARGS_FILE = "datagen_args.json"
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -43,6 +47,8 @@ def _check_arguments(args: dict, pair: Pair) -> None:
         raise ValueError(f"--max_prompts: expected an integer >= 1 (or none), got {args['max_prompts']!r}")
     if args["dtype"] not in DTYPES:
         raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {args['dtype']!r}")
+    if args["eagle3"] is not None and not pair.needs_eagle3:
+        raise ValueError(f"--eagle3 {args['eagle3']}: --pair {pair} has no EAGLE-3 slot")
     budget = args["tree_budget"]
     if budget is not None and not pair.uses_tree:
         raise ValueError(f"--tree_budget {budget}: --pair {pair} has no DDTree slot")
@@ -53,7 +59,7 @@ def _check_arguments(args: dict, pair: Pair) -> None:
 def datagen(
     *,
     out: Path,
-    prompts: list[str],
+    prompts: list[str] | str,
     target: str | None = None,
     eagle3: str | None = None,
     dflash: str | None = None,
@@ -74,9 +80,10 @@ def datagen(
     """Decode prompts with both drafters from the same state each round and write one row per round.
 
     Args:
-        out: dataset folder (Parquet shards + manifest.json). A killed run resumed with the same
-            arguments reuses finished shards; other arguments are refused.
-        prompts: sources, each `testbed:SPLIT` or a JSONL file (FastChat `turns`, `prompt` or `input_ids`).
+        out: dataset folder (Parquet shards + manifest.json), new or empty, or one this command wrote: a killed
+            run resumed with the same arguments and prompts reuses finished shards; anything else is refused.
+        prompts: sources, each `testbed:SPLIT` or a JSONL file (FastChat `turns`, `prompt` or `input_ids`);
+            a list, or one string (several sources separated by commas).
         target: target model (Hub id or folder); default `<testbed>/target`.
         eagle3: EAGLE-3 drafter (Hub id or folder); default `<testbed>/eagle3`.
         dflash: DFlash drafter (Hub id or folder), also used for DDTree; default `<testbed>/dflash`.
@@ -100,24 +107,21 @@ def datagen(
     args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items() if k not in ("out", "cuda_graphs")}
     parsed = Pair.parse(pair, what="--pair")
     _check_arguments(args, parsed)
-    saved = out / ARGS_FILE
-    if saved.exists():
-        pinned = json.loads(saved.read_text())
-        differ = sorted(k for k in pinned.keys() | args.keys() if pinned.get(k) != args.get(k))
-        if differ:
-            changes = ", ".join(f"--{k} {pinned.get(k)!r} -> {args.get(k)!r}" for k in differ)
-            raise ValueError(f"{out} holds a datagen run with other arguments ({saved}: {changes}); resume with "
-                             "the same arguments or choose another --out")
-    paths = {k: v or (str(testbed / k) if testbed else None) for k, v in
-             (("target", target), ("eagle3", eagle3), ("dflash", dflash))}
-    if paths["target"] is None or paths["dflash"] is None or (parsed.needs_eagle3 and paths["eagle3"] is None):
-        raise ValueError(f"--pair {parsed} needs --testbed DIR, or --target and --dflash"
-                         + (" and --eagle3" if parsed.needs_eagle3 else ""))
-    items = [it for src in prompts for it in read_source(src, testbed, per_category)][:max_prompts]
+    # everything is checked and read before anything is written: a refused call leaves --out as it was
+    resuming = check_folder(out, DATAGEN, "--out")
+    if testbed is not None:
+        require_kind(testbed, TESTBED, "--testbed")
+    paths = _model_paths(parsed, testbed, target=target, eagle3=eagle3, dflash=dflash)
+    resolved = {k: _resolved(v, f"--{k}") for k, v in paths.items()}  # a missing folder is named now
+    sources = parse_sources(prompts)
+    items = [it for src in sources for it in read_source(src, testbed, per_category)][:max_prompts]
     if not items:
-        raise ValueError(f"prompt sources {prompts} gave no prompts")
-    out.mkdir(parents=True, exist_ok=True)  # only once the arguments are known to be usable
-    atomic_write_json(saved, args, sort_keys=True)
+        raise ValueError(f"--prompts {sources} gave no prompts")
+    digest = prompts_sha256(items)
+    # the record holds resolved paths, not spellings, and the prompts' content, not only where they came from
+    _pin(out / DATAGEN_RECORD, resuming, {**args, "kind": DATAGEN, **resolved, "prompts_sha256": digest,
+                                          "testbed": str(Path(testbed).resolve()) if testbed else None,
+                                          "prompts": [resolve_source(s) for s in sources]})
 
     model = whiflash.load_target(paths["target"], device=device, dtype=getattr(torch, dtype))
     # the DFlash checkpoint fills the parallel slot, drafting a tree when the pair has a DDTree slot
@@ -132,25 +136,84 @@ def datagen(
     tokenizer = _tokenizer(paths["target"])
 
     shards = []
-    chunks = [items[i : i + shard_size] for i in range(0, len(items), shard_size)]
-    for index, chunk in enumerate(tqdm(chunks, desc="datagen shards")):
-        path = out / f"shard-{index:05d}.parquet"
+    bar = tqdm(total=len(items), desc="datagen prompts", unit="prompt")
+    meter = TauMeter(parsed)
+    for index in range(0, len(items), shard_size):
+        chunk = items[index : index + shard_size]
+        path = out / f"shard-{index // shard_size:05d}.parquet"
         if path.exists():  # finished before a restart (shards are renamed into place only when complete)
             shards.append(shard_entry(path))
+            bar.update(len(chunk))
             continue
-        columns = _record_chunk(model, recorder, tokenizer, chunk, max_prompt_tokens, max_new_tokens)
+        columns = _record_chunk(model, recorder, tokenizer, chunk, max_prompt_tokens, max_new_tokens,
+                                on_prompt=lambda cols: meter.add(cols, bar))
         shards.append(write_shard(path, columns, model.config.hidden_size))
+    bar.close()
     manifest = RouterDatasetManifest(
         target=paths["target"], pair=parsed, tree_budget=recorder.tree_budget,
         drafter_ids=(paths["dflash"], paths["eagle3"] if parsed.needs_eagle3 else paths["dflash"]),
-        tap_layers=list(recorder.tap_layers), hidden_size=model.config.hidden_size, prompt_sets=list(prompts),
+        tap_layers=list(recorder.tap_layers), hidden_size=model.config.hidden_size, prompt_sets=sources,
         seed=seed, shards=shards, versions=package_versions("whiflash", "torch", "transformers"),
         generator={"name": "whiflash.datagen", "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-                   "num_steps": num_steps},
+                   "num_steps": num_steps, "prompts_sha256": digest},
     )
     write_manifest(out, manifest)
     log.info("wrote %d rounds from %d prompts to %s", manifest.num_rows, len(items), out)
     return out
+
+
+def _model_paths(pair: Pair, testbed: Path | None, **given: str | None) -> dict[str, str | None]:
+    """The checkpoints the pair uses, as given by a flag or else the testbed's folder; None for a slot the
+    pair does not have."""
+    paths = {k: v or (str(Path(testbed) / k) if testbed else None) for k, v in given.items()}
+    if not pair.needs_eagle3:
+        paths["eagle3"] = None
+    if paths["target"] is None or paths["dflash"] is None or (pair.needs_eagle3 and paths["eagle3"] is None):
+        raise ValueError(f"--pair {pair} needs --testbed DIR, or --target and --dflash"
+                         + (" and --eagle3" if pair.needs_eagle3 else ""))
+    return paths
+
+
+def _resolved(name: str | None, flag: str) -> str | None:
+    """A local checkpoint by its absolute, normalised path (so its spelling does not matter on resume), a Hub
+    id as is; a path that is neither fails here, before anything is pinned or downloaded."""
+    found = local_or_hub(name, what=flag) if name is not None else None
+    return str(found.resolve()) if isinstance(found, Path) else found
+
+
+def _pin(saved: Path, resuming: bool, record: dict[str, Any]) -> None:
+    """Write the run's record to `saved`, or check it against the one a resumed run pinned there; a mismatch
+    names each differing field (flags as `--flag`)."""
+    if not resuming:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(saved, record, sort_keys=True)
+        return
+    pinned = read_json(saved, "the arguments a datagen run pinned")
+    # `kind` is absent from records written before it existed (the folder's kind is checked already)
+    differ = sorted(k for k in (pinned.keys() | record.keys()) - {"kind"} if pinned.get(k) != record.get(k))
+    if differ:
+        flags = inspect.signature(datagen).parameters
+        changes = ", ".join(f"{'--' if k in flags else ''}{k} {pinned.get(k)!r} -> {record.get(k)!r}" for k in differ)
+        raise ValueError(f"{saved.parent} holds a datagen run with other arguments or prompts ({saved}: {changes}); "
+                         "resume with the same arguments and prompts or choose another --out")
+
+
+class TauMeter:
+    """Mean tau per slot so far (per prompt, then over prompts: the reported tau), shown in the progress bar."""
+
+    def __init__(self, pair: Pair) -> None:
+        self.names = pair.slots
+        self.sums = [0.0, 0.0]
+        self.prompts = 0
+
+    def add(self, cols: dict[str, np.ndarray], bar: tqdm) -> None:
+        """Count one decoded prompt's rows (none when it ended before a round) and advance `bar` by one prompt."""
+        if cols:
+            self.sums = [s + float(cols[f"tau_{i}"].mean()) for i, s in enumerate(self.sums)]
+            self.prompts += 1
+            bar.set_postfix_str(" ".join(f"τ {n}={s / self.prompts:.2f}" for n, s in zip(self.names, self.sums)),
+                                refresh=False)
+        bar.update(1)
 
 
 def _tokenizer(target_path: str):
@@ -174,11 +237,13 @@ def _encode(tokenizer, item: PromptItem, max_tokens: int) -> list[int]:
 
 
 def _record_chunk(model, recorder: OracleDrafter, tokenizer, chunk: list[PromptItem], max_prompt_tokens: int,
-                  max_new_tokens: int) -> dict[str, np.ndarray]:
+                  max_new_tokens: int, on_prompt: Callable[[dict[str, np.ndarray]], None]) -> dict[str, np.ndarray]:
+    """The rows of one shard's prompts; `on_prompt` sees each prompt's columns as it finishes (progress)."""
     stop = [tokenizer.eos_token_id] if tokenizer is not None and tokenizer.eos_token_id is not None else None
     parts = []
     for item in chunk:
         cols = record_prompt(model, recorder, _encode(tokenizer, item, max_prompt_tokens), max_new_tokens, stop)
+        on_prompt(cols)
         if cols:
             n = len(cols["round"])
             cols["prompt_id"], cols["category"] = np.full(n, item.prompt_id), np.full(n, item.category)

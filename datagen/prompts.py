@@ -3,13 +3,20 @@
 A source is `testbed:SPLIT` (prefixes of the testbed corpus split, every category) or a JSONL file:
 FastChat-style records (`question_id`, `category`, `turns`: the first turn is used) or records with
 `prompt` (text) or `input_ids` (token ids), each optionally with `id` and `category`.
+
+Every source is read, and every prompt checked, before datagen pins its arguments or loads a model;
+the pinned record holds the sources' resolved paths and a hash of the prompts they gave
+(`prompts_sha256`), so a resume with edited prompts is refused.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+__all__ = ["PromptItem", "parse_sources", "prompts_sha256", "read_source", "resolve_source"]
 
 
 @dataclass(frozen=True)
@@ -20,19 +27,40 @@ class PromptItem:
     input_ids: tuple[int, ...] | None = None
 
 
+def parse_sources(prompts: str | list[str]) -> list[str]:
+    """The sources of `--prompts`: a list, or one string naming one source or several separated by commas
+    (as whiflash-eval's `--dataset`), so `--prompts testbed:train` needs no brackets."""
+    sources = [s.strip() for s in prompts.split(",")] if isinstance(prompts, str) else [str(s).strip() for s in prompts]
+    sources = [s for s in sources if s]
+    if not sources:
+        raise ValueError(f"--prompts: expected testbed:SPLIT or a JSONL file (or a list of them), got {prompts!r}")
+    return sources
+
+
+def resolve_source(source: str) -> str:
+    """How the pinned record names a source: a file by its absolute, normalised path; `testbed:SPLIT` as is."""
+    return source if source.startswith("testbed:") else str(Path(source).resolve())
+
+
+def prompts_sha256(items: list[PromptItem]) -> str:
+    """sha256 of the prompts' ids, categories and content, in order: what the rows depend on."""
+    blob = json.dumps([[i.prompt_id, i.category, i.text, list(i.input_ids) if i.input_ids is not None else None]
+                       for i in items])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def read_source(source: str, testbed: Path | None, per_category: int) -> list[PromptItem]:
     """Prompts of one source, in a fixed order (resumption relies on it)."""
     if source.startswith("testbed:"):
-        if testbed is None:
-            raise ValueError(f"prompt source {source!r} needs --testbed DIR")
         from whiflash.testbed import CATEGORIES, held_out_prompts
+        from whiflash.testbed.prompts import testbed_split
 
-        split = source.split(":", 1)[1]
+        split = testbed_split(source, testbed, "--prompts")
         return [PromptItem(f"testbed-{split}-{cat}-{i}", cat, p.prompt)
                 for cat in CATEGORIES for i, p in enumerate(held_out_prompts(testbed, cat, per_category, split=split))]
     path = Path(source)
     if not path.is_file():
-        raise FileNotFoundError(f"prompt source {source!r}: no such file (expected a JSONL file or testbed:SPLIT)")
+        raise FileNotFoundError(f"--prompts {source!r}: no such file (expected a JSONL file or testbed:SPLIT)")
     items = []
     for line_no, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -43,14 +71,27 @@ def read_source(source: str, testbed: Path | None, per_category: int) -> list[Pr
             raise ValueError(f"{path}:{line_no}: not a JSON record ({err.msg})") from None
         if not isinstance(rec, dict):
             raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(rec).__name__}")
-        pid = f"{path.stem}-{rec.get('question_id', rec.get('id', line_no))}"
-        cat = str(rec.get("category") or path.stem)
-        if "input_ids" in rec:
-            items.append(PromptItem(pid, cat, input_ids=tuple(int(t) for t in rec["input_ids"])))
-        elif rec.get("turns"):
-            items.append(PromptItem(pid, cat, text=str(rec["turns"][0])))
-        elif "prompt" in rec:
-            items.append(PromptItem(pid, cat, text=str(rec["prompt"])))
-        else:
-            raise ValueError(f"{path}:{line_no}: expected a field 'turns', 'prompt' or 'input_ids'")
+        items.append(_item(rec, path, line_no))
     return items
+
+
+def _item(rec: dict[str, Any], path: Path, line_no: int) -> PromptItem:
+    """One record as a prompt; an empty prompt or bad token ids are refused here, naming the line."""
+    pid = f"{path.stem}-{rec.get('question_id', rec.get('id', line_no))}"
+    cat = str(rec.get("category") or path.stem)
+    if "input_ids" in rec:
+        ids = rec["input_ids"]
+        if (not isinstance(ids, list) or not ids
+                or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+            raise ValueError(f"{path}:{line_no}: field 'input_ids': expected a non-empty list of token ids "
+                             f"(integers >= 0), got {ids!r}")
+        return PromptItem(pid, cat, input_ids=tuple(ids))
+    if rec.get("turns"):
+        name, text = "turns", rec["turns"][0]
+    elif "prompt" in rec:
+        name, text = "prompt", rec["prompt"]
+    else:
+        raise ValueError(f"{path}:{line_no}: expected a field 'turns', 'prompt' or 'input_ids'")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{path}:{line_no}: field {name!r}: expected non-empty text, got {text!r}")
+    return PromptItem(pid, cat, text=text)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from whiflash.io import atomic_write_json
 from .config import BenchConfig
 from .datasets import load_samples, select
 from .metrics import aggregate, summarize_rows
-from .outputs import prepare_run_dir, write_results
+from .outputs import prepare_run_dir, write_manifest, write_results
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     runner = Runner(cfg)
     config = {**cfg.__dict__, "calibrate_method": method, "values": values, "exclude": sorted(bench_ids)}
     run, _ = prepare_run_dir(cfg.out, cfg.run_name(), config)
+    write_manifest(run, argv=sys.argv, seed=cfg.seed, device=cfg.device, models=runner.paths, samples=samples,
+                   extra={"calibrate_method": method, "values": values}, command="calibrate")
     for v in values:
         m = runner.factory.build(method, v)
         m.name = f"{method}@{v:g}"

@@ -139,11 +139,10 @@ def _read_source(source: str, testbed: Path | None, per_category: int) -> list[S
 
 
 def _read_testbed(source: str, testbed: Path | None, per_category: int) -> list[Sample]:
-    if testbed is None:
-        raise ValueError(f"--dataset {source!r} needs --testbed DIR (a built testbed folder)")
     from whiflash.testbed import CATEGORIES, held_out_prompts
+    from whiflash.testbed.prompts import testbed_split
 
-    split = source.split(":", 1)[1] or "test"
+    split = testbed_split(source if source != "testbed:" else "testbed:test", testbed, "--dataset")  # default: test
     out = [Sample(f"testbed-{split}-{p.id}", cat, (p.prompt,), source=source)
            for cat in CATEGORIES for p in held_out_prompts(testbed, cat, per_category, split=split)]
     if not out:

@@ -1,9 +1,10 @@
 """Run folders and result files: `runs/eval/<timestamp>_<name>/` with config, manifest, rows and tables.
 
-A run folder holds `config.yaml` (the resolved flags), `manifest.json`, `samples.jsonl` (one row per
-sample x turn x method, appended as it goes), `results.json`, `results.csv`, `results.md` and
-`plots/`. A new run never reuses a folder, except to resume: a folder of the same name whose
-`config.json` equals this run's config is continued (done rows are skipped).
+A run folder holds `config.yaml` (the resolved flags), `manifest.json` (kind `whiflash.eval`),
+`samples.jsonl` (one row per sample x turn x method, appended as it goes), `results.json`,
+`results.csv`, `results.md` and `plots/`. A new run never reuses a folder, except to resume: an
+eval folder of the same name whose `config.json` equals this run's config is continued (done rows
+are skipped). `--out` holds run folders and may not be one itself (`whiflash/folders.py`).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from whiflash.folders import EVAL, MANIFEST, check_folder, folder_kind
 from whiflash.io import atomic_write_json, atomic_write_text
 from whiflash.versions import package_versions
 
@@ -33,11 +35,15 @@ CONFIG_FILE = "config.json"
 
 
 def prepare_run_dir(out: str | Path, name: str, config: dict[str, Any]) -> tuple[Path, bool]:
-    """(folder, resumed): the newest `<out>/*_<name>` holding the same config, else a new timestamped folder."""
+    """(folder, resumed): the newest `<out>/*_<name>` eval run holding the same config, else a new timestamped
+    folder. `out` holds run folders and may not be one itself (a testbed, a dataset, a run)."""
     root = Path(out)
+    check_folder(root, None, "--out")
     for old in sorted(root.glob(f"*_{name}"), reverse=True):
         saved = old / CONFIG_FILE
-        if saved.is_file() and json.loads(saved.read_text()) == json.loads(json.dumps(config)):
+        # a run killed before its manifest has no kind yet; another tool's folder is never resumed
+        if (saved.is_file() and folder_kind(old) in (EVAL, None)
+                and json.loads(saved.read_text()) == json.loads(json.dumps(config))):
             log.info("resuming %s (same configuration)", old)
             return old, True
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -70,15 +76,16 @@ def device_info(device: str) -> dict[str, Any]:
 
 
 def write_manifest(run: Path, *, argv: list[str], seed: int, device: str, models: dict[str, Any],
-                   samples: list[Any], extra: dict[str, Any]) -> dict[str, Any]:
+                   samples: list[Any], extra: dict[str, Any], command: str = "bench") -> dict[str, Any]:
+    """`manifest.json` (kind `whiflash.eval`) of a bench or calibrate run folder."""
     manifest = {
-        "tool": "whiflash-eval bench", "argv": argv, "seed": seed, "git": _git_revision(),
+        "kind": EVAL, "tool": f"whiflash-eval {command}", "argv": argv, "seed": seed, "git": _git_revision(),
         "versions": package_versions("whiflash", "torch", "transformers", "datasets", "jsonargparse", "numpy"),
         "python_executable": sys.executable, "hardware": device_info(device), "models": models,
         "samples": [{"id": s.id, "category": s.category, "turns": s.n_turns, "source": s.source} for s in samples],
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra,
     }
-    atomic_write_json(run / "manifest.json", manifest)
+    atomic_write_json(run / MANIFEST, manifest)
     return manifest
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -96,10 +97,19 @@ def test_bad_input_names_the_problem_and_leaves_the_folder_usable(worlds, tmp_pa
                          (dict(tree_budget=9), "--tree_budget 9: --pair df-e3 has no DDTree slot")):
         with pytest.raises(ValueError, match=message):
             _run(world, out, prompt_file, **bad)
-    broken = tmp_path / "broken.jsonl"
-    broken.write_text('{"prompt": "fine"}\n{"prompt": \n')
-    with pytest.raises(ValueError, match=r"broken.jsonl:2: not a JSON record"):
-        _run(world, out, broken)
+    with pytest.raises(ValueError, match="--eagle3 .*: --pair df-ddt has no EAGLE-3 slot"):
+        _run(world, out, prompt_file, pair="df-ddt")
+    with pytest.raises(FileNotFoundError, match=rf"--target: no such folder: {tmp_path}/nonexistent"):
+        datagen(out=out, prompts=[str(prompt_file)], target=str(tmp_path / "nonexistent"), dflash=str(world.dflash_dir),
+                eagle3=str(world.eagle_dir), device="cpu")
+    for name, text, message in (("broken", '{"prompt": "fine"}\n{"prompt": \n', "broken.jsonl:2: not a JSON record"),
+                                ("empty", '{"prompt": "fine"}\n{"prompt": " "}\n',
+                                 "empty.jsonl:2: field 'prompt': expected non-empty text"),
+                                ("ids", '{"input_ids": [3, -1]}\n',
+                                 "ids.jsonl:1: field 'input_ids': expected a non-empty")):
+        (tmp_path / f"{name}.jsonl").write_text(text)
+        with pytest.raises(ValueError, match=message):
+            _run(world, out, tmp_path / f"{name}.jsonl")
     assert not out.exists()  # a refused call pins no arguments: the corrected call below runs
     assert read_manifest(_run(world, out, prompt_file)).shards
 
@@ -178,3 +188,87 @@ def test_fixed_shape_passes_record_the_eager_rows(worlds):
                 np.testing.assert_allclose(eager[key], fixed[key], rtol=1e-3, atol=1e-3)
             else:
                 np.testing.assert_array_equal(eager[key], fixed[key])
+
+
+def test_out_of_another_kind_is_refused_and_left_as_it_was(worlds, tmp_path, prompt_file):
+    from whiflash.folders import FolderKindError
+    from whiflash.train.synthetic import write_synthetic_dataset
+
+    world = worlds["qwen3-mixed"]
+    testbed, old_testbed = tmp_path / "testbed", tmp_path / "old-testbed"
+    for folder, manifest in ((testbed, {"kind": "whiflash.testbed", "stages": {}}), (old_testbed, {"stages": {}})):
+        folder.mkdir()
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    synthetic = tmp_path / "synthetic"  # a router dataset that no datagen run wrote
+    write_synthetic_dataset(synthetic, num_prompts=2, rounds_per_prompt=3, hidden_size=32, progress=False)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    for folder, message in ((testbed, "is a testbed build"), (old_testbed, "is a testbed build"),
+                            (synthetic, "is a router dataset not written by whiflash-datagen"),
+                            (foreign, r"holds files \(notes.txt\) but no whiflash record")):
+        before = {p.name: p.read_bytes() for p in folder.iterdir()}
+        with pytest.raises(FolderKindError, match=rf"--out {folder}: {message}"):
+            _run(world, folder, prompt_file)
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == before, folder
+
+
+def test_resume_accepts_other_spellings_and_refuses_edited_prompts(worlds, tmp_path, prompt_file, monkeypatch):
+    world = worlds["llama-mixed"]
+    prompts = tmp_path / "ids.jsonl"
+    prompts.write_text(prompt_file.read_text())
+    out = _run(world, tmp_path / "data", prompts)
+    pinned = json.loads((out / "datagen_args.json").read_text())
+    assert pinned["kind"] == "whiflash.datagen" and pinned["target"] == str(world.target_dir.resolve())
+    assert pinned["prompts"] == [str(prompts.resolve())] and len(pinned["prompts_sha256"]) == 64
+    stamps = {f.name: f.stat().st_mtime_ns for f in out.glob("shard-*.parquet")}
+    (out / "shard-00002.parquet").unlink()  # a run killed before its last shard
+    monkeypatch.chdir(tmp_path)  # the same files, spelled relative to another working directory
+    rel = {k: os.path.relpath(getattr(world, f"{k}_dir"), tmp_path) for k in ("target", "eagle", "dflash")}
+    datagen(out="data/../data", prompts="ids.jsonl", target=rel["target"], eagle3=rel["eagle"], dflash=rel["dflash"],
+            max_new_tokens=30, shard_size=3, device="cpu")
+    assert all((out / n).stat().st_mtime_ns == t for n, t in stamps.items() if n != "shard-00002.parquet")
+    (out / "shard-00002.parquet").unlink()
+    lines = prompts.read_text().splitlines()
+    prompts.write_text("\n".join([lines[0].replace("[7, 8", "[7, 9"), *lines[1:]]) + "\n")  # edited after a kill
+    with pytest.raises(ValueError, match=r"other arguments or prompts \(.*datagen_args.json: prompts_sha256 '"):
+        _run(world, out, prompts)
+    assert not (out / "shard-00002.parquet").exists()
+
+
+def test_progress_shows_each_prompt_and_tau_per_drafter(worlds, tmp_path, prompt_file, capsys):
+    out = _run(worlds["qwen3-mixed"], tmp_path / "data", prompt_file, max_prompts=4, shard_size=2)
+    err = capsys.readouterr().err
+    assert "datagen prompts" in err and "4/4" in err and "3/4" in err  # one step per prompt, not per shard
+    assert re.search(r"τ dflash=\d+\.\d\d τ eagle3=\d+\.\d\d", err)
+    (out / "shard-00001.parquet").unlink()
+    _run(worlds["qwen3-mixed"], out, prompt_file, max_prompts=4, shard_size=2)
+    assert "4/4" in capsys.readouterr().err  # finished shards count as done prompts
+
+
+def test_testbed_sources_without_brackets_and_clear_errors(micro, tmp_path, monkeypatch):
+    from whiflash.datagen.cli import main
+    from whiflash.folders import FolderKindError
+
+    def cli(*argv: str) -> None:
+        monkeypatch.setattr("sys.argv", ["whiflash-datagen", *argv])
+        main()
+
+    fast = ["--max_prompts", "2", "--max_new_tokens", "8", "--device", "cpu"]
+    with pytest.raises(ValueError, match=r"--prompts 'testbed:nosuch': unknown testbed split 'nosuch'; expected one "
+                                         r"of testbed:train, testbed:validation, testbed:test"):
+        cli("--testbed", str(micro), "--prompts", "testbed:nosuch", "--out", str(tmp_path / "a"), *fast)
+    with pytest.raises(FolderKindError, match=rf"--testbed {tmp_path / 'nope'}: no such folder; expected a testbed"):
+        cli("--testbed", str(tmp_path / "nope"), "--prompts", "testbed:train", "--out", str(tmp_path / "a"), *fast)
+    assert not (tmp_path / "a").exists()
+    monkeypatch.chdir(micro.parent)
+    cli("--testbed", micro.name, "--prompts", "testbed:train", "--out", str(tmp_path / "a"), *fast)  # no brackets
+    first = read_manifest(tmp_path / "a")
+    assert first.num_rows > 0 and first.prompt_sets == ["testbed:train"]
+    (tmp_path / "a" / "manifest.json").unlink()
+    cli("--testbed", str(micro), "--prompts", "[testbed:train]", "--out", str(tmp_path / "a"), *fast)  # absolute
+    assert read_manifest(tmp_path / "a").shards == first.shards
+    testbed_manifest = (micro / "manifest.json").read_bytes()
+    with pytest.raises(FolderKindError, match=rf"--out {micro}: is a testbed build"):
+        cli("--testbed", str(micro), "--prompts", "testbed:train", "--out", str(micro), *fast)
+    assert (micro / "manifest.json").read_bytes() == testbed_manifest

@@ -154,7 +154,7 @@ def test_bench_writes_every_output_and_is_lossless(bench_run: Path) -> None:
     md = (bench_run / "results.md").read_text()
     assert TAU_DEFINITION in md and "vs EAGLE-3" in md
     man = json.loads((bench_run / "manifest.json").read_text())
-    assert man["argv"][:2] == ["whiflash-eval", "bench"] and man["seed"] == 0
+    assert man["kind"] == "whiflash.eval" and man["argv"][:2] == ["whiflash-eval", "bench"] and man["seed"] == 0
     assert man["models"]["target"].endswith("target") and man["hardware"]["device"] == "cpu"
     assert len(man["samples"]) == 3 and man["versions"]["torch"] and "git" in man
     assert man["tau_definition"] == TAU_DEFINITION and man["cache_max_len"] > 12
@@ -225,6 +225,34 @@ def test_dataset_formats(tmp_path: Path) -> None:
         load_samples(str(bad))
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         load_samples(str(tmp_path / "missing.jsonl"))
+
+
+def test_testbed_source_errors_name_the_spec(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"--dataset 'testbed:nosuch': unknown testbed split 'nosuch'; expected one "
+                                         r"of testbed:train, testbed:validation, testbed:test"):
+        load_samples("testbed:nosuch", testbed=tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"--dataset 'testbed:test': --testbed {tmp_path / 'nope'}: no such "
+                                                r"folder \(expected a built testbed: python -m whiflash.testbed build"):
+        load_samples("testbed:", testbed=tmp_path / "nope")
+
+
+def test_run_folders_of_another_kind_are_never_used(tmp_path: Path) -> None:
+    from whiflash.eval.outputs import prepare_run_dir
+    from whiflash.folders import FolderKindError
+
+    testbed = tmp_path / "tb"
+    testbed.mkdir()
+    (testbed / "manifest.json").write_text('{"stages": {}}')
+    with pytest.raises(FolderKindError, match=rf"--out {testbed}: is a testbed build .*; expected a folder to hold run"):
+        prepare_run_dir(testbed, "x", {"a": 1})
+    assert [p.name for p in testbed.iterdir()] == ["manifest.json"]
+    other = tmp_path / "20250101-000000_x"  # named like a run with this config, but another tool's folder
+    other.mkdir()
+    (other / "config.json").write_text('{"a": 1}')
+    (other / "manifest.json").write_text('{"kind": "whiflash.train"}')
+    run, resumed = prepare_run_dir(tmp_path, "x", {"a": 1})
+    assert not resumed and run != other
+    assert prepare_run_dir(tmp_path, "x", {"a": 1}) == (run, True)  # its own run, killed before its manifest
 
 
 def test_named_benchmark_offline_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -316,6 +344,7 @@ def test_calibrate_then_bench_uses_thresholds(micro: Path, bench_run: Path, tmp_
     assert thr["method"] == "whiflash-entropy" and set(thr["thresholds"]) == {"code", "math", "prose"}
     assert not bench_ids & set(thr["samples"]) and len(thr["samples"]) == 3
     assert set(thr["details"]["math"]["sweep"]) == {"0.01", "100.0"}
+    assert json.loads((Path(thr["run"]) / "manifest.json").read_text())["tool"] == "whiflash-eval calibrate"
     thr["thresholds"] = {"code": 0.01, "math": 100.0, "prose": 0.01}
     out.write_text(json.dumps(thr))
     assert _bench(tmp_path, "--testbed", str(micro), "--max-samples", "3", "--methods", "whiflash-entropy",

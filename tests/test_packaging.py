@@ -108,6 +108,37 @@ def test_the_checks_see_what_they_guard(tmp_path: Path) -> None:
                               "huggingface_hub>=0.34"]) == {"jsonargparse", "tomli", "huggingface-hub"}
 
 
+BOUNDED = ("torch", "transformers", "datasets", "lightning", "jsonargparse")
+"""Dependencies whose API the toolkit leans on: each needs an upper bound that admits what was tested."""
+TESTED = {"torch": ["2.11"], "transformers": ["5.17"]}
+"""Versions tested elsewhere than this venv: the GPU image."""
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(2, 13, 0) of `2.13.0+cpu`: the numeric release part, which is all the bounds here compare."""
+    return tuple(int(p) for p in re.match(r"\d+(?:\.\d+)*", version).group().split("."))
+
+
+def _admits(spec: str, version: str) -> bool:
+    """Whether `version` satisfies every `>=X` / `<X` clause of `spec` (the only operators used for these)."""
+    ops = {">=": lambda v, b: v >= b, "<": lambda v, b: v < b}
+    clauses = re.findall(r"(>=|<)\s*([\d.]+)", spec)
+    return all(ops[op](_release(version), _release(bound)) for op, bound in clauses)
+
+
+def test_bounded_dependencies_admit_the_tested_versions() -> None:
+    from importlib.metadata import version
+
+    specs = {normalise(re.match(r"[A-Za-z0-9._-]+", r).group()): r.split(";")[0]
+             for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    for name in BOUNDED:
+        spec = specs[name]
+        assert re.search(r"<\s*[\d.]+", spec), f"pyproject.toml: {spec!r} has no upper bound"
+        for tested in [version(name), *TESTED.get(name, [])]:
+            assert _admits(spec, tested), f"pyproject.toml: {spec!r} excludes the tested {name} {tested}"
+    assert _admits("x>=4.56,<5.40", "5.24.0") and not _admits("x>=4.56,<5.40", "5.40.1")
+
+
 @pytest.fixture(scope="module")
 def modules_after_import() -> list[str]:
     """`sys.modules` of a fresh interpreter after `import whiflash`."""

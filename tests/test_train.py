@@ -318,6 +318,26 @@ def test_refused_fit_leaves_no_run_folder(dataset: Path, tmp_path: Path, monkeyp
     assert not out.exists() or not any(out.iterdir()), sorted(out.rglob("*"))
 
 
+def test_run_root_or_synthetic_out_of_another_kind_is_refused(dataset: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from whiflash.folders import FolderKindError
+    from whiflash.train.cli import run
+
+    monkeypatch.setattr("sys.argv", ["whiflash-train"])
+    before = sorted(p.name for p in dataset.iterdir())
+    with pytest.raises(FolderKindError, match=rf"--trainer.default_root_dir {dataset}: is a router dataset .*; "
+                                              "expected a folder to hold run folders"):
+        run(["fit", "--data.path", str(dataset), "--trainer.default_root_dir", str(dataset), "--trainer.max_epochs",
+             "1", "--data.cache_dir", str(tmp_path / "cache"), "--trainer.enable_progress_bar", "false"])
+    assert sorted(p.name for p in dataset.iterdir()) == before  # no run folder inside the dataset
+    datagen_out = tmp_path / "datagen"
+    datagen_out.mkdir()
+    (datagen_out / "datagen_args.json").write_text('{"kind": "whiflash.datagen"}')
+    with pytest.raises(FolderKindError, match=rf"out_dir {datagen_out}: is a whiflash-datagen output"):
+        write_synthetic_dataset(datagen_out, num_prompts=2, rounds_per_prompt=2, hidden_size=H, progress=False)
+    assert [p.name for p in datagen_out.iterdir()] == ["datagen_args.json"]
+
+
 def test_push_offline_or_without_token_says_what_to_do(exported: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from huggingface_hub import constants
 

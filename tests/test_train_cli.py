@@ -77,6 +77,7 @@ def test_run_directory_has_config_logs_plots_and_exports(trained: dict) -> None:
         assert (run_dir / "plots" / f"{plot}.png").stat().st_size > 10_000
     card = (run_dir / "router" / "README.md").read_text()
     manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["kind"] == "whiflash.train" and manifest["subcommand"] == "fit"
     assert manifest["data_manifest_sha256"] in card and "df-e3" in card and "recommended threshold" in card
     cfg_json = json.loads((run_dir / "router" / "config.json").read_text())
     assert cfg_json["hidden_size"] == H and cfg_json["drafters"] == "df-e3" and cfg_json["target"] == "synthetic-target"
@@ -107,6 +108,8 @@ def test_test_subcommand_on_the_best_checkpoint(trained: dict) -> None:
     assert {"test/mse", "test/mae", "test/spearman", "test/auroc", "test/share", "test/tau_oracle"} <= set(metrics)
     assert metrics["test/share"] > 0.5
     assert Path(cli.trainer.log_dir).name.endswith("_router-test")
+    manifest = json.loads((Path(cli.trainer.log_dir) / "manifest.json").read_text())
+    assert manifest["kind"] == "whiflash.train" and manifest["subcommand"] == "test" and manifest["data"]
 
 
 def test_predict_writes_predictions(trained: dict) -> None:

@@ -8,8 +8,9 @@ Examples::
     whiflash-train push --router RUN/router --repo-id ORG/Qwen3-8B-NeuralRouter-df-e3
 
 Every run gets its own directory ``<default_root_dir>/<YYYYmmdd-HHMMSS>_<run_name>/`` with the resolved
-``config.yaml``, ``metrics.csv``, ``checkpoints/``, and after ``fit`` the exported ``router/`` folder,
-``router.safetensors``, ``results.json``, ``plots/`` and ``manifest.json``.
+``config.yaml``, ``metrics.csv`` and ``manifest.json`` (kind ``whiflash.train``: argv, versions, data hash),
+after ``fit`` also ``checkpoints/``, the exported ``router/`` folder, ``router.safetensors``, ``results.json``
+and ``plots/``. ``--trainer.default_root_dir`` holds run folders and may not itself be one (of any tool).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
+from whiflash.folders import MANIFEST, TRAIN, check_folder
 from whiflash.io import atomic_write_text
 from whiflash.versions import package_versions
 
@@ -72,8 +74,10 @@ class RouterCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         cfg = self.config_init[self.subcommand] if self.subcommand else self.config_init
         trainer_cfg = cfg["trainer"]
+        root = Path(trainer_cfg.get("default_root_dir") or "runs/train")
+        # run folders go inside root; a root that is itself a dataset, testbed or run is a mistaken flag
+        check_folder(root, None, "--trainer.default_root_dir")
         if trainer_cfg.get("logger") in (None, True):
-            root = Path(trainer_cfg.get("default_root_dir") or "runs/train")
             name = cfg.get("run_name") or "router"
             kwargs["logger"] = CSVLogger(save_dir=str(root), name="", version=_fresh_version(root, name, self.subcommand))
         return super().instantiate_trainer(**kwargs)
@@ -93,12 +97,11 @@ class RouterCLI(LightningCLI):
         ckpt = ckpt_cb.best_model_path if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.best_model_path else None
         if ckpt is None:
             log.warning("no best checkpoint (validation/checkpointing disabled?); exporting the final weights")
-        run_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        run_dir = self._run_dir()
         results = export_run(self.model, dm, run_dir, ckpt)
         plot_run(run_dir, results, dm.manifest.drafter_ids)
         es = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
-        _write_run_manifest(run_dir, {
-            "data": str(dm.path), "data_manifest_sha256": dm.manifest_sha256,
+        self._write_manifest({
             "splits": {s: {"prompts": len(dm.split_prompts[s]), "rows": int(len(dm.split_indices[s]))}
                        for s in dm.split_indices},
             "best_checkpoint": ckpt, "epochs": trainer.current_epoch, "global_step": trainer.global_step,
@@ -108,6 +111,13 @@ class RouterCLI(LightningCLI):
             "outputs": {"router_dir": results["router_dir"], "router_file": results["router_file"]},
         })
 
+    def after_validate(self) -> None:
+        """Every run folder gets its typed manifest, not only fit's."""
+        self._write_manifest({})
+
+    def after_test(self) -> None:
+        """Every run folder gets its typed manifest, not only fit's."""
+        self._write_manifest({})
 
     def after_predict(self) -> None:
         """Write ``predictions.parquet`` (row id into the dataset, predicted and logged gain) into the run dir."""
@@ -118,9 +128,27 @@ class RouterCLI(LightningCLI):
         if not batches or not self.trainer.is_global_zero:
             return
         cols = {k: torch.cat([b[k] for b in batches]).numpy() for k in ("row", "pred", "gain")}
-        path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "predictions.parquet"
+        path = self._run_dir() / "predictions.parquet"
         pq.write_table(pa.table(cols), path)
         log.info("wrote %d predictions (%s split) to %s", len(cols["row"]), self.datamodule.hparams.predict_split, path)
+        self._write_manifest({"outputs": {"predictions": path.name}})
+
+    def _run_dir(self) -> Path:
+        return Path(self.trainer.log_dir or self.trainer.default_root_dir)
+
+    def _write_manifest(self, extra: dict[str, Any]) -> None:
+        """``manifest.json`` of the run folder (kind ``whiflash.train``: argv, versions, data), after any subcommand."""
+        if not self.trainer.is_global_zero:
+            return
+        versions = package_versions("whiflash", "torch", "lightning", "torchmetrics", "datasets", "huggingface_hub",
+                                    "safetensors")
+        manifest = {"kind": TRAIN, "tool": "whiflash-train", "subcommand": self.subcommand, "argv": sys.argv,
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_sha": _git_sha(), "versions": versions,
+                    "python": platform.python_version(), "machine": platform.platform(),
+                    "data": str(self.datamodule.path), "data_manifest_sha256": self.datamodule.manifest_sha256, **extra}
+        run_dir = self._run_dir()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2, default=str))
 
 
 def _fresh_version(root: Path, name: str, subcommand: str | None) -> str:
@@ -139,15 +167,6 @@ def _git_sha() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def _write_run_manifest(run_dir: Path, extra: dict[str, Any]) -> None:
-    versions = package_versions("whiflash", "torch", "lightning", "torchmetrics", "datasets", "huggingface_hub",
-                                "safetensors")
-    manifest = {"tool": "whiflash-train", "argv": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "git_sha": _git_sha(), "versions": versions, "python": platform.python_version(),
-                "machine": platform.platform(), **extra}
-    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2, default=str))
 
 
 def _push_argv(argv: list[str]) -> list[str]:

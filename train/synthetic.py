@@ -18,6 +18,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from whiflash.data import RouterDatasetManifest, ShardEntry, write_manifest, write_shard
+from whiflash.folders import ROUTER_DATASET, check_folder
 from whiflash.pairs import Pair
 from whiflash.versions import package_versions
 
@@ -55,6 +56,7 @@ def write_synthetic_dataset(
     if num_prompts < 1 or rounds_per_prompt < 1 or hidden_size < 2:
         raise ValueError("need num_prompts >= 1, rounds_per_prompt >= 1 and hidden_size >= 2")
     out = Path(out_dir)
+    check_folder(out, ROUTER_DATASET, "out_dir")  # never over a datagen run, a testbed or foreign files
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     w = rng.standard_normal(hidden_size)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from whiflash.decoding.stats import TAU_DEFINITION
+from whiflash.folders import ROUTER_DATASET
 from whiflash.io import atomic_write_json
 from whiflash.pairs import Pair, tree_budget_for
 
@@ -29,7 +30,7 @@ __all__ = [
     "write_manifest",
 ]
 
-KIND = "whiflash-router-dataset"
+KIND = ROUTER_DATASET
 """Value of the manifest's ``kind`` field; manifests written before it existed lack it and are still read."""
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"

@@ -22,6 +22,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from whiflash.folders import TESTBED, check_folder
 from whiflash.io import atomic_write_json
 from whiflash.versions import package_versions
 
@@ -66,13 +67,16 @@ def hash_dir(path: Path) -> str:
 
 
 class Manifest:
-    """``OUT/manifest.json``: config, versions, stage records and the build log."""
+    """``OUT/manifest.json``: kind, config, versions, stage records and the build log."""
 
     def __init__(self, root: Path, config: dict[str, Any]):
         self.root = Path(root)
+        # another tool's folder (a datagen output, a run) is refused before anything in it is touched
+        resumed = check_folder(self.root, TESTBED, "testbed --out")
         self.root.mkdir(parents=True, exist_ok=True)
         self.path = self.root / MANIFEST
-        self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.data: dict[str, Any] = json.loads(self.path.read_text()) if resumed else {}
+        self.data["kind"] = TESTBED  # builds from before the field existed gain it
         self.data.setdefault("format_version", FORMAT_VERSION)
         self.data.setdefault("stages", {})
         self.data.setdefault("log", [])

@@ -21,10 +21,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .corpus import read_corpus
+from .corpus import SPLITS, read_corpus
 from .presets import CATEGORIES
 
-__all__ = ["Prompt", "cut_prompt", "held_out_prompts", "eval_prompts"]
+__all__ = ["Prompt", "cut_prompt", "held_out_prompts", "eval_prompts", "testbed_split"]
 
 _HEADER = re.compile(r"^[ \t]*(?:async\s+)?(?:def|class)\s+\w+.*:[ \t]*$")
 
@@ -123,3 +123,21 @@ def held_out_prompts(testbed_dir: str | Path, category: str, n: int, split: str 
 def eval_prompts(testbed_dir: str | Path, category: str, n: int, split: str = "test", seed: int = 0) -> list[str]:
     """Held-out evaluation prompts (prefixes from the test split) of one category, as strings."""
     return [p.prompt for p in held_out_prompts(testbed_dir, category, n, split=split, seed=seed)]
+
+
+def testbed_split(source: str, testbed: str | Path | None, flag: str) -> str:
+    """The SPLIT of a prompt source ``testbed:SPLIT`` (datagen's ``--prompts``, eval's ``--dataset``), once the
+    split is known and the testbed holds its corpus file; errors name ``flag``, the source and what is expected."""
+    split = source.partition(":")[2]
+    if split not in SPLITS:
+        raise ValueError(f"{flag} {source!r}: unknown testbed split {split!r}; expected one of "
+                         f"{', '.join('testbed:' + s for s in SPLITS)} (each gives every category: "
+                         f"{', '.join(CATEGORIES)})")
+    if testbed is None:
+        raise ValueError(f"{flag} {source!r} needs --testbed DIR (a built testbed folder)")
+    corpus = Path(testbed) / "corpus" / f"{split}.jsonl"
+    if not corpus.is_file():
+        why = "no such folder" if not Path(testbed).is_dir() else f"no {corpus}"
+        raise FileNotFoundError(f"{flag} {source!r}: --testbed {testbed}: {why} (expected a built testbed: "
+                                f"python -m whiflash.testbed build --out {testbed})")
+    return split
