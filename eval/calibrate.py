@@ -1,4 +1,5 @@
-"""`whiflash-eval calibrate`: per category, pick the fastest routing threshold end to end.
+"""`whiflash-eval calibrate`: per category, pick the fastest routing threshold end to end (or, with
+`--replay`, estimated from datagen rows and a latency profile: `whiflash.eval.replay`).
 
 On prompts disjoint from the benchmark subset (the samples a bench run with the same flags would
 use are excluded, and so are the ids of `--exclude-run`), every threshold value is run as its own
@@ -25,7 +26,7 @@ from .outputs import prepare_run_dir, write_results
 
 log = logging.getLogger(__name__)
 
-__all__ = ["calibrate", "pick_thresholds"]
+__all__ = ["calibrate", "calibrate_replay", "pick_thresholds"]
 
 
 def pick_thresholds(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -86,4 +87,26 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, result)
     log.info("thresholds per category %s written to %s", result["thresholds"], path)
+    return path
+
+
+def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, method: str = "whiflash-entropy",
+                     values: list[float] | None = None, output: str | None = None) -> Path:
+    """Replay `values` for `method` over the router dataset `data` with the latency profile and write
+    thresholds.json (the end-to-end format, plus the estimates); returns its path. Decodes nothing."""
+    from .replay import replay_thresholds
+
+    if not latency_profile:
+        raise ValueError("--replay needs --latency-profile FILE (from `whiflash-eval profile` on this device)")
+    values = values or [0.05, 0.1, 0.2, 0.4, 0.8, 1.6]
+    result = replay_thresholds(data, latency_profile, method, values, cfg.whiflash_neural_router_path)
+    config = {"calibrate_method": method, "values": values, "replay": str(data), "latency_profile": latency_profile,
+              "neural_router": cfg.whiflash_neural_router_path}
+    run, _ = prepare_run_dir(cfg.out, cfg.name or f"calibrate-replay-{method}", config, resume=False)
+    result["run"] = str(run)
+    path = Path(output) if output else run / "thresholds.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, result)
+    log.info("replayed thresholds per category %s (estimated speedup %s) written to %s", result["thresholds"],
+             {c: round(d["speedup"], 3) for c, d in result["details"].items()}, path)
     return path

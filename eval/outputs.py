@@ -32,10 +32,11 @@ __all__ = ["SampleLog", "csv_text", "latex_table", "markdown_table", "prepare_ru
 CONFIG_FILE = "config.json"
 
 
-def prepare_run_dir(out: str | Path, name: str, config: dict[str, Any]) -> tuple[Path, bool]:
-    """(folder, resumed): the newest `<out>/*_<name>` holding the same config, else a new timestamped folder."""
+def prepare_run_dir(out: str | Path, name: str, config: dict[str, Any], resume: bool = True) -> tuple[Path, bool]:
+    """(folder, resumed): the newest `<out>/*_<name>` holding the same config (when `resume`), else a
+    new timestamped folder. Runs that cannot continue a half-done folder (a profile) pass `resume=False`."""
     root = Path(out)
-    for old in sorted(root.glob(f"*_{name}"), reverse=True):
+    for old in sorted(root.glob(f"*_{name}"), reverse=True) if resume else []:
         saved = old / CONFIG_FILE
         if saved.is_file() and json.loads(saved.read_text()) == json.loads(json.dumps(config)):
             log.info("resuming %s (same configuration)", old)
@@ -70,9 +71,9 @@ def device_info(device: str) -> dict[str, Any]:
 
 
 def write_manifest(run: Path, *, argv: list[str], seed: int, device: str, models: dict[str, Any],
-                   samples: list[Any], extra: dict[str, Any]) -> dict[str, Any]:
+                   samples: list[Any], extra: dict[str, Any], tool: str = "whiflash-eval bench") -> dict[str, Any]:
     manifest = {
-        "tool": "whiflash-eval bench", "argv": argv, "seed": seed, "git": _git_revision(),
+        "tool": tool, "argv": argv, "seed": seed, "git": _git_revision(),
         "versions": package_versions("whiflash", "torch", "transformers", "datasets", "jsonargparse", "numpy"),
         "python_executable": sys.executable, "hardware": device_info(device), "models": models,
         "samples": [{"id": s.id, "category": s.category, "turns": s.n_turns, "source": s.source} for s in samples],
