@@ -155,12 +155,12 @@ class LatencyProfile:
                              "object) as `whiflash-eval profile` writes")
         ms = obj["ms"]
         try:
-            ints = lambda d: {int(k): _positive(v, path) for k, v in (d or {}).items()}  # noqa: E731
+            ints = lambda d: {int(k): _positive(v) for k, v in (d or {}).items()}  # noqa: E731
             prof = cls(
-                ar_step=_positive(ms["ar_step"], path), verify=ints(ms.get("verify")),
+                ar_step=_positive(ms["ar_step"]), verify=ints(ms.get("verify")),
                 tree_verify=ints(ms.get("tree_verify")),
-                draft={k: _positive(v, path) for k, v in (ms.get("draft") or {}).items()},
-                round={k: _positive(v, path) for k, v in (ms.get("round") or {}).items()},
+                draft={k: _positive(v) for k, v in (ms.get("draft") or {}).items()},
+                round={k: _positive(v) for k, v in (ms.get("round") or {}).items()},
                 catchup={k: ints(v) for k, v in (ms.get("catchup") or {}).items()},
                 router={k: float(v) for k, v in (ms.get("router") or {}).items()},
                 floor=ms.get("floor"),
@@ -171,7 +171,7 @@ class LatencyProfile:
         return prof
 
 
-def _positive(value: Any, path: str | Path) -> float:
+def _positive(value: Any) -> float:
     x = float(value)
     if not math.isfinite(x) or x <= 0:
         raise ValueError(f"time {value!r} is not a finite number of ms > 0")
