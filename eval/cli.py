@@ -15,6 +15,7 @@ from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
+from .calibrate import DEFAULT_THRESHOLDS
 from .config import BenchConfig, ProfileConfig, flag
 
 __all__ = ["build_parser", "main", "parse"]
@@ -56,7 +57,7 @@ def build_parser() -> ArgumentParser:
     _add_flags(cal, BenchConfig)
     cal.add_argument("--calibrate-method", type=str, default="whiflash-entropy",
                      help="whiflash-entropy or whiflash-neural: the routed method whose threshold is swept")
-    cal.add_argument("--thresholds", type=str, default="0.05,0.1,0.2,0.4,0.8,1.6",
+    cal.add_argument("--thresholds", type=str, default=",".join(map(str, DEFAULT_THRESHOLDS)),
                      help="comma-separated threshold values to try")
     cal.add_argument("--exclude-run", type=str | None, default=None,
                      help="a bench run folder whose sample ids are excluded (disjoint from the benchmark subset)")

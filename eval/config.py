@@ -102,8 +102,9 @@ class ProfileConfig:
     model_name_or_path: str | None = _h(None, "Target: Hub id or folder (default: <testbed>/target).")
     draft_name_or_path: str | None = _h(None, "The DFlash draft (default: <testbed>/dflash); DDTree reuses it.")
     whiflash_eagle_draft: str | None = _h(None, "The EAGLE-3 draft (default: <testbed>/eagle3).")
-    whiflash_neural_router_path: str | None = _h(None, "Neural router to time (default: a random router of the "
-                                                 "target's hidden size, same cost).")
+    whiflash_neural_router_path: str | None = _h(None, "Neural router to time (default, and always with "
+                                                 "--random-weights: a random router of the target's width, same "
+                                                 "cost).")
     testbed: str | None = _h(None, "A built testbed folder: default target and drafter paths.")
     eagle_num_steps: int | None = _h(None, "EAGLE-3 chain length (default: the drafter's; 6 with --random-weights).")
     tree_budgets: str | None = _h(None, "Comma-separated DDTree budgets to profile (default: the DFlash block - 1).")

@@ -32,7 +32,8 @@ VERSION = 1
 
 
 def slot_kind(kind: str, tree_budget: int | None = None) -> str:
-    """The profile key of a slot: `ddtree-b<budget>` for DDTree, else the drafter kind."""
+    """The profile key of a slot: `ddtree-b<budget>` for DDTree, else the drafter kind (a budget, such
+    as a tree pair's, does not apply to its chain slot)."""
     if kind == "ddtree":
         if tree_budget is None:
             raise ValueError("a DDTree slot needs its tree budget to look up its round time")

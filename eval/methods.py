@@ -1,8 +1,8 @@
 """Decoding methods built from the benchmark flags, all sharing one loaded target.
 
 A method is a name (`ar`, `eagle3`, `dflash`, `ddtree`, `whiflash-entropy`, `whiflash-neural`,
-`oracle`, `utility-oracle`) and a drafter for `whiflash.generate` (None for plain autoregressive decoding). Drafter
-checkpoints load once and are shared between methods; routed methods use the pair given by
+`oracle`, `utility-oracle`) and a drafter for `whiflash.generate` (None for plain autoregressive
+decoding). Drafter checkpoints load once and are shared between methods; routed methods use the pair given by
 `--whiflash-drafters`. The upstream `--speculative-algorithm` picks one method (plus the AR baseline);
 `--methods` lists several to run side by side.
 """
@@ -136,8 +136,7 @@ class MethodFactory:
             raise ValueError("the utility-oracle method needs --whiflash-latency-profile FILE: the profile JSON "
                              "`whiflash-eval profile` writes for these models on this device")
         profile = LatencyProfile.read(self.latency_profile)
-        budget = self.pair_tree_budget()
-        t0, t1 = (profile.round_ms(kind, budget if kind == "ddtree" else None) for kind in self.pair.slots)
+        t0, t1 = (profile.round_ms(kind, self.pair_tree_budget()) for kind in self.pair.slots)
         log.info("utility oracle: round times %s / %s = %.3f / %.3f ms (%s)", *self.pair.slots, t0, t1,
                  self.latency_profile)
         return t0, t1

@@ -79,14 +79,13 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
     profile = LatencyProfile.read(profile_path, flag="--latency-profile")
     manifest, cols = read_rounds(data_dir, with_hidden=method == "whiflash-neural")
-    kinds = manifest.pair.slots
-    budget = manifest.tree_budget
-    rounds = tuple(profile.round_ms(k, budget if k == "ddtree" else None) for k in kinds)  # fails early if missing
+    kinds, budget = manifest.pair.slots, manifest.tree_budget
+    rounds = tuple(profile.round_ms(k, budget) for k in kinds)  # a slot missing from the profile fails here
+    # slot 0 when score > cut(v): entropy below v (-entropy > -v), or a predicted gain above v
     if method == "whiflash-entropy":
-        score, router_ms = -cols["entropy"].astype(np.float64), profile.router_ms("entropy")
-        cut = lambda v: -v  # noqa: E731  # slot 0 when entropy < v, i.e. -entropy > -v
+        score, router_ms, sign = -cols["entropy"].astype(np.float64), profile.router_ms("entropy"), -1.0
     else:
-        score, router_ms, cut = _neural_scores(neural_router, manifest, cols["hidden"]), profile.router_ms("neural"), float
+        score, router_ms, sign = _neural_scores(neural_router, manifest, cols["hidden"]), profile.router_ms("neural"), 1.0
     ar = profile.ar_step
     details: dict[str, Any] = {}
     for cat in [*sorted(set(cols["category"].tolist())), "all"]:
@@ -97,7 +96,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
             tokens, ms, n = simulate(slot0, part, kinds, rounds, profile, router_ms)
             return tokens * ar / ms, tokens / n
 
-        sweep = {v: speedup(score[sel] > cut(v)) for v in sorted(values)}
+        sweep = {v: speedup(score[sel] > sign * v) for v in sorted(values)}
         best = max(sweep, key=lambda v: (sweep[v][0], -v))
         details[cat] = {"threshold": best, "speedup": sweep[best][0], "tokens_per_second": sweep[best][0] / ar * 1e3,
                         "tau": sweep[best][1], "sweep": {str(v): s for v, (s, _) in sweep.items()},
@@ -108,8 +107,8 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
             "default": overall["threshold"], "details": details, "overall": overall,
             "samples": sorted(set(cols["prompt_id"].tolist())), "data": str(data_dir),
             "latency_profile": str(profile_path), "pair": str(manifest.pair), "tree_budget": manifest.tree_budget,
-            "slots": [slot_kind(k, budget if k == "ddtree" else None) for k in kinds], "rounds": int(len(score)), "device": profile.meta.get("device"),
-            "estimate": ESTIMATE}
+            "slots": [slot_kind(k, budget) for k in kinds], "rounds": int(len(score)),
+            "device": profile.meta.get("device"), "estimate": ESTIMATE}
 
 
 def _neural_scores(path: str | None, manifest: Any, hidden: np.ndarray) -> np.ndarray:

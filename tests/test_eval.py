@@ -38,15 +38,7 @@ QUICK_START = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: the micro models are tiny, and on a shared 2-core machine two threads contend."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _bench(tmp: Path, *extra: str) -> int:
