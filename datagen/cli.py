@@ -253,11 +253,12 @@ def _record_chunk(model, recorder: OracleDrafter, tokenizer, chunk: list[PromptI
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of `whiflash-datagen`; `argv` replaces `sys.argv[1:]` (the demo runs it in-process)."""
     from jsonargparse import CLI
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
-    CLI(datagen, args=sys.argv[1:])
+    CLI(datagen, args=sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

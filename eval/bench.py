@@ -93,7 +93,7 @@ class Runner:
             eagle_num_steps=cfg.eagle_num_steps, router=cfg.whiflash_router,
             entropy_threshold=cfg.whiflash_entropy_threshold, neural_router_path=cfg.whiflash_neural_router_path,
             neural_threshold=cfg.whiflash_neural_router_threshold, lazy_catchup=not cfg.whiflash_no_lazy_catchup,
-            time_catchup=cfg.whiflash_time_catchup)
+            time_catchup=cfg.whiflash_time_catchup, latency_profile=cfg.whiflash_latency_profile)
         self.thresholds = read_thresholds(cfg.whiflash_thresholds) if cfg.whiflash_thresholds else None
         self._methods: dict[tuple[str, float | None], Method] = {}
         self.graphs = cfg.cuda_graphs and self.target.device.type == "cuda"
@@ -219,7 +219,8 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
     catchup_note = ("catch-up timed with synchronisation (--whiflash-time-catchup); speed figures include that cost"
                     if cfg.whiflash_time_catchup else "not timed (enable with --whiflash-time-catchup)")
     write_manifest(run, argv=list(argv if argv is not None else sys.argv), seed=cfg.seed, device=cfg.device,
-                   models={**runner.paths, "neural_router": cfg.whiflash_neural_router_path,
+                   models={**runner.paths, "neural_router": cfg.whiflash_neural_router_path, "preset": cfg.preset,
+                           "latency_profile": cfg.whiflash_latency_profile,
                            "pair": cfg.whiflash_drafters, "tree_budget": cfg.ddtree_tree_budget},
                    samples=samples,
                    extra={"methods": runner.names, "tau_definition": TAU_DEFINITION, "protocol": PROTOCOL,

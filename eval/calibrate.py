@@ -1,4 +1,5 @@
-"""`whiflash-eval calibrate`: per category, pick the fastest routing threshold end to end.
+"""`whiflash-eval calibrate`: per category, pick the fastest routing threshold end to end (or, with
+`--replay`, estimated from datagen rows and a latency profile: `whiflash.eval.replay`).
 
 On prompts disjoint from the benchmark subset (the samples a bench run with the same flags would
 use are excluded, and so are the ids of `--exclude-run`), every threshold value is run as its own
@@ -26,7 +27,10 @@ from .outputs import prepare_run_dir, write_manifest, write_results
 
 log = logging.getLogger(__name__)
 
-__all__ = ["calibrate", "pick_thresholds"]
+__all__ = ["DEFAULT_THRESHOLDS", "calibrate", "calibrate_replay", "pick_thresholds"]
+
+DEFAULT_THRESHOLDS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+"""Threshold values swept when `--thresholds` is not given."""
 
 
 def pick_thresholds(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -51,7 +55,7 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
 
     if method not in ("whiflash-entropy", "whiflash-neural"):
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
-    values = values or [0.05, 0.1, 0.2, 0.4, 0.8, 1.6]
+    values = values or list(DEFAULT_THRESHOLDS)
     testbed = Path(cfg.testbed) if cfg.testbed else None
     bench_ids = {s.id for s in load_samples(cfg.dataset, testbed=testbed, max_samples=cfg.max_samples, seed=cfg.seed)}
     if exclude_run:
@@ -85,8 +89,34 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     rows_all = [{**r, "category": "all"} for r in rows]
     overall = pick_thresholds(rows_all).get("all")
     result["default"] = overall["threshold"] if overall else None
+    path = _write(result, run, output)
+    log.info("thresholds per category %s written to %s", result["thresholds"], path)
+    return path
+
+
+def _write(result: dict[str, Any], run: Path, output: str | None) -> Path:
+    """thresholds.json at `--output`, else in the run folder."""
     path = Path(output) if output else run / "thresholds.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, result)
-    log.info("thresholds per category %s written to %s", result["thresholds"], path)
+    return path
+
+
+def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, method: str = "whiflash-entropy",
+                     values: list[float] | None = None, output: str | None = None) -> Path:
+    """Replay `values` for `method` over the router dataset `data` with the latency profile and write
+    thresholds.json (the end-to-end format, plus the estimates); returns its path. Decodes nothing."""
+    from .replay import replay_thresholds
+
+    if not latency_profile:
+        raise ValueError("--replay needs --latency-profile FILE (from `whiflash-eval profile` on this device)")
+    values = values or list(DEFAULT_THRESHOLDS)
+    result = replay_thresholds(data, latency_profile, method, values, cfg.whiflash_neural_router_path)
+    config = {"calibrate_method": method, "values": values, "replay": str(data), "latency_profile": latency_profile,
+              "neural_router": cfg.whiflash_neural_router_path}
+    run, _ = prepare_run_dir(cfg.out, cfg.name or f"calibrate-replay-{method}", config, resume=False)
+    result["run"] = str(run)
+    path = _write(result, run, output)
+    log.info("replayed thresholds per category %s (estimated speedup %s) written to %s", result["thresholds"],
+             {c: round(d["speedup"], 3) for c, d in result["details"].items()}, path)
     return path

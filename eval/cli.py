@@ -3,7 +3,8 @@
 Subcommands:
   bench      run methods side by side on the same prompts, with the AR baseline, lossless check, tables and plots
   report     rebuild tables (Markdown, CSV, LaTeX) and plots from one or more run folders
-  calibrate  sweep a routing threshold per category on held-out prompts and write thresholds.json
+  calibrate  sweep a routing threshold per category on held-out prompts (or replay datagen rows) -> thresholds.json
+  profile    time the loaded models' components on this device -> a latency profile JSON and a table
 """
 from __future__ import annotations
 
@@ -14,20 +15,23 @@ from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from .config import BenchConfig, flag
+from .calibrate import DEFAULT_THRESHOLDS
+from .config import BenchConfig, ProfileConfig, flag
 
 __all__ = ["build_parser", "main", "parse"]
 
+_TYPES = {"str": str, "int": int, "float": float, "str | None": str | None, "int | None": int | None,
+          "float | None": float | None}
 
-def _add_bench_flags(parser: ArgumentParser) -> None:
-    for f in fields(BenchConfig):
+
+def _add_flags(parser: ArgumentParser, config: type) -> None:
+    """One dashed flag per field of the dataclass `config`, its `help` metadata as help text."""
+    for f in fields(config):
         help_text = f.metadata.get("help", "")
         if f.type in (bool, "bool"):
             parser.add_argument(flag(f.name), action="store_true", default=f.default, help=help_text)
         else:
-            typ = {"str": str, "int": int, "float": float, "str | None": str | None, "int | None": int | None,
-                   "float | None": float | None}[str(f.type)]
-            parser.add_argument(flag(f.name), type=typ, default=f.default, help=help_text)
+            parser.add_argument(flag(f.name), type=_TYPES[str(f.type)], default=f.default, help=help_text)
 
 
 def build_parser() -> ArgumentParser:
@@ -37,7 +41,7 @@ def build_parser() -> ArgumentParser:
 
     bench = ArgumentParser(description="Benchmark methods against AR on the same prompts (upstream flags).")
     bench.add_argument("--config", action=ActionConfigFile, help="YAML/JSON file of these flags")
-    _add_bench_flags(bench)
+    _add_flags(bench, BenchConfig)
     sub.add_subcommand("bench", bench, help="run methods side by side against the AR baseline")
 
     report = ArgumentParser(description="Rebuild tables and plots from run folders, side by side.")
@@ -50,23 +54,52 @@ def build_parser() -> ArgumentParser:
     cal = ArgumentParser(description="Per category, sweep a routing threshold end to end on prompts disjoint "
                                      "from the benchmark subset and keep the fastest.")
     cal.add_argument("--config", action=ActionConfigFile)
-    _add_bench_flags(cal)
+    _add_flags(cal, BenchConfig)
     cal.add_argument("--calibrate-method", type=str, default="whiflash-entropy",
                      help="whiflash-entropy or whiflash-neural: the routed method whose threshold is swept")
-    cal.add_argument("--thresholds", type=str, default="0.05,0.1,0.2,0.4,0.8,1.6",
+    cal.add_argument("--thresholds", type=str, default=",".join(map(str, DEFAULT_THRESHOLDS)),
                      help="comma-separated threshold values to try")
     cal.add_argument("--exclude-run", type=str | None, default=None,
                      help="a bench run folder whose sample ids are excluded (disjoint from the benchmark subset)")
     cal.add_argument("--output", type=str | None, default=None,
                      help="where to write thresholds.json (default: inside the calibration run folder)")
+    cal.add_argument("--replay", type=str | None, default=None,
+                     help="fast mode: a whiflash-datagen dataset folder; estimate tokens/s per threshold from its "
+                          "rounds and --latency-profile instead of decoding")
+    cal.add_argument("--latency-profile", type=str | None, default=None,
+                     help="with --replay: the profile JSON of `whiflash-eval profile` for these models and device")
     sub.add_subcommand("calibrate", cal, help="sweep routing thresholds per category; write thresholds.json")
-    parser.subparsers = {"bench": bench, "report": report, "calibrate": cal}  # type: ignore[attr-defined]
+
+    prof = ArgumentParser(description="Time AR step, chain and tree verify, drafter rounds, catch-up per backlog "
+                                      "length and routers on this device; write a latency profile JSON.")
+    prof.add_argument("--config", action=ActionConfigFile)
+    _add_flags(prof, ProfileConfig)
+    sub.add_subcommand("profile", prof, help="latency profile of the loaded models (JSON + table)")
+    parser.subparsers = {"bench": bench, "report": report, "calibrate": cal, "profile": prof}  # type: ignore[attr-defined]
     return parser
 
 
 def parse(argv: list[str]) -> tuple[Namespace, ArgumentParser]:
+    """Parse `argv`; with `--preset NAME`, the preset's values become defaults and argv is parsed again,
+    so explicit flags (and --config files) override the preset."""
     parser = build_parser()
-    return parser.parse_args(argv), parser
+    # --print_config would print and exit before the preset is applied: leave it to the second pass
+    first = [a for a in argv if not a.startswith("--print_config")]
+    ns = parser.parse_args(first)
+    args = ns[ns.command]
+    if getattr(args, "preset", None):
+        from .presets import bench_defaults
+
+        sub = parser.subparsers[ns.command]  # type: ignore[attr-defined]
+        values = bench_defaults(args.preset, algorithm=getattr(args, "speculative_algorithm", "WHIFLASH"),
+                                pair=getattr(args, "whiflash_drafters", "df-e3"),
+                                tree_budget=getattr(args, "ddtree_tree_budget", None))
+        names = {a.dest for a in sub._actions}
+        sub.set_defaults(**{k: v for k, v in values.items() if k in names})
+        ns = parser.parse_args(argv)
+    elif len(first) != len(argv):
+        ns = parser.parse_args(argv)
+    return ns, parser
 
 
 def bench_config(ns: Namespace) -> BenchConfig:
@@ -96,11 +129,23 @@ def main(argv: list[str] | None = None) -> int:
         report(args.runs, args.out)
         return 0
     if cmd == "calibrate":
-        from .calibrate import calibrate
+        from .calibrate import calibrate, calibrate_replay
 
-        calibrate(bench_config(args), method=args.calibrate_method,
-                  values=[float(v) for v in str(args.thresholds).split(",") if v.strip()],
-                  exclude_run=args.exclude_run, output=args.output)
+        values = [float(v) for v in str(args.thresholds).split(",") if v.strip()]
+        if args.replay:
+            calibrate_replay(bench_config(args), args.replay, args.latency_profile, method=args.calibrate_method,
+                             values=values, output=args.output)
+        else:
+            calibrate(bench_config(args), method=args.calibrate_method, values=values,
+                      exclude_run=args.exclude_run, output=args.output)
+        return 0
+    if cmd == "profile":
+        from .profile import run_profile
+
+        names = {f.name for f in fields(ProfileConfig)}
+        _, prof = run_profile(ProfileConfig(**{k: v for k, v in vars(args).items() if k in names}),
+                              ["whiflash-eval", *argv])
+        print(prof.table())
         return 0
     parser.error(f"unknown command {cmd!r}")
     return 2

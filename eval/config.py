@@ -1,4 +1,4 @@
-"""The benchmark configuration: one field per `whiflash-eval bench` flag (upstream spelling on the CLI).
+"""The configurations of `whiflash-eval bench` (and calibrate) and `whiflash-eval profile`: one field per flag.
 
 Field names are the flags with dashes turned into underscores (`--speculative-algorithm` ->
 `speculative_algorithm`); each field's `help` metadata is the flag's help text.
@@ -11,7 +11,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["BenchConfig", "flag"]
+__all__ = ["BACKLOGS", "BenchConfig", "ProfileConfig", "flag"]
+
+BACKLOGS = (1, 4, 16, 64)
+"""Default catch-up backlog lengths of `whiflash-eval profile`."""
 
 
 def _h(default: Any, text: str) -> Any:
@@ -22,6 +25,8 @@ def _h(default: Any, text: str) -> Any:
 class BenchConfig:
     """Flags of `whiflash-eval bench`."""
 
+    preset: str | None = _h(None, "A checkpoints/registry.json preset (e.g. qwen3-8b): target, drafter and router "
+                            "ids and example thresholds as defaults; explicit flags override them.")
     speculative_algorithm: str = _h("WHIFLASH", "AR, EAGLE3, DFLASH, DDTREE or WHIFLASH: the method run against the "
                                     "AR baseline (ignored when --methods is given).")
     model_name_or_path: str | None = _h(None, "Target model: Hub repo id or local folder (default: <testbed>/target).")
@@ -31,7 +36,11 @@ class BenchConfig:
                                           "(default: <testbed>/eagle3).")
     whiflash_drafters: str = _h("df-e3", "Drafter pair of the routed methods: df-e3, ddt-e3 or df-ddt (slot 0 first).")
     ddtree_tree_budget: int | None = _h(None, "DDTree tree nodes (default: the DFlash block size - 1).")
-    whiflash_router: str = _h("entropy", "Routing policy of WHIFLASH: entropy, neural or oracle.")
+    whiflash_router: str = _h("entropy", "Routing policy of WHIFLASH: entropy, neural, or for analysis oracle "
+                              "(the larger tau each round) or utility-oracle (the larger tau / round time, "
+                              "needs --whiflash-latency-profile).")
+    whiflash_latency_profile: str | None = _h(None, "Latency profile JSON from `whiflash-eval profile`: each slot's "
+                                              "round time for the utility-oracle method.")
     whiflash_neural_router_path: str | None = _h(None, "Neural router: Hub repo id, local folder or .safetensors file.")
     whiflash_neural_router_threshold: float | None = _h(None, "Neural threshold: slot 0 when predicted gain > it "
                                                         "(default: the router's own).")
@@ -52,7 +61,7 @@ class BenchConfig:
     temperature: float = _h(0.0, "Sampling temperature (0: greedy; the lossless check needs greedy).")
     enable_thinking: bool = _h(False, "Render chat templates with thinking on (off by default).")
     methods: str | None = _h(None, "Methods side by side, comma-separated: ar, eagle3, dflash, ddtree, "
-                             "whiflash-entropy, whiflash-neural, oracle (AR is always added).")
+                             "whiflash-entropy, whiflash-neural, oracle, utility-oracle (AR is always added).")
     testbed: str | None = _h(None, "A built testbed folder: default target/eagle3/dflash paths and testbed:SPLIT prompts.")
     device: str = _h("cuda" if torch.cuda.is_available() else "cpu", "Torch device.")
     dtype: str = _h("bfloat16" if torch.cuda.is_available() else "float32", "Model dtype: float32, bfloat16 or float16.")
@@ -78,6 +87,38 @@ class BenchConfig:
             src = src.strip().split("@")[0]
             parts.append(src.replace(":", "-") if src.startswith("testbed:") else Path(src).stem or src)
         return f"{what}_{'+'.join(parts)}"[:80].replace(" ", "").replace("/", "_")
+
+
+@dataclass
+class ProfileConfig:
+    """Flags of `whiflash-eval profile` (names as in `bench`: dashes for underscores)."""
+
+    preset: str | None = _h(None, "A checkpoints/registry.json preset: its Hub ids as model defaults, or with "
+                            "--random-weights its real shapes (checkpoints/<preset>/*/config.json).")
+    random_weights: bool = _h(False, "Build the preset's target and drafters at real shapes with random weights "
+                              "(no download); model paths are then not used.")
+    toy_widths: bool = _h(False, "With --random-weights: shrink every width, keep layer counts and taps (a CPU "
+                          "check of the code path; its timings mean nothing).")
+    model_name_or_path: str | None = _h(None, "Target: Hub id or folder (default: <testbed>/target).")
+    draft_name_or_path: str | None = _h(None, "The DFlash draft (default: <testbed>/dflash); DDTree reuses it.")
+    whiflash_eagle_draft: str | None = _h(None, "The EAGLE-3 draft (default: <testbed>/eagle3).")
+    whiflash_neural_router_path: str | None = _h(None, "Neural router to time (default, and always with "
+                                                 "--random-weights: a random router of the target's width, same "
+                                                 "cost).")
+    testbed: str | None = _h(None, "A built testbed folder: default target and drafter paths.")
+    eagle_num_steps: int | None = _h(None, "EAGLE-3 chain length (default: the drafter's; 6 with --random-weights).")
+    tree_budgets: str | None = _h(None, "Comma-separated DDTree budgets to profile (default: the DFlash block - 1).")
+    context: int = _h(1024, "Committed context length of every measurement.")
+    backlogs: str = _h(",".join(map(str, BACKLOGS)), "Comma-separated catch-up backlog lengths.")
+    repeats: int = _h(20, "Timed calls per component (median; on CUDA 3 batches of this many).")
+    device: str = _h("cuda" if torch.cuda.is_available() else "cpu", "Torch device.")
+    dtype: str = _h("bfloat16" if torch.cuda.is_available() else "float32", "Model dtype.")
+    no_cuda_graphs: bool = _h(False, "On CUDA, run fixed-shape passes eagerly instead of replaying CUDA graphs "
+                              "(profile what `bench` runs without --cuda-graphs).")
+    threads: int | None = _h(None, "torch intra-op CPU threads.")
+    out: str = _h("runs/eval", "Parent folder of the run folder <timestamp>_<name>.")
+    name: str | None = _h(None, "Run name (default: profile-<preset or target folder>).")
+    output: str | None = _h(None, "Also write the profile JSON here (e.g. for --whiflash-latency-profile).")
 
 
 def flag(name: str) -> str:

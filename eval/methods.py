@@ -1,8 +1,8 @@
 """Decoding methods built from the benchmark flags, all sharing one loaded target.
 
 A method is a name (`ar`, `eagle3`, `dflash`, `ddtree`, `whiflash-entropy`, `whiflash-neural`,
-`oracle`) and a drafter for `whiflash.generate` (None for plain autoregressive decoding). Drafter
-checkpoints load once and are shared between methods; routed methods use the pair given by
+`oracle`, `utility-oracle`) and a drafter for `whiflash.generate` (None for plain autoregressive
+decoding). Drafter checkpoints load once and are shared between methods; routed methods use the pair given by
 `--whiflash-drafters`. The upstream `--speculative-algorithm` picks one method (plus the AR baseline);
 `--methods` lists several to run side by side.
 """
@@ -23,11 +23,14 @@ __all__ = ["ALGORITHMS", "METHODS", "Method", "MethodFactory", "method_names", "
 ALGORITHMS = ("AR", "EAGLE3", "DFLASH", "DDTREE", "WHIFLASH")
 """`--speculative-algorithm` values (upstream spelling)."""
 
-METHODS = ("ar", "eagle3", "dflash", "ddtree", "whiflash-entropy", "whiflash-neural", "oracle")
+METHODS = ("ar", "eagle3", "dflash", "ddtree", "whiflash-entropy", "whiflash-neural", "oracle", "utility-oracle")
 """`--methods` values; `whiflash` alone means the router chosen by `--whiflash-router`."""
 
 LABELS = {"ar": "AR", "eagle3": "EAGLE-3", "dflash": "DFlash", "ddtree": "DDTree",
-          "whiflash-entropy": "WhiFlash-Entropy", "whiflash-neural": "WhiFlash-Neural", "oracle": "Oracle"}
+          "whiflash-entropy": "WhiFlash-Entropy", "whiflash-neural": "WhiFlash-Neural", "oracle": "Oracle",
+          "utility-oracle": "Utility oracle"}
+ORACLES = ("oracle", "utility-oracle")
+"""Analysis methods: both slots draft every round (OracleDrafter), not a routing policy."""
 
 
 @dataclass
@@ -52,7 +55,7 @@ def method_names(algorithm: str, methods: str | list[str] | None, router: str) -
     names: list[str] = ["ar"]
     for m in raw:
         if m == "whiflash":
-            m = "oracle" if router == "oracle" else f"whiflash-{router}"
+            m = router if router in ORACLES else f"whiflash-{router}"
         if m not in METHODS:
             raise ValueError(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)} (or whiflash)")
         if m not in names:
@@ -78,13 +81,14 @@ class MethodFactory:
                  tree_budget: int | None = None, eagle_num_steps: int | None = None, router: str = "entropy",
                  entropy_threshold: float = 0.2, neural_router_path: str | None = None,
                  neural_threshold: float | None = None, lazy_catchup: bool = True,
-                 time_catchup: bool = False) -> None:
+                 time_catchup: bool = False, latency_profile: str | None = None) -> None:
         self.target, self.paths = target, paths
         self.pair = Pair.parse(pair)
         self.tree_budget, self.eagle_num_steps = tree_budget, eagle_num_steps
         self.router, self.entropy_threshold = router, entropy_threshold
         self.neural_router_path, self.neural_threshold = neural_router_path, neural_threshold
         self.lazy_catchup, self.time_catchup = lazy_catchup, time_catchup
+        self.latency_profile = latency_profile
         self._drafters: dict[str, Any] = {}
         self._neural: Any = None
 
@@ -111,13 +115,31 @@ class MethodFactory:
             if not self.neural_router_path:
                 raise ValueError("--whiflash-router neural needs --whiflash-neural-router-path (Hub id, folder or "
                                  ".safetensors file)")
-            budget = self.tree_budget if self.pair.uses_tree else None
-            if self.pair.uses_tree and budget is None:
-                budget = self.drafter("ddtree").tree_budget
-            self._neural = whiflash.load_router(self.neural_router_path, pair=str(self.pair), tree_budget=budget,
+            self._neural = whiflash.load_router(self.neural_router_path, pair=str(self.pair),
+                                                tree_budget=self.pair_tree_budget(),
                                                 hidden_size=self.target.config.hidden_size,
                                                 device=self.target.device)
         return self._neural
+
+    def pair_tree_budget(self) -> int | None:
+        """The DDTree budget of the pair's tree slot (the flag, else the DDTree drafter's default); None
+        for pairs without one."""
+        if not self.pair.uses_tree:
+            return None
+        return self.tree_budget if self.tree_budget is not None else self.drafter("ddtree").tree_budget
+
+    def round_times(self) -> tuple[float, float]:
+        """Each slot's round time (ms) from `--whiflash-latency-profile`, for the utility oracle."""
+        from .latency import LatencyProfile
+
+        if not self.latency_profile:
+            raise ValueError("the utility-oracle method needs --whiflash-latency-profile FILE: the profile JSON "
+                             "`whiflash-eval profile` writes for these models on this device")
+        profile = LatencyProfile.read(self.latency_profile)
+        t0, t1 = (profile.round_ms(kind, self.pair_tree_budget()) for kind in self.pair.slots)
+        log.info("utility oracle: round times %s / %s = %.3f / %.3f ms (%s)", *self.pair.slots, t0, t1,
+                 self.latency_profile)
+        return t0, t1
 
     def _members(self) -> dict[str, Any]:
         """The pair's member drafters and options, as RoutedDrafter and OracleDrafter take them."""
@@ -127,10 +149,13 @@ class MethodFactory:
                     lazy_catchup=self.lazy_catchup, time_catchup=self.time_catchup)
 
     def routed(self, policy: Any) -> Any:
-        """A RoutedDrafter over this run's pair around `policy`; the oracle is a drafter of its own."""
-        if policy is None:
-            return whiflash.OracleDrafter(str(self.pair), **self._members())
+        """A RoutedDrafter over this run's pair around `policy`."""
         return whiflash.RoutedDrafter(str(self.pair), policy, **self._members())
+
+    def oracle(self, name: str) -> Any:
+        """The OracleDrafter of `oracle` or (latency-weighted) `utility-oracle` over this run's pair."""
+        times = self.round_times() if name == "utility-oracle" else None
+        return whiflash.OracleDrafter(str(self.pair), round_times=times, **self._members())
 
     def policy(self, name: str, threshold: float | None = None) -> Any:
         """The routing policy of method `name`, with `threshold` overriding the flag's value."""
@@ -138,8 +163,6 @@ class MethodFactory:
             return whiflash.EntropyRouter(self.entropy_threshold if threshold is None else threshold)
         if name == "whiflash-neural":
             return whiflash.NeuralPolicy(self.neural_router(), self.neural_threshold if threshold is None else threshold)
-        if name == "oracle":
-            return None  # not a policy: `routed` builds the OracleDrafter
         raise ValueError(f"{name} is not a routed method")
 
     def build(self, name: str, threshold: float | None = None) -> Method:
@@ -149,4 +172,5 @@ class MethodFactory:
         if name in ("eagle3", "dflash", "ddtree"):
             return Method(name, self.drafter(name), label=LABELS[name])
         label = f"{LABELS[name]} ({self.pair})"
-        return Method(name, self.routed(self.policy(name, threshold)), routed=True, label=label)
+        drafter = self.oracle(name) if name in ORACLES else self.routed(self.policy(name, threshold))
+        return Method(name, drafter, routed=True, label=label)

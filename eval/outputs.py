@@ -34,12 +34,13 @@ __all__ = ["SampleLog", "csv_text", "latex_table", "markdown_table", "prepare_ru
 CONFIG_FILE = "config.json"
 
 
-def prepare_run_dir(out: str | Path, name: str, config: dict[str, Any]) -> tuple[Path, bool]:
-    """(folder, resumed): the newest `<out>/*_<name>` eval run holding the same config, else a new timestamped
-    folder. `out` holds run folders and may not be one itself (a testbed, a dataset, a run)."""
+def prepare_run_dir(out: str | Path, name: str, config: dict[str, Any], resume: bool = True) -> tuple[Path, bool]:
+    """(folder, resumed): the newest `<out>/*_<name>` eval run holding the same config (when `resume`), else a
+    new timestamped folder. Runs that cannot continue a half-done folder (a profile) pass `resume=False`.
+    `out` holds run folders and may not be one itself (a testbed, a dataset, a run)."""
     root = Path(out)
     check_folder(root, None, "--out")
-    for old in sorted(root.glob(f"*_{name}"), reverse=True):
+    for old in sorted(root.glob(f"*_{name}"), reverse=True) if resume else []:
         saved = old / CONFIG_FILE
         # a run killed before its manifest has no kind yet; another tool's folder is never resumed
         if (saved.is_file() and folder_kind(old) in (EVAL, None)
@@ -77,7 +78,7 @@ def device_info(device: str) -> dict[str, Any]:
 
 def write_manifest(run: Path, *, argv: list[str], seed: int, device: str, models: dict[str, Any],
                    samples: list[Any], extra: dict[str, Any], command: str = "bench") -> dict[str, Any]:
-    """`manifest.json` (kind `whiflash.eval`) of a bench or calibrate run folder."""
+    """`manifest.json` (kind `whiflash.eval`) of a bench, calibrate or profile run folder."""
     manifest = {
         "kind": EVAL, "tool": f"whiflash-eval {command}", "argv": argv, "seed": seed, "git": _git_revision(),
         "versions": package_versions("whiflash", "torch", "transformers", "datasets", "jsonargparse", "numpy"),

@@ -1,83 +1,101 @@
-"""WhiFlash demo: build (or reuse) the embedded testbed and compare every method on held-out prompts.
+"""WhiFlash demo: the whole pipeline through the toolkit's CLIs on the embedded testbed.
 
-Usage: python scripts/demo.py [--preset tiny] [--out DIR] [--prompts 8] [--max-new-tokens 64] [--no-neural]
+Usage: python scripts/demo.py [--preset tiny] [--out DIR] [--work DIR] [--prompts 8] [--max-new-tokens 64]
 
-The first run builds the `tiny` testbed (about 4 minutes on 2 CPU cores; later runs reuse it).
-Unless --no-neural, it then runs the toolkit's pipeline on that world: `whiflash-datagen` on
-training-split prompts (oracle decoding, both drafters' tau every round) and `whiflash-train fit`
-on the result (about a minute together; reused when present). Per category (code, math, prose),
-every method then decodes the same held-out prompts greedily: plain AR, EAGLE-3, DFlash, DDTree,
-WhiFlash-Entropy (threshold calibrated on the datagen rounds) and WhiFlash-Neural (DFlash vs
-EAGLE-3) and the per-round oracle of that pair.
-The comparison is `whiflash-eval bench` (whiflash.eval.bench.run_bench, run folder under runs/eval/):
-every output is checked against AR token for token; the table gives speedup over AR, tau (accepted
-drafts + 1 per round; mean over rounds per sequence, then over sequences) and decode tokens/s.
+Each step is a CLI run through its main function in this process (Python and torch load once);
+the equivalent shell command is printed before it runs:
+
+1. `python -m whiflash.testbed build` — the `tiny` testbed (first run about 4 minutes on 2 CPU cores;
+   later runs reuse it);
+2. `whiflash-datagen` on training-split prompts (oracle decoding, both drafters' tau every round) and
+3. `whiflash-train fit` on those rows (about a minute together; skipped when WORK holds a router);
+4. `whiflash-eval profile` — the latency profile of the testbed's models on this machine;
+5. `whiflash-eval calibrate --replay` — WhiFlash-Entropy's threshold per category, estimated from the
+   datagen rounds and the profile (no decoding);
+6. `whiflash-eval bench` — AR, EAGLE-3, DFlash, DDTree, WhiFlash-Entropy (calibrated thresholds),
+   WhiFlash-Neural (the trained router) and the per-round oracle on held-out prompts of every testbed
+   category, every output checked against AR token for token.
+
+Prints the bench table (speedup over AR, tau = accepted drafts + 1 per round, tokens/s, routing
+shares, gains) and the paths of the plots. Exit status 1 when an output differs from AR.
 """
 from __future__ import annotations
 
 import argparse
-import logging
+import json
+import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from whiflash.eval.bench import run_bench
-from whiflash.eval.config import BenchConfig
-from whiflash.testbed import CATEGORIES, ensure_testbed
+from whiflash.testbed import CATEGORIES, default_dir
 
 
-def train_router(root: Path) -> tuple[Path, Path]:
-    """datagen on training-split prompts, then `whiflash-train fit`; returns (router folder, dataset folder)."""
-    from whiflash.datagen.cli import datagen
-    from whiflash.train.cli import run
-
-    work = root / "demo"
-    data = work / "data"
-    routers = sorted((work / "runs").glob("*/router"))
-    if routers:
-        return routers[-1], data
-    datagen(out=data, prompts=["testbed:train"], testbed=root, per_category=60, max_new_tokens=96, device="cpu")
-    sys.argv = ["whiflash-train"]  # LightningCLI reads sys.argv alongside args
-    run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(work / "runs")])
-    return sorted((work / "runs").glob("*/router"))[-1], data
+def step(title: str, program: str, main: Callable[[list[str]], object], argv: list[str]) -> None:
+    """Print the shell form of a CLI call, then run its main function with `argv` (and `sys.argv` as the
+    shell would set it: LightningCLI and the run manifests read it)."""
+    print(f"\n== {title}\n$ {program} {shlex.join(argv)}", flush=True)
+    saved, sys.argv = sys.argv, [program, *argv]
+    try:
+        code = main(argv)
+    finally:
+        sys.argv = saved
+    if isinstance(code, int) and code != 0:
+        raise SystemExit(f"{program} exited with status {code}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny", help="testbed preset (tiny: CPU; small: one GPU)")
     ap.add_argument("--out", type=Path, default=None, help="testbed folder (default: the preset's cache folder)")
+    ap.add_argument("--work", type=Path, default=None, help="folder for the dataset, router, profile, thresholds "
+                    "and bench runs (default: <testbed>/demo)")
     ap.add_argument("--prompts", type=int, default=8, help="held-out prompts per category")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--entropy-threshold", type=float, default=None,
-                    help="WhiFlash-Entropy threshold in nats (default: calibrated on the datagen rounds; 0.2 with --no-neural)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--no-neural", action="store_true", help="skip datagen + router training")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
-    for name in ("whiflash.runtime", "whiflash.drafters"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    from whiflash.datagen.cli import main as datagen_main
+    from whiflash.eval.cli import main as eval_main
+    from whiflash.testbed.__main__ import main as testbed_main
+    from whiflash.train.cli import main as train_main
 
-    root = ensure_testbed(args.preset, args.out)
-    threshold = args.entropy_threshold if args.entropy_threshold is not None else 0.2
-    neural: str | None = None
-    if not args.no_neural:
-        from whiflash.train.calibrate import calibrate_entropy
-
-        router_dir, data = train_router(root)
-        neural = str(router_dir)
-        if args.entropy_threshold is None:
-            threshold = calibrate_entropy(data)["threshold"]
-    cfg = BenchConfig(testbed=str(root), dataset="testbed:test", max_samples=len(CATEGORIES) * args.prompts,
-                      methods="eagle3,dflash,ddtree,whiflash-entropy" + (",whiflash-neural" if neural else "") + ",oracle",
-                      whiflash_entropy_threshold=threshold, whiflash_neural_router_path=neural,
-                      max_new_tokens=args.max_new_tokens, max_prompt_tokens=256, device=args.device,
-                      dtype="float32", name=f"demo-{args.preset}")
-    result = run_bench(cfg, ["scripts/demo.py", *sys.argv[1:]])
+    root = args.out or default_dir(args.preset)
+    work = args.work or root / "demo"
+    data, routers = work / "data", work / "runs"
+    device = ["--device", args.device]
+    step("testbed", "python -m whiflash.testbed", testbed_main,
+         ["build", "--preset", args.preset, "--out", str(root), *device])
+    if not (sorted(routers.glob("*/router")) and (data / "manifest.json").is_file()):  # reuse: most of a rerun
+        step("router data", "whiflash-datagen", datagen_main,
+             ["--testbed", str(root), "--prompts", "[testbed:train]", "--per_category", "60",
+              "--max_new_tokens", "96", "--out", str(data), *device])
+        step("router training", "whiflash-train", train_main,
+             ["fit", "--data.path", str(data), "--trainer.default_root_dir", str(routers)])
+    router = sorted(routers.glob("*/router"))[-1]
+    profile, thresholds = work / "profile.json", work / "thresholds.json"
+    step("latency profile", "whiflash-eval", eval_main,
+         ["profile", "--testbed", str(root), "--context", "256", "--repeats", "10", "--out", str(work / "eval"),
+          "--output", str(profile), *device])
+    step("threshold calibration (replay)", "whiflash-eval", eval_main,
+         ["calibrate", "--replay", str(data), "--latency-profile", str(profile), "--calibrate-method",
+          "whiflash-entropy", "--thresholds", "0.05,0.1,0.2,0.3,0.5,0.75,1,1.5,2,3", "--out", str(work / "eval"),
+          "--output", str(thresholds)])
+    name = f"demo-{args.preset}"
+    step("benchmark", "whiflash-eval", eval_main,
+         ["bench", "--testbed", str(root), "--dataset", "testbed:test",
+          "--max-samples", str(len(CATEGORIES) * args.prompts),
+          "--methods", "eagle3,dflash,ddtree,whiflash-entropy,whiflash-neural,oracle",
+          "--whiflash-thresholds", str(thresholds), "--whiflash-neural-router-path", str(router),
+          "--max-new-tokens", str(args.max_new_tokens), "--max-prompt-tokens", "256", "--dtype", "float32",
+          "--out", str(work / "eval"), "--name", name, *device])
+    run = sorted((work / "eval").glob(f"*_{name}"))[-1]
     print(f"\ntestbed {root} ({args.preset}), {args.prompts} held-out prompts per category, greedy, "
-          f"{args.max_new_tokens} new tokens, {args.device}; run folder {result.run_dir}\n")
-    print((result.run_dir / "results.md").read_text())
-    n = len(result.mismatches)
+          f"{args.max_new_tokens} new tokens, {args.device}; run folder {run}\n")
+    print((run / "results.md").read_text())
+    print("plots:\n" + "\n".join(f"  {p}" for p in sorted((run / "plots").glob("*.png"))))
+    n = len(json.loads((run / "results.json").read_text())["mismatches"])
     print(f"lossless: {'every output equals AR' if not n else f'{n} outputs differ from AR'}")
     return 1 if n else 0
 

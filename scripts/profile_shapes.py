@@ -3,13 +3,14 @@ stock transformers anchor (docs/design.md, "Performance"). Random weights, bf16,
 
 Usage: python scripts/profile_shapes.py [--models qwen3-8b,qwen3-4b,llama3.1-8b-instruct] [--ctx 1024] [--json OUT]
 
-Per model: copy-bandwidth floor of an AR step (weight + KV bytes / measured copy bandwidth); AR step,
-chain verify of 8/16 tokens and tree verify of 33/129 nodes as CUDA-graph replays (GPU time: CUDA
-events around back-to-back replays) and as eager calls; each drafter's round at the released shapes
-(EAGLE-3: 1 layer, 32k draft vocabulary, 6 steps; DFlash: 5 layers, block 16); catch-up for backlogs of
-1-64; for the first model also the same AR step and DFlash-shaped round with stock transformers
-(eager modules, DynamicCache) and the full speculative loop, graph vs eager, with the per-round time
-spent outside GPU kernels. Tables are printed last.
+Per model, the component profile `whiflash-eval profile` writes (whiflash.eval.profile.profile_models):
+AR step, chain verify at each drafter's width, tree verify of 33/129 nodes (DDTree budgets 32/128),
+each drafter's draft at the released shapes (EAGLE-3: 1 layer, 32k draft vocabulary, 6 steps; DFlash:
+5 layers, block 16), catch-up for backlogs of 1-64, routers and the copy-bandwidth floor, as CUDA-graph
+replays timed with CUDA events; plus this script's diagnostics: the AR step as eager calls, and for
+the first model its kernels, torch.compile'd layers, the same AR step and DFlash-shaped round with
+stock transformers (eager modules, DynamicCache) and the full speculative loop, graph vs eager, with
+the per-round time spent outside GPU kernels. Tables are printed last.
 
 `--smoke` runs every step of the script on the CPU with the configs shrunk to toy widths (same layer
 counts and tap layers, graphs off, wall-clock timing): a check of the script itself before spending
@@ -27,28 +28,16 @@ from typing import Any, Callable
 import torch
 
 import whiflash
-from whiflash.drafters import build_drafter
-from whiflash.drafters.base import Commit
-from whiflash.drafters.trees import ancestor_mask
-from whiflash.runtime import ModelConfig, Target
+from whiflash.eval.latency import LatencyProfile
+from whiflash.eval.profile import profile_models
+from whiflash.eval.shapes import random_drafter, random_models, shape_config
+from whiflash.eval.timing import copy_bandwidth, device_ms, wall_ms
+from whiflash.runtime import Target
 from whiflash.runtime import model as model_module
 
-ROOT = Path(__file__).resolve().parents[1] / "checkpoints"
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPE = torch.bfloat16
-SMOKE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
-         "head_dim": 32, "vocab_size": 2048, "draft_vocab_size": 512}
-"""Widths that --smoke writes over every config (layer counts and taps stay)."""
 _smoke = False
-
-
-def load_config(name: str, part: str) -> dict:
-    """One offline config from checkpoints/, shrunk to toy widths under --smoke."""
-    cfg = json.loads((ROOT / name / part / "config.json").read_text())
-    if _smoke:
-        cfg.update({k: v for k, v in SMOKE.items() if k in cfg})
-        cfg.get("dflash_config", {})["mask_token_id"] = SMOKE["vocab_size"] - 1
-    return cfg
 
 
 def graphs_on(*modules: Any, enabled: bool = True) -> None:
@@ -57,103 +46,31 @@ def graphs_on(*modules: Any, enabled: bool = True) -> None:
         m.use_cuda_graphs(enabled and DEV.type == "cuda")
 
 
-def sync() -> None:
-    if DEV.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def randomise(module: torch.nn.Module) -> torch.nn.Module:
-    """Materialise a meta-built module on the GPU in bf16 with small random weights (norms at 1)."""
-    module = module.to(dtype=DTYPE).to_empty(device=DEV)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            p.fill_(1.0) if p.dim() == 1 else p.normal_(0, 0.02)
-        for name, b in module.named_buffers():
-            if b.dtype == torch.long:
-                b.zero_()
-            elif b.dtype == torch.bool:
-                b.fill_(True)
-    return module.eval()
-
-
 def gpu_ms(fn: Callable[[], Any], n: int = 30) -> float:
-    """Median GPU time of one call, from CUDA events around n back-to-back calls (3 batches)."""
-    if DEV.type != "cuda":
-        return wall_ms(fn, n=3)
-    fn(); fn()
-    times = []
-    for _ in range(3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(n):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / n)
-    return statistics.median(times)
+    return device_ms(fn, DEV, n=n)
 
 
-def wall_ms(fn: Callable[[], Any], n: int = 20) -> float:
-    """Median wall latency of one synchronised call."""
-    fn(); sync()
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
-
-
-def copy_bandwidth() -> float:
-    """Device copy bandwidth in bytes/s (read + write) over a 2 GiB buffer."""
-    x = torch.empty(2 * 1024**3 if DEV.type == "cuda" else 2**24, dtype=torch.uint8, device=DEV)
-    y = torch.empty_like(x)
-    ms = gpu_ms(lambda: y.copy_(x), n=10)
-    return 2 * x.numel() / (ms / 1e3)  # bytes read + written per second
-
-
-def chain_tree(n_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A DDTree-like shape: a 15-deep main chain with the rest as first-level siblings."""
-    depth = min(15, n_nodes)
-    parents = list(range(depth)) + [0] * (n_nodes - depth)
-    depths = list(range(1, depth + 1)) + [1] * (n_nodes - depth)
-    return torch.tensor(parents), torch.tensor(depths)
+def wall(fn: Callable[[], Any], n: int = 20) -> float:
+    return wall_ms(fn, DEV, n=n)
 
 
 def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any]:
-    tcfg = load_config(name, "target")
-    cfg = ModelConfig.from_dict(tcfg)
-    with torch.device("meta"):
-        target = Target(cfg, name=name)
-    target = randomise(target)
-    if cfg.tie_word_embeddings:
-        target.lm_head.weight = target.model.embed_tokens.weight
-    max_len = ctx + 256
-    target.setup_cache(max_len)
-    res: dict[str, Any] = {"model": name}
-    weight_bytes = sum(p.numel() for n, p in target.named_parameters() if "embed_tokens" not in n or cfg.tie_word_embeddings) * 2
-    kv_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * ctx * cfg.head_dim * 2
-    res["floor_ms"] = (weight_bytes + kv_bytes) / bw * 1e3
-    ids = torch.randint(0, 1000, (130,), device=DEV)
-
-    def target_pass(t: int, tree: bool = False) -> Callable[[], Any]:
-        mask = pos = None
-        if tree:
-            parents, depths = chain_tree(t - 1)
-            mask = ancestor_mask(parents).to(DEV)
-            pos = ctx + torch.cat([torch.zeros(1, dtype=torch.long), depths]).to(DEV)
-        return lambda: target(ids[:t], ctx, pos, mask, logits="all")
-
-    for graphs in (True, False):
-        graphs_on(target, enabled=graphs)
-        tag = "graph" if graphs else "eager"
-        res[f"ar_{tag}_gpu_ms"] = gpu_ms(target_pass(1))
-        res[f"ar_{tag}_wall_ms"] = wall_ms(target_pass(1))
+    """The shared component profile (`whiflash.eval.profile.profile_models`: AR step, verify at each
+    drafter's width, tree verify at budgets 32/128, drafts, catch-up, routers) plus this script's
+    diagnostics: the eager AR step, and for the anchor model the kernel table, torch.compile, the stock
+    transformers anchor and whole rounds graph vs eager."""
+    target, eagle, dflash = random_models(name, DEV, DTYPE, toy=_smoke)
+    prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=(32, 128), context=ctx, graphs=True)
+    res: dict[str, Any] = {"model": name, "floor_ms": prof.floor, "ar_graph_gpu_ms": prof.ar_step,
+                           "ar_graph_wall_ms": prof.meta["ar_step_wall_ms"], "profile": prof.to_json(),
+                           "ratios": prof.ratios()}
+    ids = torch.randint(0, 1000, (2,), device=DEV)
+    step = lambda: target(ids[:1], ctx, logits="all")  # noqa: E731
+    graphs_on(target, enabled=False)
+    res["ar_eager_gpu_ms"], res["ar_eager_wall_ms"] = gpu_ms(step), wall(step)
     if anchor:  # where an AR step's GPU time goes: the graph's kernels, run as fixed-shape eager calls
-        graphs_on(target, enabled=False)
         target.static = True
-        res["ar_kernels"] = kernel_table(target_pass(1))
+        res["ar_kernels"] = kernel_table(step)
         target.static = False
     if anchor:  # the same step with torch.compile'd layers inside the graph: how much fusion buys
         try:
@@ -162,71 +79,19 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any
             graphs_on(target)
             target.static = True
             t0 = time.perf_counter()
-            target_pass(1)()
+            step()
             res["compile_s"] = time.perf_counter() - t0
-            res["ar_compiled_gpu_ms"] = gpu_ms(target_pass(1))
+            res["ar_compiled_gpu_ms"] = gpu_ms(step)
         except Exception as exc:  # report, keep profiling
             res["compile_error"] = f"{type(exc).__name__}: {exc}"[:400]
         target.static = False
         target._fixed_layer = model_module._layer
-    graphs_on(target)
-    for t in (8, 16):
-        res[f"verify{t}_ms"] = gpu_ms(target_pass(t))
-    for t in (33, 129):
-        res[f"tree{t}_ms"] = gpu_ms(target_pass(t, tree=True))
-
-    # drafters at the released shapes
-    dcfg = load_config(name, "dflash")
-    ecfg = load_config(name, "eagle3")
-    with torch.device("meta"):
-        dflash = build_drafter("dflash", dcfg, target)
-        eagle = build_drafter("eagle3", ecfg, target, num_steps=6)
-    dflash, eagle = randomise(dflash), randomise(eagle)
-    taps = tuple(sorted(set(dflash.tap_layers) | set(eagle.tap_layers)))
-    h = cfg.hidden_size
-
-    def commit(start: int, n: int) -> Commit:
-        return Commit(torch.randn(n, len(taps), h, device=DEV, dtype=DTYPE),
-                      torch.randint(0, 1000, (n,), device=DEV), start, taps)
-
-    pending = ids[:1]
-    for d in (dflash, eagle):
-        d.reset(target, max_len)
-        d.observe(commit(0, ctx))
-        d.catch_up()
-        graphs_on(d)
-    res["dflash_round_ms"] = gpu_ms(lambda: dflash.propose(pending, ctx))
-    res["dflash_round_wall_ms"] = wall_ms(lambda: dflash.propose(pending, ctx))
-
-    tau4 = commit(ctx - 4, 4)  # a typical backlog: the round before accepted 3 drafts + the bonus
-
-    def eagle_round() -> Any:
-        eagle.kv_len = ctx - 4
-        eagle.observe(tau4)
-        return eagle.propose(pending, ctx)
-
-    res["eagle3_round_ms"] = gpu_ms(eagle_round)
-    res["catchup_ms"] = {}
-    for n in (1, 4, 16, 64):
-        backlog = commit(ctx - n, n)
-
-        def cu_e(n: int = n, backlog: Commit = backlog) -> None:
-            eagle.kv_len = ctx - n
-            eagle.observe(backlog)
-            eagle.catch_up()
-
-        def cu_d(n: int = n, backlog: Commit = backlog) -> None:
-            dflash.kv_len = ctx - n
-            dflash.observe(backlog)
-            dflash.catch_up()
-
-        res["catchup_ms"][n] = {"eagle3": gpu_ms(cu_e), "dflash": gpu_ms(cu_d)}
-
     if anchor:
-        res.update(hf_anchor(tcfg, dcfg, ctx))
-        with torch.device("meta"):
-            ddtree = build_drafter("ddtree", dcfg, target, tree_budget=32)
-        res["loop"] = full_loop(target, eagle, dflash, randomise(ddtree), ctx)
+        graphs_on(dflash)
+        res["dflash_round_wall_ms"] = wall(lambda: dflash.draft(ids[:1], ctx))
+        res.update(hf_anchor(shape_config(name, "target", _smoke), shape_config(name, "dflash", _smoke), ctx))
+        ddtree = random_drafter("ddtree", shape_config(name, "dflash", _smoke), target, tree_budget=32)
+        res["loop"] = full_loop(target, eagle, dflash, ddtree, ctx)
     del target, dflash, eagle
     if DEV.type == "cuda":
         torch.cuda.empty_cache()
@@ -256,7 +121,7 @@ def hf_anchor(tcfg: dict, dcfg: dict, ctx: int) -> dict[str, float]:
                 return o
 
             out[f"{label}_gpu_ms"] = gpu_ms(step, n=10)
-            out[f"{label}_wall_ms"] = wall_ms(step, n=10)
+            out[f"{label}_wall_ms"] = wall(step, n=10)
             if n_new == 1:  # the whole stock loop at equal work: greedy generate() of 48 tokens
                 model.generation_config.eos_token_id = None  # random weights: never stop early
 
@@ -264,7 +129,7 @@ def hf_anchor(tcfg: dict, dcfg: dict, ctx: int) -> dict[str, float]:
                     return lambda: model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
                 # the difference drops the prefill and the first token, which both runs share
-                out["hf_ar_loop_ms_per_token"] = (wall_ms(loop(49), n=3) - wall_ms(loop(1), n=3)) / 48
+                out["hf_ar_loop_ms_per_token"] = (wall(loop(49), n=3) - wall(loop(1), n=3)) / 48
         del model, cache
         if DEV.type == "cuda":
             torch.cuda.empty_cache()
@@ -336,19 +201,19 @@ def main() -> None:
     elif DEV.type != "cuda":
         raise SystemExit("profile_shapes.py needs a CUDA device (or --smoke for a CPU check of the script)")
     torch.backends.cuda.matmul.allow_tf32 = True
-    bw = copy_bandwidth()
+    bw = copy_bandwidth(DEV)
     results = []
     for i, m in enumerate(args.models.split(",")):
         results.append(profile_model(m, args.ctx, bw, anchor=(i == 0)))
         print(json.dumps(results[-1]), flush=True)  # partial results survive a time limit
     dev = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu (smoke: toy widths)"
     print(f"\n{dev}, {str(DTYPE).removeprefix('torch.')}, random weights, context {args.ctx}, copy bandwidth {bw / 1e12:.2f} TB/s (read+write)")
-    print(f"{'model':<22}{'floor':>7}{'AR graph':>9}{'x floor':>8}{'AR eager':>9}{'ver8':>7}{'ver16':>7}{'tree33':>7}"
-          f"{'tree129':>8}{'DF rnd':>7}{'E3 rnd':>7}   (ms; GPU time)")
+    print(f"{'model':<22}{'floor':>7}{'AR graph':>9}{'x floor':>8}{'AR eager':>9}   (ms; GPU time, eager: wall)")
     for r in results:
         print(f"{r['model']:<22}{r['floor_ms']:>7.3f}{r['ar_graph_gpu_ms']:>9.3f}{r['ar_graph_gpu_ms'] / r['floor_ms']:>8.2f}"
-              f"{r['ar_eager_wall_ms']:>9.3f}{r['verify8_ms']:>7.3f}{r['verify16_ms']:>7.3f}{r['tree33_ms']:>7.3f}"
-              f"{r['tree129_ms']:>8.3f}{r['dflash_round_ms']:>7.3f}{r['eagle3_round_ms']:>7.3f}")
+              f"{r['ar_eager_wall_ms']:>9.3f}")
+    for r in results:  # the shared component table: ms and ratio to the AR step
+        print(f"\n{r['model']}: " + LatencyProfile.from_json(r["profile"]).table())
     a = results[0]
     if "ar_compiled_gpu_ms" in a:
         print(f"\n{a['model']} AR step with torch.compile'd layers in the graph: {a['ar_compiled_gpu_ms']:.3f} ms = "
@@ -364,10 +229,11 @@ def main() -> None:
     print("\ncatch-up (KV-only prefill, fixed-shape passes) by backlog n, GPU ms and share of that drafter's round "
           "(its draft + verify GPU time): model: n -> eagle3 / dflash")
     for r in results:
-        e3 = r["eagle3_round_ms"] + r["verify8_ms"]
-        df = r["dflash_round_ms"] + r["verify16_ms"]
-        print(f"  {r['model']}: " + ", ".join(f"{n}: {v['eagle3']:.3f} ({v['eagle3'] / e3:.1%}) / {v['dflash']:.3f} "
-                                             f"({v['dflash'] / df:.1%})" for n, v in r["catchup_ms"].items()))
+        ms = r["profile"]["ms"]
+        e3, df = ms["round"]["eagle3"], ms["round"]["dflash"]
+        print(f"  {r['model']}: " + ", ".join(f"{n}: {t:.3f} ({t / e3:.1%}) / {ms['catchup']['dflash'][n]:.3f} "
+                                             f"({ms['catchup']['dflash'][n] / df:.1%})"
+                                             for n, t in ms["catchup"]["eagle3"].items()))
     if "hf_ar_gpu_ms" in a:
         print(f"\nstock transformers anchor ({a['model']}): AR step wall {a['hf_ar_wall_ms']:.2f} ms vs ours (graph) "
               f"{a['ar_graph_wall_ms']:.2f} ms = {a['hf_ar_wall_ms'] / a['ar_graph_wall_ms']:.2f}x; DFlash-shaped round wall "

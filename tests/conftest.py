@@ -74,6 +74,15 @@ def micro(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module: its models are tiny, and on a shared 2-core machine two threads contend."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 class FakeHfApi:
     """Records calls; ``upload_folder`` copies the folder to ``root/<repo_id>[@revision]``."""
 

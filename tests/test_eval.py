@@ -38,15 +38,7 @@ QUICK_START = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: the micro models are tiny, and on a shared 2-core machine two threads contend."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _bench(tmp: Path, *extra: str) -> int:
@@ -371,3 +363,24 @@ def test_neural_router_file_and_tree_pair(micro: Path, tmp_path: Path) -> None:
         _bench(tmp_path, "--testbed", str(micro), "--max-samples", "1", "--whiflash-drafters", "ddt-e3",
                "--methods", "whiflash-neural", "--whiflash-neural-router-path", str(router), "--name", "bad")
     assert not list(tmp_path.glob("*_bad"))
+
+
+def test_profile_of_the_testbed_drives_the_utility_oracle(micro: Path, tmp_path: Path) -> None:
+    from whiflash.eval.latency import LatencyProfile
+
+    prof = tmp_path / "profile.json"
+    assert main(["profile", "--testbed", str(micro), "--device", "cpu", "--dtype", "float32", "--context", "32",
+                 "--repeats", "2", "--backlogs", "1,8", "--out", str(tmp_path), "--output", str(prof)]) == 0
+    p = LatencyProfile.read(prof)
+    block = json.loads((micro / "dflash" / "config.json").read_text())["block_size"]
+    assert set(p.round) == {"eagle3", "dflash", f"ddtree-b{block - 1}"} and block in p.verify
+    args = ["--testbed", str(micro), "--max-samples", "2", "--no-plots", "--strict"]
+    with pytest.raises(ValueError, match="utility-oracle method needs --whiflash-latency-profile"):
+        _bench(tmp_path, *args, "--methods", "utility-oracle", "--name", "noprof")
+    assert _bench(tmp_path, *args, "--whiflash-router", "utility-oracle", "--speculative-algorithm", "WHIFLASH",
+                  "--whiflash-latency-profile", str(prof), "--name", "util") == 0
+    rows = [r for r in _rows(_run_dir(tmp_path, "util")) if r["method"] != "ar"]
+    assert {r["method"] for r in rows} == {"utility-oracle"} and all(r["mismatch"] is None for r in rows)
+    assert all(len(r["slots"]) == len(r["taus"]) for r in rows)
+    man = json.loads((_run_dir(tmp_path, "util") / "manifest.json").read_text())
+    assert man["models"]["latency_profile"] == str(prof)

@@ -141,6 +141,25 @@ def test_oracle_advances_with_the_longer_acceptance(world):
         whiflash.generate(target, drafter, PROMPTS[1], 5, temperature=0.7)
 
 
+def test_utility_oracle_advances_with_tau_per_round_time(world):
+    """The latency-aware oracle: the round advances with the slot of the higher tau / round time, and
+    the committed path is that slot's, so the output is still the target's own."""
+    target, eagle, ddtree = world
+    ref, _ = whiflash.generate(target, None, PROMPTS[1], 40)
+    for times in ((2.0, 1.0), (1.0, 3.0)):
+        drafter = OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree, round_times=times)
+        out, stats = whiflash.generate(target, drafter, PROMPTS[1], 40)
+        assert out == ref and stats.method == "utility-oracle[df-e3]"
+        for tau, (t0, t1), slot in zip(stats.taus, stats.slot_taus, stats.slots):
+            assert slot == (0 if t0 / times[0] > t1 / times[1] else 1) and tau == (t0, t1)[slot]
+    cheap0 = OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree, round_times=(1.0, 1e6))  # slot 1 never pays off
+    out, stats = whiflash.generate(target, cheap0, PROMPTS[1], 40)
+    assert out == ref and set(stats.slots) == {0} and stats.taus == [t0 for t0, _ in stats.slot_taus]
+    for bad in ((1.0,), (0.0, 1.0), (1.0, float("nan"))):
+        with pytest.raises(ValueError, match="round_times"):
+            OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree, round_times=bad)
+
+
 def test_entropy_router_and_mismatched_neural_router(world):
     target, eagle, ddtree = world
     logits = torch.tensor([10.0, 0.0, 0.0])
@@ -173,7 +192,8 @@ def test_one_host_read_per_round(world, monkeypatch):
 
         monkeypatch.setattr(torch.Tensor, name, spy)
     drafters = [None, eagle, ddtree, RoutedDrafter("ddt-e3", EntropyRouter(1.0), eagle3=eagle, dflash=ddtree),
-                OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree)]
+                OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree),
+                OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree, round_times=(2.0, 1.0))]
     for drafter in drafters:
         reads.clear()
         _, stats = whiflash.generate(target, drafter, PROMPTS[1], 30)

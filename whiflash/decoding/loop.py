@@ -121,13 +121,18 @@ def generate(
         out = target(verify_ids, n, positions, proposal.tree_mask, taps, logits="all")
         # 3. accept: the target's token at every node, the walk, and the next round's decision
         picked = target_tokens(out.logits, temperature, generator)
-        count, best, keep = accept(proposal, picked)
+        if proposal.branch is not None:  # the oracle: both slots' tau, then the slot it advances with
+            slot_taus = branch_taus(proposal, picked)
+            advance = drafter.advance(slot_taus)
+            count, best, keep = accept(proposal, picked, branch=advance)
+        else:
+            count, best, keep = accept(proposal, picked)
         path_ids, nxt = verify_ids[keep], picked[best].reshape(1)
         extra: list[Tensor] = []
         if router is not None:
             extra.append(router(out.hidden[best], out.logits[best]).reshape(1))
         if proposal.branch is not None:
-            extra.append(branch_taus(proposal, picked))
+            extra += [slot_taus, advance.reshape(1)]
         # the one host synchronisation of the round
         host = torch.cat([v.reshape(-1).long() for v in (count, path_ids, nxt, *extra)]).tolist()
         tau, rest = host[0], host[2 + path_ids.shape[0] :]
@@ -140,7 +145,7 @@ def generate(
         if drafter is not None:
             drafter.observe(Commit(out.feats[keep[:tau]], torch.cat([path_ids[1:tau], nxt]), n, taps))
         if taus is not None:
-            slot = 0 if taus[0] > taus[1] else 1  # the oracle: the slot that accepted longer (ties: slot 1)
+            slot = rest[2]  # the oracle: the slot its advance rule picked (OracleDrafter.advance)
         record = RoundRecord(stats.rounds, n, tau, slot, backlog, taus, *features)
         stats.add(record)
         if on_round is not None:

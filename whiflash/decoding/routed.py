@@ -12,6 +12,7 @@ Both EAGLE-3 and DFlash catch up KV-only (see their `catch_up`).
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -147,14 +148,30 @@ class OracleDrafter(DrafterPair):
     union, and the round advances with the longer acceptance. Greedy decoding only.
 
     The union's `branch` marks where slot 1's nodes start, so `generate` reads each slot's tau off
-    the walk (`verify.branch_taus`) in the round's one host read; the record's slot is the one that
-    accepted longer (ties: slot 1). df-ddt drafts its one DFlash model twice (chain and tree)."""
+    the walk (`verify.branch_taus`) in the round's one host read; `advance` picks the slot the
+    round continues with (ties: slot 1) and only that slot's branch is accepted. df-ddt drafts its
+    one DFlash model twice (chain and tree).
+
+    With `round_times` (each slot's round time, from a latency profile) it is the latency-aware
+    (utility) oracle: the round advances with the slot of the higher tau / round time, i.e. the
+    slot that would have produced tokens faster this round."""
 
     kind = "oracle"
 
+    def __init__(self, pair: str | Pair, *, round_times: tuple[float, float] | None = None, **options: Any) -> None:
+        """round_times: (slot 0, slot 1) round time in any one unit, each > 0; None: the plain oracle.
+        The other options as `DrafterPair`."""
+        super().__init__(pair, **options)
+        if round_times is not None:
+            times = tuple(float(t) for t in round_times)
+            if len(times) != 2 or not all(math.isfinite(t) and t > 0 for t in times):
+                raise ValueError(f"round_times: expected two finite times > 0 (slot 0, slot 1), got {round_times!r}")
+            round_times = times  # type: ignore[assignment]
+        self.round_times = round_times
+
     @property
     def name(self) -> str:
-        return f"oracle[{self.pair}]"
+        return f"{'utility-oracle' if self.round_times else 'oracle'}[{self.pair}]"
 
     @property
     def max_nodes(self) -> int:
@@ -170,6 +187,15 @@ class OracleDrafter(DrafterPair):
 
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
         return merge_proposals(self._draft(0, pending, pos), self._draft(1, pending, pos))
+
+    def advance(self, taus: Tensor) -> Tensor:
+        """0-dim long slot (on the device) the round advances with, from both slots' `[2]` taus:
+        the larger tau, or with `round_times` the larger tau per unit of round time; ties: slot 1."""
+        if self.round_times is None:
+            return (taus[0] <= taus[1]).long()
+        t0, t1 = self.round_times
+        # tau0 / t0 <= tau1 / t1, multiplied out (times > 0): no division, and no host read
+        return (taus[0] * t1 <= taus[1] * t0).long()
 
 
 def _as_tree(p: Proposal) -> tuple[Tensor, Tensor, Tensor]:

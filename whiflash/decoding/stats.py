@@ -27,7 +27,8 @@ class RoundRecord:
     tau: int
     """Acceptance length of the round (accepted drafts + 1)."""
     slot: int | None
-    """Routed decoding: the slot that drafted (the oracle: the one that accepted longer, ties slot 1); else None."""
+    """Routed decoding: the slot that drafted (the oracle: the slot the round advanced with, see
+    `OracleDrafter.advance`); else None."""
     backlog: int
     """Committed rows the drafting member consumed in its catch-up before drafting (Lazy Catch-up)."""
     slot_taus: tuple[int, int] | None = None

@@ -58,13 +58,15 @@ def accepted_nodes(tree: Proposal, picked: Tensor) -> tuple[Tensor, Tensor]:
     return accepted, torch.cat([tree.depths.new_zeros(1), tree.depths])
 
 
-def accept(proposal: Proposal, picked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def accept(proposal: Proposal, picked: Tensor, branch: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Walk `[root, nodes]` given the target's token `picked[i]` at every node.
 
     Returns device tensors `(count, best, keep)`: the accepted path's length (root included, so
     count = tau), its last node, and a permutation of all node indices whose first `count`
     entries are the path, root first. Chains accept the leading run of matches; trees accept
     every node whose whole ancestry matches, and the deepest such node ends the path.
+    `branch` (a 0-dim slot, for a union with `Proposal.branch`): only that slot's nodes may be on
+    the path, so the round advances with the slot the oracle picked, not always the deeper one.
     """
     m = proposal.size
     device = picked.device
@@ -75,10 +77,18 @@ def accept(proposal: Proposal, picked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     if CHECK_TREES and not (picked.is_cuda and torch.cuda.is_current_stream_capturing()):
         check_tree(proposal)
     accepted, depth = accepted_nodes(proposal, picked)
+    if branch is not None:
+        accepted &= on_branch(proposal, branch)
     best = torch.where(accepted, depth, -1).argmax()
     on_path = proposal.tree_mask[best]
     keep = torch.argsort((~on_path).to(torch.uint8), stable=True)  # path first, in index (= depth) order
     return depth[best] + 1, best, keep
+
+
+def on_branch(union: Proposal, slot: Tensor) -> Tensor:
+    """`[m+1]` the root and the nodes of `slot`'s branch of a union tree (slot 0's nodes come first)."""
+    index = torch.arange(union.size + 1, device=union.tokens.device)
+    return (index == 0) | ((index > union.branch).long() == slot)
 
 
 def branch_taus(union: Proposal, picked: Tensor) -> Tensor:

@@ -1,0 +1,213 @@
+"""`whiflash-eval profile`: a latency profile of the loaded target and drafters on this device.
+
+`profile_models` measures, at a committed context of `context` positions: the AR decode step, chain
+verify at each drafter's width, tree verify at each DDTree budget, each drafter's draft, catch-up
+per backlog length, and one routing decision of each router; it returns a `LatencyProfile` whose
+`ratios()` is every component over the AR step. Models are used as loaded (a testbed, Hub ids,
+or random weights at real shapes from `checkpoints/`). On CUDA the passes replay CUDA graphs and
+are timed with CUDA events (GPU time); on the CPU they run eagerly, as `bench` runs them there,
+and are timed with the wall clock.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import whiflash
+from whiflash.drafters import Commit, DFlashDrafter, Drafter, Eagle3Drafter
+from whiflash.drafters.trees import ancestor_mask
+from whiflash.router import NeuralRouter
+from whiflash.routers import EntropyRouter, NeuralPolicy
+
+from .config import BACKLOGS, ProfileConfig
+from .latency import LatencyProfile
+from .methods import model_paths
+from .outputs import device_info, prepare_run_dir, write_manifest
+from .timing import copy_bandwidth, device_ms, sync, wall_ms
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ProfileConfig", "profile_models", "run_profile"]
+
+def _ints(text: str | None, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()] if text else []
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"{flag}: expected integers >= 1, got {text!r}")
+    return values
+
+
+def _tree(nodes: int, max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(parents, depths) of a DDTree-like shape of `nodes` nodes: a main chain as deep as the block
+    allows, the rest first-level siblings (verify cost depends on the node count, not the shape)."""
+    depth = min(max_depth, nodes)
+    parents = list(range(depth)) + [0] * (nodes - depth)
+    depths = list(range(1, depth + 1)) + [1] * (nodes - depth)
+    return torch.tensor(parents), torch.tensor(depths)
+
+
+@torch.no_grad()
+def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: DFlashDrafter | None = None,
+                   tree_budgets: tuple[int, ...] | list[int] = (), neural: NeuralRouter | None = None,
+                   context: int = 1024, backlogs: tuple[int, ...] | list[int] = BACKLOGS,
+                   graphs: bool | None = None, repeats: int = 20) -> LatencyProfile:
+    """Time every component of decoding with these loaded models (see the module docstring).
+
+    `dflash` also serves the DDTree rounds of `tree_budgets`. `graphs`: CUDA graphs (default: on
+    a CUDA device). The models' graph modes are restored afterwards; caches only grow.
+    """
+    device, cfg = target.device, target.config
+    graphs = device.type == "cuda" if graphs is None else graphs and device.type == "cuda"
+    drafters: dict[str, Drafter] = {k: d for k, d in (("eagle3", eagle3), ("dflash", dflash)) if d is not None}
+    if tree_budgets and dflash is None:
+        raise ValueError("tree budgets need the DFlash drafter (DDTree drafts with it)")
+    widths = {k: d.draft_length + 1 for k, d in drafters.items()}
+    nodes = {b: b + 1 for b in tree_budgets}
+    spare = max([*widths.values(), *nodes.values(), *(4 * d.catch_up_rows for d in drafters.values()), 1])
+    if max(backlogs, default=1) > context:
+        raise ValueError(f"--backlogs: every backlog must fit in --context {context}, got {max(backlogs)}")
+    if context + spare + 2 > cfg.max_position_embeddings:
+        raise ValueError(f"--context {context}: the target has {cfg.max_position_embeddings} positions; "
+                         f"give at most {cfg.max_position_embeddings - spare - 2}")
+    max_len = context + spare + 2
+    modes = [(m, m.graphs is not None) for m in (target, *drafters.values())]
+    for m, _ in modes:
+        m.use_cuda_graphs(graphs)
+    timed = lambda fn: device_ms(fn, device, n=repeats)  # noqa: E731
+    try:
+        target.setup_cache(max_len)
+        taps = tuple(sorted({t for d in drafters.values() for t in d.tap_layers}))
+        ids = torch.randint(0, cfg.vocab_size, (spare + 1,), device=device)
+        prof = LatencyProfile(ar_step=timed(lambda: target(ids[:1], context, logits="all")))
+        prof.meta["ar_step_wall_ms"] = wall_ms(lambda: target(ids[:1], context, logits="all"), device, n=repeats)
+        for w in sorted(set(widths.values())):
+            prof.verify[w] = timed(lambda w=w: target(ids[:w], context, None, None, taps, logits="all"))
+        block = dflash.block_size - 1 if dflash is not None else 1
+        for b, w in nodes.items():
+            parents, depths = _tree(b, block)
+            mask = ancestor_mask(parents).to(device)
+            pos = context + torch.cat([torch.zeros(1, dtype=torch.long), depths]).to(device)
+            prof.tree_verify[w] = timed(lambda w=w, pos=pos, mask=mask: target(ids[:w], context, pos, mask, taps,
+                                                                                 logits="all"))
+
+        def commit(start: int, n: int) -> Commit:
+            feats = torch.randn(n, len(taps), cfg.hidden_size, device=device, dtype=target.dtype)
+            return Commit(feats, torch.randint(0, cfg.vocab_size, (n,), device=device), start, taps)
+
+        pending = ids[:1]
+        for kind, d in drafters.items():
+            d.reset(target, max_len)
+            d.observe(commit(0, context))
+            d.catch_up()
+            prof.draft[kind] = timed(lambda d=d: d.draft(pending, context))
+            prof.round[kind] = prof.draft[kind] + prof.verify[widths[kind]]
+            prof.catchup[kind] = {n: timed(lambda d=d, n=n, c=commit(context - n, n): _catch_up(d, c))
+                                  for n in backlogs}
+        for b, w in nodes.items():
+            key = f"ddtree-b{b}"
+            prof.draft[key] = timed(lambda b=b: dflash.draft(pending, context, b))
+            prof.round[key] = prof.draft[key] + prof.tree_verify[w]
+        prof.router.update(_router_ms(target, neural, timed))
+        sync(device)
+        prof.floor = _floor_ms(target, context)
+    finally:
+        for m, was in modes:
+            m.use_cuda_graphs(was)
+    prof.meta.update({"device": str(device), "dtype": str(target.dtype).removeprefix("torch."),
+                      "timing": "cuda-events (GPU time)" if device.type == "cuda" else "wall-clock",
+                      "cuda_graphs": graphs, "context": context,
+                      "widths": {**widths, **{f"ddtree-b{b}": w for b, w in nodes.items()}}})
+    if device.type == "cuda":
+        prof.meta["device_name"] = torch.cuda.get_device_name(device)
+    return prof
+
+
+def _catch_up(drafter: Drafter, backlog: Commit) -> None:
+    """One catch-up of `backlog` (rows just before the pending position): the cache is rewound first."""
+    drafter.kv_len = backlog.start
+    drafter.observe(backlog)
+    drafter.catch_up()
+
+
+def _router_ms(target: Any, neural: NeuralRouter | None, timed: Any) -> dict[str, float]:
+    """One decision of the entropy router and of a neural router (random weights cost the same)."""
+    cfg, device = target.config, target.device
+    hidden = torch.randn(cfg.hidden_size, device=device, dtype=target.dtype)
+    logits = torch.randn(cfg.vocab_size, device=device)
+    neural = neural if neural is not None else NeuralRouter(cfg.hidden_size).to(device).eval()
+    return {"entropy": timed(lambda: EntropyRouter()(hidden, logits)),
+            "neural": timed(lambda: NeuralPolicy(neural)(hidden, logits))}
+
+
+def _floor_ms(target: Any, context: int) -> float:
+    """(weight bytes + KV bytes at `context`) / copy bandwidth: no AR step can be faster at batch 1."""
+    cfg = target.config
+    size = target.lm_head.weight.element_size()
+    weights = sum(p.numel() for n, p in target.named_parameters() if "embed_tokens" not in n
+                  or cfg.tie_word_embeddings) * size  # the embedding is a gather, not a full read
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * context * cfg.head_dim * size
+    return (weights + kv) / copy_bandwidth(target.device) * 1e3
+
+
+def _load(cfg: ProfileConfig) -> tuple[Any, Eagle3Drafter | None, DFlashDrafter | None, dict[str, Any]]:
+    """Target, EAGLE-3 and DFlash drafters (either may be None) and a record of where they came from."""
+    dtype = getattr(torch, cfg.dtype)
+    if cfg.random_weights:
+        from .shapes import random_models
+
+        if not cfg.preset:
+            raise ValueError("--random-weights needs --preset NAME: the shapes come from checkpoints/<preset>/")
+        target, eagle, dflash = random_models(cfg.preset, cfg.device, dtype, toy=cfg.toy_widths,
+                                              eagle_num_steps=cfg.eagle_num_steps or 6)
+        return target, eagle, dflash, {"random_weights": cfg.preset, "toy_widths": cfg.toy_widths}
+    paths = model_paths("WHIFLASH", cfg.model_name_or_path, cfg.draft_name_or_path, cfg.whiflash_eagle_draft,
+                        Path(cfg.testbed) if cfg.testbed else None)
+    if paths["target"] is None:
+        raise ValueError("give --model-name-or-path, --testbed DIR, or --preset NAME (with --random-weights for "
+                         "real shapes without a download)")
+    target = whiflash.load_target(paths["target"], device=cfg.device, dtype=dtype)
+    eagle = dflash = None
+    if paths["eagle3"]:
+        opts = {"num_steps": cfg.eagle_num_steps} if cfg.eagle_num_steps else {}
+        eagle = whiflash.load_drafter("eagle3", paths["eagle3"], target, **opts)
+    if paths["dflash"]:
+        dflash = whiflash.load_drafter("dflash", paths["dflash"], target)
+    return target, eagle, dflash, paths
+
+
+def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path, LatencyProfile]:
+    """Load the models of `cfg`, profile them and write `profile.json` in a new run folder (and `--output`)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    budgets = _ints(cfg.tree_budgets, "--tree-budgets")
+    backlogs = _ints(cfg.backlogs, "--backlogs")
+    if cfg.context < 1 or cfg.repeats < 1:
+        raise ValueError(f"--context and --repeats: expected integers >= 1, got {cfg.context} and {cfg.repeats}")
+    target, eagle, dflash, models = _load(cfg)
+    if dflash is not None and not budgets:
+        budgets = [dflash.block_size - 1]  # DDTree's default budget
+    neural = None
+    if cfg.whiflash_neural_router_path and not cfg.random_weights:
+        neural = whiflash.load_router(cfg.whiflash_neural_router_path, hidden_size=target.config.hidden_size,
+                                      device=target.device)
+        models["neural_router"] = cfg.whiflash_neural_router_path
+    prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=budgets,
+                          neural=neural, context=cfg.context, backlogs=backlogs, graphs=not cfg.no_cuda_graphs,
+                          repeats=cfg.repeats)
+    prof.meta.update({"models": models, "preset": cfg.preset, "hardware": device_info(cfg.device)})
+    label = cfg.preset or Path(str(models.get("target") or "models")).name
+    run, _ = prepare_run_dir(cfg.out, cfg.name or f"profile-{label}", asdict(cfg), resume=False)
+    write_manifest(run, command="profile", argv=list(argv if argv is not None else sys.argv), seed=0,
+                   device=cfg.device, models=models, samples=[], extra={"context": cfg.context})
+    prof.write(run / "profile.json")
+    if cfg.output:
+        prof.write(cfg.output)
+    log.info("profile written to %s%s", run / "profile.json", f" and {cfg.output}" if cfg.output else "")
+    return run, prof

@@ -1,0 +1,125 @@
+"""Calibrate's fast replay mode: thresholds from datagen rows and a latency profile, without decoding.
+
+`whiflash-eval calibrate --replay DATAGEN_DIR --latency-profile FILE`. A router dataset logs, every
+round, the router's inputs (the target's entropy and final hidden state) and the τ of both slots
+from the same state. Replaying a threshold picks a slot per round from those inputs; the round
+then yields that slot's τ and costs, from the profile: one routing decision + that slot's round
+(draft + verify) + its catch-up of the rows committed since it last drafted (Lazy Catch-up; the
+first round of a prompt catches up the prompt, as after the prefill in `generate`).
+
+Per category, estimated tokens/s = Σ τ / Σ round time (pooled over rounds), and estimated speedup
+= that over AR's one token per AR step. The fastest threshold wins (ties: the smaller). Like the τ
+replay of `whiflash-train`, this assumes a round's τ does not depend on which slot drafted
+earlier rounds (the data followed the oracle's path), so it ranks thresholds; `bench` measures.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .latency import LatencyProfile, catchup_model, slot_kind
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ESTIMATE", "replay_thresholds", "simulate"]
+
+ESTIMATE = ("replayed from datagen rows: per round the chosen slot's tau, costed as router + that slot's round "
+            "(draft + verify) + its lazy catch-up from the latency profile; tokens/s = sum tau / sum time, "
+            "speedup = tokens/s x AR step time")
+"""How a replay estimate is made, written into thresholds.json."""
+
+
+def read_rounds(data_dir: str | Path, with_hidden: bool) -> tuple[Any, dict[str, np.ndarray]]:
+    """(manifest, columns) of a router dataset, rows ordered by prompt and round."""
+    import pyarrow.parquet as pq
+
+    from whiflash.data import check_shards, read_manifest
+
+    manifest = read_manifest(data_dir)
+    names = ["prompt_id", "category", "round", "position", "entropy", "tau_0", "tau_1"]
+    table = pq.read_table(check_shards(data_dir, manifest), columns=names + (["hidden"] if with_hidden else []))
+    if table.num_rows == 0:
+        raise ValueError(f"--replay {data_dir}: the dataset has no rows")
+    cols = {n: table.column(n).to_numpy() for n in names}
+    if with_hidden:
+        chunks = table.column("hidden").chunks
+        cols["hidden"] = np.concatenate([c.flatten().to_numpy().reshape(-1, manifest.hidden_size) for c in chunks])
+    order = np.lexsort((cols["round"], cols["prompt_id"]))
+    return manifest, {k: v[order] for k, v in cols.items()}
+
+
+def simulate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, str], rounds: tuple[float, float],
+             profile: LatencyProfile, router_ms: float) -> tuple[int, float, int]:
+    """(tokens, milliseconds, rounds) of replaying slot choices `slot0` (True: slot 0) over `cols`;
+    `kinds` are the slots' drafter kinds, `rounds` their round times (ms)."""
+    members = tuple(catchup_model(k) for k in kinds)  # df-ddt: both slots share one DFlash cache
+    pids, positions = cols["prompt_id"], cols["position"]
+    taus = np.where(slot0, cols["tau_0"], cols["tau_1"]).astype(np.int64)
+    tokens, ms = int(taus.sum()), 0.0
+    pos, kv = 0, {m: 0 for m in members}
+    for i in range(len(taus)):
+        if i == 0 or pids[i] != pids[i - 1]:  # a new prompt: after its prefill, no drafter holds anything
+            pos, kv = int(positions[i]), {m: 0 for m in members}
+        s = 0 if slot0[i] else 1
+        ms += router_ms + rounds[s] + profile.catchup_ms(kinds[s], pos - kv[members[s]])
+        kv[members[s]] = pos
+        pos += int(taus[i])
+    return tokens, ms, len(taus)
+
+
+def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: str, values: list[float],
+                      neural_router: str | None = None) -> dict[str, Any]:
+    """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
+    thresholds.json (without the run bookkeeping)."""
+    if method not in ("whiflash-entropy", "whiflash-neural"):
+        raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
+    profile = LatencyProfile.read(profile_path, flag="--latency-profile")
+    manifest, cols = read_rounds(data_dir, with_hidden=method == "whiflash-neural")
+    kinds, budget = manifest.pair.slots, manifest.tree_budget
+    rounds = tuple(profile.round_ms(k, budget) for k in kinds)  # a slot missing from the profile fails here
+    # slot 0 when score > cut(v): entropy below v (-entropy > -v), or a predicted gain above v
+    if method == "whiflash-entropy":
+        score, router_ms, sign = -cols["entropy"].astype(np.float64), profile.router_ms("entropy"), -1.0
+    else:
+        score, router_ms, sign = _neural_scores(neural_router, manifest, cols["hidden"]), profile.router_ms("neural"), 1.0
+    ar = profile.ar_step
+    details: dict[str, Any] = {}
+    for cat in [*sorted(set(cols["category"].tolist())), "all"]:
+        sel = np.ones(len(score), bool) if cat == "all" else cols["category"] == cat
+        part = {k: v[sel] for k, v in cols.items() if k != "hidden"}
+
+        def speedup(slot0: np.ndarray) -> tuple[float, float]:
+            tokens, ms, n = simulate(slot0, part, kinds, rounds, profile, router_ms)
+            return tokens * ar / ms, tokens / n
+
+        sweep = {v: speedup(score[sel] > sign * v) for v in sorted(values)}
+        best = max(sweep, key=lambda v: (sweep[v][0], -v))
+        details[cat] = {"threshold": best, "speedup": sweep[best][0], "tokens_per_second": sweep[best][0] / ar * 1e3,
+                        "tau": sweep[best][1], "sweep": {str(v): s for v, (s, _) in sweep.items()},
+                        "tau_sweep": {str(v): t for v, (_, t) in sweep.items()},
+                        "fixed": {f"slot{s}": speedup(np.full(sel.sum(), s == 0))[0] for s in (0, 1)}}
+    overall = details.pop("all")
+    return {"method": method, "mode": "replay", "thresholds": {c: d["threshold"] for c, d in details.items()},
+            "default": overall["threshold"], "details": details, "overall": overall,
+            "samples": sorted(set(cols["prompt_id"].tolist())), "data": str(data_dir),
+            "latency_profile": str(profile_path), "pair": str(manifest.pair), "tree_budget": manifest.tree_budget,
+            "slots": [slot_kind(k, budget) for k in kinds], "rounds": int(len(score)),
+            "device": profile.meta.get("device"), "estimate": ESTIMATE}
+
+
+def _neural_scores(path: str | None, manifest: Any, hidden: np.ndarray) -> np.ndarray:
+    """The router's predicted gain for every row (the router must match the data's pair and width)."""
+    import whiflash
+
+    if not path:
+        raise ValueError("--calibrate-method whiflash-neural --replay needs --whiflash-neural-router-path "
+                         "(Hub id, folder or .safetensors file)")
+    router = whiflash.load_router(path, hidden_size=manifest.hidden_size, pair=manifest.pair,
+                                  tree_budget=manifest.tree_budget).eval()
+    with torch.no_grad():
+        return np.concatenate([router(torch.from_numpy(hidden[i : i + 8192]).float()).numpy()
+                               for i in range(0, len(hidden), 8192)]).astype(np.float64)

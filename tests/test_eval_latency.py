@@ -1,0 +1,171 @@
+"""whiflash-eval without decoding: presets, the latency profile (file, queries, profile at toy real shapes)
+and calibrate's replay mode on a small synthetic router dataset."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from whiflash.eval.cli import bench_config, main, parse
+from whiflash.eval.latency import LatencyProfile
+from whiflash.eval.replay import simulate
+
+CATEGORIES = ("code", "math")
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ---------------------------------------------------------------- presets
+
+
+def test_preset_fills_ids_routers_and_thresholds() -> None:
+    cfg = bench_config(parse(["bench", "--preset", "qwen3-8b", "--whiflash-router", "neural"])[0].bench)
+    assert (cfg.model_name_or_path, cfg.draft_name_or_path, cfg.whiflash_eagle_draft) == (
+        "Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "WhiFlash/Qwen3-8B-EAGLE3")
+    assert cfg.whiflash_neural_router_path == "WhiFlash/Qwen3-8B-NeuralRouter-df-e3"
+    assert (cfg.whiflash_neural_router_threshold, cfg.whiflash_entropy_threshold) == (0.5, 0.2)
+    tree = bench_config(parse(["bench", "--preset", "qwen3-8b", "--whiflash-drafters", "ddt-e3",
+                               "--ddtree-tree-budget", "128"])[0].bench)
+    assert tree.whiflash_neural_router_path.endswith("ddt-e3-b128") and tree.whiflash_neural_router_threshold == 1.0
+    e3 = bench_config(parse(["bench", "--preset", "qwen3-4b", "--speculative-algorithm", "EAGLE3"])[0].bench)
+    assert e3.draft_name_or_path == "WhiFlash/Qwen3-4B-EAGLE3"  # upstream: the EAGLE-3 draft under EAGLE3
+
+
+def test_explicit_flags_and_config_files_override_the_preset(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cfg = bench_config(parse(["bench", "--preset", "qwen3-8b", "--model-name-or-path", "my/target",
+                              "--whiflash-neural-router-threshold", "0.9"])[0].bench)
+    assert cfg.model_name_or_path == "my/target" and cfg.whiflash_neural_router_threshold == 0.9
+    assert cfg.whiflash_eagle_draft == "WhiFlash/Qwen3-8B-EAGLE3"
+    (tmp_path / "c.yaml").write_text("preset: qwen3-8b\nwhiflash_entropy_threshold: 0.7\n")
+    cfg = bench_config(parse(["bench", "--config", str(tmp_path / "c.yaml")])[0].bench)
+    assert cfg.model_name_or_path == "Qwen/Qwen3-8B" and cfg.whiflash_entropy_threshold == 0.7
+    with pytest.raises(SystemExit):
+        main(["bench", "--preset", "qwen3-8b", "--print_config"])
+    assert "model_name_or_path: Qwen/Qwen3-8B" in capsys.readouterr().out
+    prof = parse(["profile", "--preset", "llama3.1-8b-instruct"])[0].profile
+    assert prof.model_name_or_path == "meta-llama/Llama-3.1-8B-Instruct" and prof.whiflash_neural_router_path is None
+
+
+def test_unknown_preset_lists_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"--preset 'qwen9'.*llama3.1-8b-instruct, qwen3-4b, qwen3-8b"):
+        parse(["bench", "--preset", "qwen9"])
+
+
+# ---------------------------------------------------------------- the latency profile
+
+
+def _profile(path: Path, **rounds: float) -> Path:
+    prof = LatencyProfile(ar_step=1.0, verify={7: 1.2, 16: 1.5}, draft={"eagle3": 0.8, "dflash": 0.5},
+                          round={"eagle3": 2.0, "dflash": 2.0, **rounds},
+                          catchup={"eagle3": {1: 0.1, 4: 0.1, 64: 0.7}, "dflash": {1: 0.2, 64: 0.8}},
+                          router={"entropy": 0.01, "neural": 0.05}, meta={"device": "cpu"})
+    return prof.write(path)
+
+
+def test_profile_file_round_trip_and_queries(tmp_path: Path) -> None:
+    prof = LatencyProfile.read(_profile(tmp_path / "p.json", **{"ddtree-b7": 3.0}))
+    assert prof.round_ms("ddtree", 7) == 3.0 and prof.round_ms("eagle3") == 2.0
+    assert prof.catchup_ms("eagle3", 0) == 0.0 and prof.catchup_ms("eagle3", 4) == pytest.approx(0.1)
+    assert prof.catchup_ms("eagle3", 34) == pytest.approx(0.4)  # linear between 4 and 64
+    assert prof.catchup_ms("eagle3", 124) == pytest.approx(1.3)  # the last segment extended
+    assert prof.catchup_ms("ddtree", 1) == 0.2  # DDTree catches up with its DFlash model
+    assert prof.ratios()["round eagle3"] == 2.0 and "AR step 1.000 ms" in prof.table()
+    with pytest.raises(ValueError, match=r"p.json: no round time for ddtree-b32.*--tree-budgets 32"):
+        prof.round_ms("ddtree", 32)
+    with pytest.raises(FileNotFoundError, match=r"--whiflash-latency-profile .*missing.json.*whiflash-eval profile"):
+        LatencyProfile.read(tmp_path / "missing.json")
+    (tmp_path / "other.json").write_text(json.dumps({"kind": "something-else"}))
+    with pytest.raises(ValueError, match=r"other.json: expected a latency profile"):
+        LatencyProfile.read(tmp_path / "other.json")
+
+
+def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "p.json"
+    assert main(["profile", "--preset", "qwen3-8b", "--random-weights", "--toy-widths", "--device", "cpu",
+                 "--dtype", "float32", "--context", "40", "--repeats", "2", "--backlogs", "1,8",
+                 "--tree-budgets", "4", "--out", str(tmp_path), "--output", str(out)]) == 0
+    prof = LatencyProfile.read(out)
+    assert set(prof.round) == {"eagle3", "dflash", "ddtree-b4"} and set(prof.verify) == {7, 16}
+    assert set(prof.tree_verify) == {5} and set(prof.catchup["eagle3"]) == {1, 8} and set(prof.router) == {
+        "entropy", "neural"}
+    assert prof.round["dflash"] == pytest.approx(prof.draft["dflash"] + prof.verify[16])
+    assert prof.meta["models"]["random_weights"] == "qwen3-8b" and prof.meta["context"] == 40 and prof.floor > 0
+    (run,) = tmp_path.glob("*_profile-qwen3-8b")
+    assert json.loads((run / "profile.json").read_text())["ratios"]["verify 7"] > 0
+    assert json.loads((run / "manifest.json").read_text())["tool"] == "whiflash-eval profile"
+    assert "AR step" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--random-weights needs --preset"):
+        main(["profile", "--random-weights", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--context 50000: the target has 40960 positions"):
+        main(["profile", "--preset", "qwen3-8b", "--random-weights", "--toy-widths", "--device", "cpu",
+              "--context", "50000", "--repeats", "1", "--out", str(tmp_path)])
+
+
+# ---------------------------------------------------------------- calibrate --replay
+
+
+def test_replay_costs_rounds_catch_up_and_router() -> None:
+    """One prompt of three rounds (slot 0, 0, 1), pending at position 10: each round costs the router,
+    the slot's round and its catch-up of the rows since it last drafted (the prompt the first time)."""
+    prof = LatencyProfile(ar_step=1.0, round={"dflash": 2.0, "eagle3": 1.0},
+                          catchup={"dflash": {1: 0.1, 10: 1.0}, "eagle3": {1: 0.1, 10: 1.0}})
+    cols = {"prompt_id": np.array(["p"] * 3), "position": np.array([10, 14, 17]),
+            "tau_0": np.array([4, 3, 1]), "tau_1": np.array([1, 1, 2])}
+    tokens, ms, rounds = simulate(np.array([True, True, False]), cols, ("dflash", "eagle3"), (2.0, 1.0), prof, 0.5)
+    # dflash: backlog 10 (1.0), then 4 (0.4); eagle3 at position 17: backlog 17 (1.0 + 7 * 0.1)
+    assert (tokens, rounds) == (4 + 3 + 2, 3)
+    assert ms == pytest.approx(3 * 0.5 + (2.0 + 1.0) + (2.0 + 0.4) + (1.0 + 1.7))
+
+
+@pytest.fixture(scope="module")
+def router_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from whiflash.train.synthetic import write_synthetic_dataset
+
+    out = tmp_path_factory.mktemp("data") / "rows"
+    write_synthetic_dataset(out, num_prompts=8, rounds_per_prompt=12, hidden_size=16, categories=CATEGORIES,
+                            progress=False)
+    return out
+
+
+def test_calibrate_replay_writes_thresholds_bench_reads(router_data: Path, tmp_path: Path) -> None:
+    from whiflash.eval.bench import read_thresholds
+
+    prof, out = _profile(tmp_path / "p.json"), tmp_path / "thr.json"
+    assert main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--thresholds",
+                 "1e-9,1,1000", "--output", str(out), "--out", str(tmp_path)]) == 0
+    thr = read_thresholds(str(out))
+    assert thr["method"] == "whiflash-entropy" and thr["mode"] == "replay" and set(thr["thresholds"]) == set(CATEGORIES)
+    assert thr["rounds"] == 8 * 12 and len(thr["samples"]) == 8 and thr["slots"] == ["dflash", "eagle3"]
+    for d in thr["details"].values():
+        assert set(d["sweep"]) == {"1e-09", "1.0", "1000.0"} and d["speedup"] == max(d["sweep"].values())
+        assert d["sweep"]["1000.0"] == pytest.approx(d["fixed"]["slot0"])  # entropy always below: slot 0
+        assert d["sweep"]["1e-09"] == pytest.approx(d["fixed"]["slot1"])  # never below: slot 1
+    assert thr["default"] in (1e-9, 1.0, 1000.0)
+
+
+def test_calibrate_replay_neural_and_refusals(router_data: Path, tmp_path: Path) -> None:
+    from whiflash.router import NeuralRouter, export_single_file
+
+    prof = _profile(tmp_path / "p.json")
+    router = export_single_file(NeuralRouter(hidden_size=16, mlp_dim=8), tmp_path / "r.safetensors")
+    out = tmp_path / "neural.json"
+    assert main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof),
+                 "--calibrate-method", "whiflash-neural", "--whiflash-neural-router-path", str(router),
+                 "--thresholds=-100,0,100", "--output", str(out), "--out", str(tmp_path)]) == 0
+    thr = json.loads(out.read_text())
+    assert thr["method"] == "whiflash-neural" and set(thr["thresholds"]) == set(CATEGORIES)
+    for d in thr["details"].values():  # a predicted gain above -100 everywhere: always slot 0
+        assert d["sweep"]["-100.0"] == pytest.approx(d["fixed"]["slot0"])
+    with pytest.raises(ValueError, match="--replay needs --latency-profile"):
+        main(["calibrate", "--replay", str(router_data), "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="needs --whiflash-neural-router-path"):
+        main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--calibrate-method",
+              "whiflash-neural", "--out", str(tmp_path)])
+    bad = LatencyProfile.read(prof)
+    bad.round.pop("eagle3")
+    with pytest.raises(ValueError, match=r"no round time for eagle3"):
+        main(["calibrate", "--replay", str(router_data), "--latency-profile", str(bad.write(tmp_path / "b.json")),
+              "--out", str(tmp_path)])
