@@ -4,6 +4,11 @@
 Example (the embedded testbed; a real run names Hub ids or folders instead):
 
     whiflash-datagen --testbed runs/testbed/tiny --prompts '[testbed:validation]' --out data/tiny-df-e3
+
+On several GPUs, the same command under torchrun (docs/multi_gpu.md): each rank decodes every N-th shard
+on cuda:LOCAL_RANK, and the dataset is the one a single process writes, file for file:
+
+    torchrun --nproc-per-node 2 -m whiflash.datagen --testbed runs/testbed/tiny --prompts '[testbed:validation]' ...
 """
 from __future__ import annotations
 
@@ -17,8 +22,9 @@ import torch
 from tqdm import tqdm
 
 import whiflash
+from whiflash import distributed
 from whiflash.datagen.prompts import PromptItem, read_source
-from whiflash.data import RouterDatasetManifest, shard_entry, write_manifest, write_shard
+from whiflash.data import RouterDatasetManifest, ShardEntry, shard_entry, write_manifest, write_shard
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding.routed import OracleDrafter
 from whiflash.io import atomic_write_json
@@ -89,7 +95,7 @@ def datagen(
         max_prompt_tokens: prompts are cut to their last this-many tokens.
         max_new_tokens: tokens generated per prompt (greedy).
         shard_size: prompts per Parquet shard (the unit of resumption).
-        device: torch device.
+        device: torch device. Under torchrun give the type (`cuda`): each rank takes cuda:LOCAL_RANK.
         dtype: float32 or bfloat16.
         cuda_graphs: on CUDA, replay captured graphs for the fixed-shape passes (target verify, drafting,
             catch-up); the eager path rebuilds its work every round. Ignored on the CPU.
@@ -100,6 +106,8 @@ def datagen(
     args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items() if k not in ("out", "cuda_graphs")}
     parsed = Pair.parse(pair, what="--pair")
     _check_arguments(args, parsed)
+    ranks = distributed.init()
+    device = ranks.device(device)  # pinned arguments keep the user's `cuda`; this rank decodes on cuda:LOCAL_RANK
     saved = out / ARGS_FILE
     if saved.exists():
         pinned = json.loads(saved.read_text())
@@ -131,15 +139,23 @@ def datagen(
         recorder.use_cuda_graphs()
     tokenizer = _tokenizer(paths["target"])
 
-    shards = []
+    # Shards are the unit of work: under torchrun rank r takes shards r, r + N, ...; names and contents do not
+    # depend on N, so the dataset equals a single process's and a killed launch resumes with any N.
+    done: dict[int, ShardEntry] = {}
     chunks = [items[i : i + shard_size] for i in range(0, len(items), shard_size)]
-    for index, chunk in enumerate(tqdm(chunks, desc="datagen shards")):
+    desc = "datagen shards" + (f" (rank {ranks.rank}/{ranks.world})" if ranks.world > 1 else "")
+    for index in tqdm(ranks.share(range(len(chunks))), desc=desc):
         path = out / f"shard-{index:05d}.parquet"
         if path.exists():  # finished before a restart (shards are renamed into place only when complete)
-            shards.append(shard_entry(path))
+            done[index] = shard_entry(path)
             continue
-        columns = _record_chunk(model, recorder, tokenizer, chunk, max_prompt_tokens, max_new_tokens)
-        shards.append(write_shard(path, columns, model.config.hidden_size))
+        columns = _record_chunk(model, recorder, tokenizer, chunks[index], max_prompt_tokens, max_new_tokens)
+        done[index] = write_shard(path, columns, model.config.hidden_size)
+    merged = {index: entry for part in distributed.gather(done) for index, entry in part.items()}
+    shards = [merged[index] for index in range(len(chunks))]
+    if not ranks.is_main:  # rank 0 writes the manifest; every rank returns once it is there
+        distributed.barrier()
+        return out
     manifest = RouterDatasetManifest(
         target=paths["target"], pair=parsed, tree_budget=recorder.tree_budget,
         drafter_ids=(paths["dflash"], paths["eagle3"] if parsed.needs_eagle3 else paths["dflash"]),
@@ -150,6 +166,7 @@ def datagen(
     )
     write_manifest(out, manifest)
     log.info("wrote %d rounds from %d prompts to %s", manifest.num_rows, len(items), out)
+    distributed.barrier()
     return out
 
 

@@ -1,0 +1,179 @@
+"""Several processes on the CPU (gloo): torchrun datagen writes the one-process dataset, a killed rank resumes,
+and the rank arithmetic of whiflash.distributed (docs/multi_gpu.md)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from whiflash import distributed
+from whiflash.data import read_manifest
+from whiflash.datagen.cli import datagen
+from whiflash.distributed import Ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [[7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6], [1, 2, 3], [4, 4, 4, 9], [20, 21, 22, 23, 24],
+           [11, 2, 33, 4], [5, 6, 7, 8, 9, 10, 11], [30, 3], [9, 9, 2, 7]]
+SHARD_SIZE = 2  # 9 prompts: 5 shards, so two ranks get 3 and 2
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """A child's environment: this checkout importable, one thread a process (two processes share 2 cores)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
+    """Body of one spawned rank: torchrun's variables, then ``fn(rank, *args)``."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    fn(rank, *args)
+
+
+def spawn(fn: Callable[..., Any], world: int, *args: Any) -> None:
+    """Run ``fn(rank, *args)`` in ``world`` fresh processes joined as a gloo launch; a rank that fails ends all."""
+    mp.spawn(_rank_main, args=(world, _free_port(), fn, args), nprocs=world, join=True)
+
+
+def torchrun(world: int, *argv: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node WORLD ARGV`` in a child process."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", *argv]
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return done
+
+
+# ---------------------------------------------------------------- rank arithmetic
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 12])
+def test_shares_cover_every_item_exactly_once(world: int) -> None:
+    items = list(range(11))
+    shares = [Ranks(r, world).share(items) for r in range(world)]
+    assert sorted(i for s in shares for i in s) == items
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_ranks_from_env_and_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    one = distributed.from_env()
+    assert one == Ranks(0, 1, 0) and one.device("cuda:1") == "cuda:1"  # one process keeps what it was given
+    assert distributed.init() == one and distributed.gather("x") == ["x"] and distributed.broadcast(3) == 3
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    ranks = distributed.from_env()
+    assert ranks == Ranks(3, 4, 1) and not ranks.is_main and ranks.device("cpu") == "cpu"
+    with pytest.raises(ValueError, match=r"--device cuda:0: under torchrun \(WORLD_SIZE=4\) give the device type"):
+        ranks.device("cuda:0")
+    if torch.cuda.device_count() < 2:
+        with pytest.raises(ValueError, match="LOCAL_RANK 1 but this host shows"):
+            ranks.device("cuda")
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ValueError, match="expected 0 <= RANK < WORLD_SIZE"):
+        distributed.from_env()
+    monkeypatch.setenv("RANK", "one")
+    with pytest.raises(ValueError, match="RANK='one': expected an integer"):
+        distributed.from_env()
+
+
+# ---------------------------------------------------------------- datagen
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "ids.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "category": ("math", "code")[i % 2], "input_ids": p}) + "\n"
+                            for i, p in enumerate(PROMPTS)))
+    return path
+
+
+def _datagen_kwargs(world: Any, prompt_file: Path) -> dict[str, Any]:
+    return dict(prompts=[str(prompt_file)], target=str(world.target_dir), eagle3=str(world.eagle_dir),
+                dflash=str(world.dflash_dir), max_new_tokens=24, shard_size=SHARD_SIZE, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def one_process(worlds: dict, prompt_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: the same datagen in this one process (one thread, as every rank runs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return datagen(out=tmp_path_factory.mktemp("one") / "data", **_datagen_kwargs(worlds["qwen3-mixed"],
+                                                                                       prompt_file))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _rows(data: Path) -> list[tuple]:
+    """Every row of a dataset as a tuple (hidden as bytes), sorted: the dataset as a set of rows."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table([data / s.file for s in read_manifest(data).shards]).to_pylist()
+    return sorted(tuple(bytes(memoryview(torch.tensor(v, dtype=torch.float16).numpy())) if k == "hidden" else v
+                        for k, v in sorted(r.items())) for r in table)
+
+
+def test_torchrun_datagen_writes_the_one_process_dataset(worlds: dict, prompt_file: Path, one_process: Path,
+                                                         tmp_path: Path) -> None:
+    world = worlds["qwen3-mixed"]
+    out = tmp_path / "data"
+    kw = _datagen_kwargs(world, prompt_file)
+    torchrun(2, "-m", "whiflash.datagen", "--out", str(out), "--prompts", json.dumps(kw.pop("prompts")),
+             *[f"--{k}={v}" for k, v in kw.items()])
+    assert _rows(out) == _rows(one_process)  # the merged rows, as a set
+    # stronger: the same shards, byte for byte, in the same order (each rank took every other shard)
+    assert read_manifest(out).shards == read_manifest(one_process).shards
+    from whiflash.train.data import RouterDataModule  # whiflash-train reads it as it reads any dataset
+
+    dm = RouterDataModule(str(out), val_fraction=0.25, test_fraction=0.0, cache_dir=str(tmp_path / "cache"))
+    dm.setup("fit")
+    assert sum(len(dm.split_indices[s]) for s in ("train", "val")) == read_manifest(out).num_rows
+
+
+def _datagen_rank(rank: int, out: str, kwargs: dict[str, Any], die_after_first_shard: int | None) -> None:
+    """One rank of datagen; rank ``die_after_first_shard`` is killed (os._exit) right after its first shard."""
+    if rank == die_after_first_shard:
+        import whiflash.datagen.cli as cli
+
+        write_shard = cli.write_shard
+
+        def write_then_die(*args: Any, **kw: Any) -> Any:
+            write_shard(*args, **kw)
+            os._exit(9)
+
+        cli.write_shard = write_then_die
+    datagen(out=Path(out), **kwargs)
+
+
+def test_a_killed_rank_resumes_and_loses_nothing(worlds: dict, prompt_file: Path, one_process: Path,
+                                                 tmp_path: Path) -> None:
+    out = tmp_path / "data"
+    kwargs = _datagen_kwargs(worlds["qwen3-mixed"], prompt_file)
+    with pytest.raises(mp.ProcessExitedException, match="exit code 9"):
+        spawn(_datagen_rank, 2, str(out), kwargs, 1)
+    assert not (out / "manifest.json").exists()  # the launch ended (rank 0 was stopped too)
+    assert (out / "shard-00001.parquet").exists()  # rank 1's first shard (shards 1, 3 are its share)
+    kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.parquet")}
+    spawn(_datagen_rank, 2, str(out), kwargs, None)  # the same arguments
+    assert read_manifest(out).shards == read_manifest(one_process).shards  # nothing lost, nothing duplicated
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.parquet") if p.name in kept} == kept
