@@ -143,8 +143,7 @@ def datagen(
     # depend on N, so the dataset equals a single process's and a killed launch resumes with any N.
     done: dict[int, ShardEntry] = {}
     chunks = [items[i : i + shard_size] for i in range(0, len(items), shard_size)]
-    desc = "datagen shards" + (f" (rank {ranks.rank}/{ranks.world})" if ranks.world > 1 else "")
-    for index in tqdm(ranks.share(range(len(chunks))), desc=desc):
+    for index in tqdm(ranks.share(range(len(chunks))), desc=ranks.describe("datagen shards")):
         path = out / f"shard-{index:05d}.parquet"
         if path.exists():  # finished before a restart (shards are renamed into place only when complete)
             done[index] = shard_entry(path)

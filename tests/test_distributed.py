@@ -177,3 +177,53 @@ def test_a_killed_rank_resumes_and_loses_nothing(worlds: dict, prompt_file: Path
     spawn(_datagen_rank, 2, str(out), kwargs, None)  # the same arguments
     assert read_manifest(out).shards == read_manifest(one_process).shards  # nothing lost, nothing duplicated
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.parquet") if p.name in kept} == kept
+
+
+# ---------------------------------------------------------------- eval bench
+
+BENCH = ["--dataset", "testbed:test", "--max-samples", "3", "--methods", "ar,dflash", "--max-new-tokens", "12",
+         "--warmup-tokens", "4", "--bootstrap", "50", "--dtype", "float32", "--device", "cpu", "--threads", "1",
+         "--no-plots", "--name", "sharded"]
+
+
+def test_torchrun_bench_shards_samples_and_rank0_merges_them(micro: Path, tmp_path: Path) -> None:
+    from whiflash.eval.cli import main
+
+    torchrun(2, "-m", "whiflash.eval", "bench", "--testbed", str(micro), "--out", str(tmp_path / "two"), *BENCH)
+    (run,) = (tmp_path / "two").glob("*_sharded")
+    manifest = json.loads((run / "manifest.json").read_text())
+    ids = [s["id"] for s in manifest["samples"]]
+    assert [r["rank"] for r in manifest["ranks"]] == [0, 1] and {r["device"] for r in manifest["ranks"]} == {"cpu"}
+    assert sorted(i for r in manifest["ranks"] for i in r["samples"]) == sorted(ids)  # every sample once
+    per_rank = [[json.loads(x) for x in (run / f"samples-rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
+    assert [{row["sample"] for row in rows} for rows in per_rank] == [set(r["samples"]) for r in manifest["ranks"]]
+    merged = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert sorted(map(json.dumps, merged)) == sorted(json.dumps(row) for rows in per_rank for row in rows)
+    results = json.loads((run / "results.json").read_text())
+    assert results["samples"] == 3 and results["mismatches"] == []
+    # the same outputs as one process on the same samples (greedy, float32)
+    assert main(["bench", "--testbed", str(micro), "--out", str(tmp_path / "one"), *BENCH]) == 0
+    (one,) = (tmp_path / "one").glob("*_sharded")
+    tokens = lambda rows: sorted((r["sample"], r["method"], r["tokens"]) for r in rows)  # noqa: E731
+    assert tokens(merged) == tokens(json.loads(x) for x in (one / "samples.jsonl").read_text().splitlines())
+
+
+def test_mixed_gpu_models_are_refused_unless_allowed() -> None:
+    from whiflash.eval.bench import check_devices
+
+    same = [{"device": f"cuda:{i}", "gpu": "NVIDIA H200"} for i in (0, 1)]
+    assert check_devices(same, allow_mixed=False) == same
+    mixed = [same[0], {"device": "cuda:1", "gpu": "NVIDIA A100-SXM4-80GB"}]
+    with pytest.raises(ValueError, match=r"rank 0: NVIDIA H200, rank 1: NVIDIA A100.*--allow-mixed-devices"):
+        check_devices(mixed, allow_mixed=False)
+    assert check_devices(mixed, allow_mixed=True) == mixed
+
+
+def test_only_bench_runs_under_torchrun(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from whiflash.eval.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit):
+        main(["report", "some_run"])
+    assert "whiflash-eval report runs in one process" in capsys.readouterr().err

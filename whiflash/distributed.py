@@ -51,6 +51,10 @@ class Ranks:
         """Rank 0 writes what is written once (manifests, merged results)."""
         return self.rank == 0
 
+    def describe(self, what: str) -> str:
+        """``what``, naming the rank when there are several (progress bars, log lines)."""
+        return what if self.world == 1 else f"{what} (rank {self.rank}/{self.world})"
+
     def share(self, items: Sequence[T]) -> list[T]:
         """This rank's strided share: items ``rank, rank + world, ...``. The shares of all ranks cover every
         item exactly once, and (items being in a fixed order) each rank's share is the same on every launch."""
