@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -177,6 +178,93 @@ def test_a_killed_rank_resumes_and_loses_nothing(worlds: dict, prompt_file: Path
     spawn(_datagen_rank, 2, str(out), kwargs, None)  # the same arguments
     assert read_manifest(out).shards == read_manifest(one_process).shards  # nothing lost, nothing duplicated
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.parquet") if p.name in kept} == kept
+
+
+# ---------------------------------------------------------------- train (Lightning DDP)
+
+FIT = ["--trainer.max_epochs", "2", "--model.mlp_dim", "32", "--data.batch_size", "128", "--trainer.accelerator",
+       "cpu", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false", "--num_threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def router_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from whiflash.train.synthetic import write_synthetic_dataset
+
+    data = tmp_path_factory.mktemp("router") / "data"
+    write_synthetic_dataset(data, num_prompts=60, rounds_per_prompt=20, hidden_size=16, seed=1, progress=False)
+    return data
+
+
+def _train(devices: int, command: str, data: Path, out: Path, *extra: str) -> Path:
+    """``whiflash-train COMMAND`` on ``devices`` CPU processes (gloo DDP; Lightning starts rank 1 by running the
+    same command again), one device in this process; returns the run folder."""
+    argv = [command, "--data.path", str(data), "--trainer.default_root_dir", str(out), "--trainer.devices",
+            str(devices), "--trainer.strategy", "ddp", "--data.cache_dir", str(out.parent / "cache"), *FIT, *extra]
+    hf = {"HF_HOME": str(out.parent / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    if devices == 1:  # in this process: no second start of Python and Lightning
+        from whiflash.train.cli import run
+
+        threads = torch.get_num_threads()
+        with pytest.MonkeyPatch.context() as mp_:
+            for k, v in hf.items():
+                mp_.setenv(k, v)
+            mp_.setattr(sys, "argv", ["whiflash-train"])
+            run(argv)
+        torch.set_num_threads(threads)
+    else:
+        done = subprocess.run([sys.executable, "-m", "whiflash.train.cli", *argv], cwd=ROOT, env=_env(**hf),
+                              capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    (run,) = out.iterdir()  # one run folder, whatever the number of ranks
+    return run
+
+
+def test_every_rank_steps_through_its_part_of_every_batch(router_data: Path, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from whiflash.train.data import BatchIndexSampler, RouterDataModule
+
+    idx = np.arange(0, 203, 2)  # 102 rows, batches of 16: the last holds 6
+    for shuffle in (False, True):
+        one = list(BatchIndexSampler(idx, 16, shuffle, seed=3))
+        for world in (2, 3):
+            parts = [list(BatchIndexSampler(idx, 16, shuffle, seed=3, rank=r, world=world)) for r in range(world)]
+            assert all(len(p) == len(one) for p in parts)  # DDP ranks step together
+            for step, batch in enumerate(one):
+                assert sorted(np.concatenate([p[step] for p in parts])) == sorted(batch)
+    tiny = [list(BatchIndexSampler(np.array([5]), 16, False, rank=r, world=2)) for r in (0, 1)]
+    assert tiny == [[np.array([5])], [np.array([5])]]  # fewer rows than ranks: no rank gets an empty batch
+    dm = RouterDataModule(str(router_data), cache_dir=str(tmp_path / "cache"))
+    dm.setup("fit")
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=1,
+                                 _accelerator_connector=SimpleNamespace(use_distributed_sampler=True))
+    with pytest.raises(ValueError, match="--trainer.use_distributed_sampler true: .* expected false"):
+        dm.train_dataloader()
+
+
+def test_ddp_on_two_processes_trains_what_one_device_trains(router_data: Path, tmp_path: Path) -> None:
+    runs = {d: _train(d, "fit", router_data, tmp_path / f"out{d}") for d in (1, 2)}
+    results = {d: json.loads((run / "results.json").read_text()) for d, run in runs.items()}
+    for key in ("mse", "mae", "spearman", "auroc"):  # each rank stepped through half of every batch
+        assert results[2][key] == pytest.approx(results[1][key], rel=1e-4, abs=1e-5), key
+    for key in ("share", "tau_best", "best_threshold"):
+        assert results[2]["routing"][key] == pytest.approx(results[1]["routing"][key], rel=1e-4, abs=1e-5), key
+    manifest = json.loads((runs[2] / "manifest.json").read_text())
+    assert manifest["devices"] == 2 and manifest["global_step"] == json.loads(
+        (runs[1] / "manifest.json").read_text())["global_step"]
+    assert len(list(runs[2].glob("**/model.safetensors"))) == 1  # exported once, by rank 0
+    assert len(list((runs[2] / "checkpoints").glob("*.ckpt"))) == 1
+
+
+def test_ddp_predict_gathers_every_row_in_order(router_data: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    run = _train(1, "fit", router_data, tmp_path / "fit")
+    (ckpt,) = (run / "checkpoints").glob("*.ckpt")
+    tables = [pq.read_table(_train(d, "predict", router_data, tmp_path / f"predict{d}", "--ckpt_path", str(ckpt))
+                            / "predictions.parquet").to_pydict() for d in (1, 2)]
+    assert tables[0]["row"] == tables[1]["row"] and len(tables[0]["row"]) > 100
+    assert tables[1]["pred"] == pytest.approx(tables[0]["pred"], abs=1e-6)
 
 
 # ---------------------------------------------------------------- eval bench

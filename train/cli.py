@@ -6,10 +6,12 @@ Examples::
     whiflash-train fit --print_config > router.yaml; whiflash-train fit --config router.yaml
     whiflash-train test --data.path DATA --ckpt_path RUN/checkpoints/router-....ckpt
     whiflash-train push --router RUN/router --repo-id ORG/Qwen3-8B-NeuralRouter-df-e3
+    whiflash-train fit --data.path DATA --trainer.devices 2 --trainer.strategy ddp   # one process per device
 
 Every run gets its own directory ``<default_root_dir>/<YYYYmmdd-HHMMSS>_<run_name>/`` with the resolved
 ``config.yaml``, ``metrics.csv``, ``checkpoints/``, and after ``fit`` the exported ``router/`` folder,
-``router.safetensors``, ``results.json``, ``plots/`` and ``manifest.json``.
+``router.safetensors``, ``results.json``, ``plots/`` and ``manifest.json``. Under DDP, rank 0 writes them once
+(docs/multi_gpu.md).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
@@ -87,13 +90,13 @@ class RouterCLI(LightningCLI):
         from .plots import plot_run
 
         trainer, dm = self.trainer, self.datamodule
-        if not trainer.is_global_zero:
+        run_dir = Path(trainer.log_dir or trainer.default_root_dir)  # under DDP a broadcast: every rank asks
+        if not trainer.is_global_zero:  # rank 0 exports, plots and writes the manifest once
             return
         ckpt_cb = trainer.checkpoint_callback
         ckpt = ckpt_cb.best_model_path if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.best_model_path else None
         if ckpt is None:
             log.warning("no best checkpoint (validation/checkpointing disabled?); exporting the final weights")
-        run_dir = Path(trainer.log_dir or trainer.default_root_dir)
         results = export_run(self.model, dm, run_dir, ckpt)
         plot_run(run_dir, results, dm.manifest.drafter_ids)
         es = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
@@ -102,6 +105,7 @@ class RouterCLI(LightningCLI):
             "splits": {s: {"prompts": len(dm.split_prompts[s]), "rows": int(len(dm.split_indices[s]))}
                        for s in dm.split_indices},
             "best_checkpoint": ckpt, "epochs": trainer.current_epoch, "global_step": trainer.global_step,
+            "devices": trainer.world_size,
             "stopping_reason": str(getattr(es, "stopping_reason", None)) if es is not None else None,
             "val": {k: results[k] for k in ("mse", "mae", "spearman", "auroc")},
             "val_routing": {k: v for k, v in results["routing"].items() if k not in ("tau_router", "thresholds")},
@@ -115,10 +119,18 @@ class RouterCLI(LightningCLI):
         import pyarrow.parquet as pq
 
         batches = self.trainer.predict_loop.predictions or []
-        if not batches or not self.trainer.is_global_zero:
+        cols = {k: torch.cat([b[k] for b in batches]).numpy() for k in ("row", "pred", "gain")} if batches else None
+        if self.trainer.world_size > 1:  # each rank scored part of every batch: rank 0 collects them in row order
+            parts: list[Any] = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(parts, cols)
+            parts = [p for p in parts if p is not None]
+            cols = None if not parts else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            if cols is not None:
+                order = np.argsort(cols["row"], kind="stable")
+                cols = {k: v[order] for k, v in cols.items()}
+        path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "predictions.parquet"  # every rank asks
+        if cols is None or not self.trainer.is_global_zero:
             return
-        cols = {k: torch.cat([b[k] for b in batches]).numpy() for k in ("row", "pred", "gain")}
-        path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "predictions.parquet"
         pq.write_table(pa.table(cols), path)
         log.info("wrote %d predictions (%s split) to %s", len(cols["row"]), self.datamodule.hparams.predict_split, path)
 
@@ -197,8 +209,9 @@ def run(args: list[str] | None = None) -> RouterCLI | str:
         RouterDataModule,
         args=args,
         seed_everything_default=1234,
+        # the data module shards batches by rank itself under DDP (RouterDataModule), so no sampler replacement
         trainer_defaults={"deterministic": True, "max_epochs": 20, "default_root_dir": "runs/train",
-                          "log_every_n_steps": 10},
+                          "log_every_n_steps": 10, "use_distributed_sampler": False},
         save_config_kwargs={"overwrite": False},
         parser_kwargs={"description": DESCRIPTION},
     )
