@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -143,6 +144,7 @@ def datagen(
     # depend on N, so the dataset equals a single process's and a killed launch resumes with any N.
     done: dict[int, ShardEntry] = {}
     chunks = [items[i : i + shard_size] for i in range(0, len(items), shard_size)]
+    start, decoded = time.perf_counter(), 0
     for index in tqdm(ranks.share(range(len(chunks))), desc=ranks.describe("datagen shards")):
         path = out / f"shard-{index:05d}.parquet"
         if path.exists():  # finished before a restart (shards are renamed into place only when complete)
@@ -150,6 +152,10 @@ def datagen(
             continue
         columns = _record_chunk(model, recorder, tokenizer, chunks[index], max_prompt_tokens, max_new_tokens)
         done[index] = write_shard(path, columns, model.config.hidden_size)
+        decoded += done[index].rows
+    seconds = time.perf_counter() - start  # per-rank throughput (scripts/multi_gpu_session.sh reads this line)
+    log.info("%s: decoded %d rounds in %.2f s (%.1f rounds/s)", ranks.describe("datagen"), decoded, seconds,
+             decoded / max(seconds, 1e-9))
     merged = {index: entry for part in distributed.gather(done) for index, entry in part.items()}
     shards = [merged[index] for index in range(len(chunks))]
     if not ranks.is_main:  # rank 0 writes the manifest; every rank returns once it is there
