@@ -206,7 +206,8 @@ def _row(sample: Sample, turn: int, method: Method, order: int, ids: list[int], 
 
 
 def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str | None = None) -> BenchResult:
-    """Run the benchmark described by `cfg`; write (or resume) its run folder and return the results."""
+    """Run the benchmark described by `cfg`; write (or resume) its run folder and return the results.
+    Under torchrun every rank returns once rank 0 has written them; only rank 0's result holds them."""
     if cfg.temperature > 0:
         log.warning("temperature %.3g: outputs are samples, so the token-for-token lossless check is skipped",
                     cfg.temperature)
@@ -228,10 +229,10 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
     max_len = runner.prepare(mine)
     catchup_note = ("catch-up timed with synchronisation (--whiflash-time-catchup); speed figures include that cost"
                     if cfg.whiflash_time_catchup else "not timed (enable with --whiflash-time-catchup)")
-    # which GPU ran which samples: with paired speedups a reader can still compare ranks
-    per_rank = [{"rank": r, **hw, "samples": [s.id for s in distributed.Ranks(r, ranks.world).share(samples)]}
-                for r, hw in enumerate(hardware)]
     if ranks.is_main:
+        # which GPU ran which samples: with paired speedups a reader can still compare ranks
+        per_rank = [{"rank": r, **hw, "samples": [s.id for s in distributed.Ranks(r, ranks.world).share(samples)]}
+                    for r, hw in enumerate(hardware)]
         write_manifest(run, argv=list(argv if argv is not None else sys.argv), seed=cfg.seed, device=runner.cfg.device,
                        models={**runner.paths, "neural_router": cfg.whiflash_neural_router_path,
                                "pair": cfg.whiflash_drafters, "tree_budget": cfg.ddtree_tree_budget},

@@ -1,5 +1,6 @@
-"""Several processes on the CPU (gloo): torchrun datagen writes the one-process dataset, a killed rank resumes,
-and the rank arithmetic of whiflash.distributed (docs/multi_gpu.md)."""
+"""Several processes on the CPU (gloo), docs/multi_gpu.md: the rank arithmetic of whiflash.distributed; torchrun
+datagen writes the one-process dataset and a killed rank resumes; DDP training reaches one device's metrics;
+torchrun bench shards samples and rank 0 merges them."""
 from __future__ import annotations
 
 import json
@@ -54,12 +55,16 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any) -> None:
     mp.spawn(_rank_main, args=(world, _free_port(), fn, args), nprocs=world, join=True)
 
 
-def torchrun(world: int, *argv: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc-per-node WORLD ARGV`` in a child process."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", *argv]
-    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+def python(*argv: str, **env: str) -> None:
+    """``python ARGV`` in a child process; a failure shows the end of its output."""
+    done = subprocess.run([sys.executable, *argv], cwd=ROOT, env=_env(**env), capture_output=True, text=True,
+                          timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return done
+
+
+def torchrun(world: int, *argv: str) -> None:
+    """``torchrun --standalone --nproc-per-node WORLD ARGV`` in a child process."""
+    python("-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", *argv)
 
 
 # ---------------------------------------------------------------- rank arithmetic
@@ -212,9 +217,7 @@ def _train(devices: int, command: str, data: Path, out: Path, *extra: str) -> Pa
             run(argv)
         torch.set_num_threads(threads)
     else:
-        done = subprocess.run([sys.executable, "-m", "whiflash.train.cli", *argv], cwd=ROOT, env=_env(**hf),
-                              capture_output=True, text=True, timeout=240)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+        python("-m", "whiflash.train.cli", *argv, **hf)
     (run,) = out.iterdir()  # one run folder, whatever the number of ranks
     return run
 

@@ -120,14 +120,14 @@ class RouterCLI(LightningCLI):
 
         batches = self.trainer.predict_loop.predictions or []
         cols = {k: torch.cat([b[k] for b in batches]).numpy() for k in ("row", "pred", "gain")} if batches else None
-        if self.trainer.world_size > 1:  # each rank scored part of every batch: rank 0 collects them in row order
+        if self.trainer.world_size > 1:  # each rank scored part of every batch: join them in row order
             parts: list[Any] = [None] * self.trainer.world_size
             torch.distributed.all_gather_object(parts, cols)
             parts = [p for p in parts if p is not None]
-            cols = None if not parts else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-            if cols is not None:
-                order = np.argsort(cols["row"], kind="stable")
-                cols = {k: v[order] for k, v in cols.items()}
+            cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else None
+            if cols is not None:  # sorted by row; a row several ranks scored (a batch of fewer than N rows) once
+                _, first = np.unique(cols["row"], return_index=True)
+                cols = {k: v[first] for k, v in cols.items()}
         path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "predictions.parquet"  # every rank asks
         if cols is None or not self.trainer.is_global_zero:
             return
