@@ -83,8 +83,9 @@ PY
     train)
       for d in 1 2; do
         rm -rf "$LOG/train_d$d"
+        strategy=ddp; [ "$d" -gt 1 ] || strategy=auto  # the baseline is a plain one-device run
         timed "train_d$d" 240 python3 -m whiflash.train.cli fit --data.path "$LOG/data_n2" --trainer.accelerator "$ACCEL" \
-          --trainer.devices "$d" --trainer.strategy ddp --trainer.default_root_dir "$LOG/train_d$d" \
+          --trainer.devices "$d" --trainer.strategy "$strategy" --trainer.default_root_dir "$LOG/train_d$d" \
           --trainer.enable_progress_bar false --data.cache_dir "$LOG/hf_cache"
       done ;;
     eval)

@@ -202,9 +202,11 @@ def router_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _train(devices: int, command: str, data: Path, out: Path, *extra: str) -> Path:
     """``whiflash-train COMMAND`` on ``devices`` CPU processes (gloo DDP; Lightning starts rank 1 by running the
-    same command again), one device in this process; returns the run folder."""
+    same command again), or on one device in this process (no DDP, so no process group is left behind);
+    returns the run folder."""
     argv = [command, "--data.path", str(data), "--trainer.default_root_dir", str(out), "--trainer.devices",
-            str(devices), "--trainer.strategy", "ddp", "--data.cache_dir", str(out.parent / "cache"), *FIT, *extra]
+            str(devices), "--trainer.strategy", "ddp" if devices > 1 else "auto", "--data.cache_dir",
+            str(out.parent / "cache"), *FIT, *extra]
     hf = {"HF_HOME": str(out.parent / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     if devices == 1:  # in this process: no second start of Python and Lightning
         from whiflash.train.cli import run
