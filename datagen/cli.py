@@ -4,12 +4,18 @@
 Example (the embedded testbed; a real run names Hub ids or folders instead):
 
     whiflash-datagen --testbed runs/testbed/tiny --prompts testbed:validation --out data/tiny-df-e3
+
+On several GPUs, the same command under torchrun (docs/multi_gpu.md): each rank decodes every N-th shard
+on cuda:LOCAL_RANK, and the dataset is the one a single process writes, file for file:
+
+    torchrun --nproc-per-node 2 -m whiflash.datagen --testbed runs/testbed/tiny --prompts testbed:validation ...
 """
 from __future__ import annotations
 
 import inspect
 import logging
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +25,8 @@ import torch
 from tqdm import tqdm
 
 import whiflash
-from whiflash.data import RouterDatasetManifest, shard_entry, write_manifest, write_shard
+from whiflash import distributed
+from whiflash.data import RouterDatasetManifest, ShardEntry, shard_entry, write_manifest, write_shard
 from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, read_source, resolve_source
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding.routed import OracleDrafter
@@ -96,7 +103,7 @@ def datagen(
         max_prompt_tokens: prompts are cut to their last this-many tokens.
         max_new_tokens: tokens generated per prompt (greedy).
         shard_size: prompts per Parquet shard (the unit of resumption).
-        device: torch device.
+        device: torch device. Under torchrun give the type (`cuda`): each rank takes cuda:LOCAL_RANK.
         dtype: float32 or bfloat16.
         cuda_graphs: on CUDA, replay captured graphs for the fixed-shape passes (target verify, drafting,
             catch-up); the eager path rebuilds its work every round. Ignored on the CPU.
@@ -115,6 +122,8 @@ def datagen(
     resolved = {k: _resolved(v, f"--{k}") for k, v in paths.items()}  # a missing folder is named now
     sources = parse_sources(prompts)
     items = [it for src in sources for it in read_source(src, testbed, per_category)][:max_prompts]
+    ranks = distributed.init()
+    device = ranks.device(device)  # pinned arguments keep the user's `cuda`; this rank decodes on cuda:LOCAL_RANK
     if not items:
         raise ValueError(f"--prompts {sources} gave no prompts")
     digest = prompts_sha256(items)
@@ -135,20 +144,33 @@ def datagen(
         recorder.use_cuda_graphs()
     tokenizer = _tokenizer(paths["target"])
 
-    shards = []
-    bar = tqdm(total=len(items), desc="datagen prompts", unit="prompt")
+    # Shards are the unit of work: under torchrun rank r takes shards r, r + N, ...; names and contents do not
+    # depend on N, so the dataset equals a single process's and a killed launch resumes with any N.
+    done: dict[int, ShardEntry] = {}
+    chunks = [items[i : i + shard_size] for i in range(0, len(items), shard_size)]
+    mine = ranks.share(range(len(chunks)))
+    bar = tqdm(total=sum(len(chunks[i]) for i in mine), desc=ranks.describe("datagen prompts"), unit="prompt")
     meter = TauMeter(parsed)
-    for index in range(0, len(items), shard_size):
-        chunk = items[index : index + shard_size]
-        path = out / f"shard-{index // shard_size:05d}.parquet"
+    start, decoded = time.perf_counter(), 0
+    for index in mine:
+        path = out / f"shard-{index:05d}.parquet"
         if path.exists():  # finished before a restart (shards are renamed into place only when complete)
-            shards.append(shard_entry(path))
-            bar.update(len(chunk))
+            done[index] = shard_entry(path)
+            bar.update(len(chunks[index]))
             continue
-        columns = _record_chunk(model, recorder, tokenizer, chunk, max_prompt_tokens, max_new_tokens,
+        columns = _record_chunk(model, recorder, tokenizer, chunks[index], max_prompt_tokens, max_new_tokens,
                                 on_prompt=lambda cols: meter.add(cols, bar))
-        shards.append(write_shard(path, columns, model.config.hidden_size))
+        done[index] = write_shard(path, columns, model.config.hidden_size)
+        decoded += done[index].rows
     bar.close()
+    seconds = time.perf_counter() - start  # per-rank throughput (scripts/multi_gpu_session.sh reads this line)
+    log.info("%s: decoded %d rounds in %.2f s (%.1f rounds/s)", ranks.describe("datagen"), decoded, seconds,
+             decoded / max(seconds, 1e-9))
+    merged = {index: entry for part in distributed.gather(done) for index, entry in part.items()}
+    shards = [merged[index] for index in range(len(chunks))]
+    if not ranks.is_main:  # rank 0 writes the manifest; every rank returns once it is there
+        distributed.barrier()
+        return out
     manifest = RouterDatasetManifest(
         target=paths["target"], pair=parsed, tree_budget=recorder.tree_budget,
         drafter_ids=(paths["dflash"], paths["eagle3"] if parsed.needs_eagle3 else paths["dflash"]),
@@ -159,6 +181,7 @@ def datagen(
     )
     write_manifest(out, manifest)
     log.info("wrote %d rounds from %d prompts to %s", manifest.num_rows, len(items), out)
+    distributed.barrier()
     return out
 
 

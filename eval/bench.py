@@ -2,14 +2,16 @@
 with AR and aggregate.
 
 See `whiflash.eval.metrics.PROTOCOL` for the measurement protocol and docs/eval.md for the layout of
-a run folder.
+a run folder. Under `torchrun --nproc-per-node N` each rank benches every N-th sample on cuda:LOCAL_RANK
+(AR and every method on the same GPU, so speedups stay paired) and rank 0 writes the results
+(docs/multi_gpu.md).
 """
 from __future__ import annotations
 
 import json
 import logging
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 import whiflash
+from whiflash import distributed
 from whiflash.decoding.stats import TAU_DEFINITION
 from whiflash.io import atomic_write_text
 from whiflash.prompts import encode_chat
@@ -26,7 +29,7 @@ from .datasets import Sample, load_samples
 from .lossless import MarginProbe, Mismatch, first_difference
 from .methods import Method, MethodFactory, method_names, model_paths
 from .metrics import PROTOCOL, aggregate, decode_tokens
-from .outputs import SampleLog, prepare_run_dir, write_manifest, write_results
+from .outputs import SampleLog, device_info, prepare_run_dir, write_manifest, write_results
 
 log = logging.getLogger(__name__)
 
@@ -203,30 +206,51 @@ def _row(sample: Sample, turn: int, method: Method, order: int, ids: list[int], 
 
 
 def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str | None = None) -> BenchResult:
-    """Run the benchmark described by `cfg`; write (or resume) its run folder and return the results."""
+    """Run the benchmark described by `cfg`; write (or resume) its run folder and return the results.
+    Under torchrun every rank returns once rank 0 has written them; only rank 0's result holds them."""
     if cfg.temperature > 0:
         log.warning("temperature %.3g: outputs are samples, so the token-for-token lossless check is skipped",
                     cfg.temperature)
     testbed = Path(cfg.testbed) if cfg.testbed else None
     samples = load_samples(cfg.dataset, testbed=testbed, max_samples=cfg.max_samples, seed=cfg.seed)
-    runner = Runner(cfg)
+    ranks = distributed.init()
+    if len(samples) < ranks.world:
+        raise ValueError(f"--max-samples/--dataset give {len(samples)} sample(s) for WORLD_SIZE={ranks.world} ranks; "
+                         "expected at least one sample per rank")
+    runner = Runner(replace(cfg, device=ranks.device(cfg.device)))
     runner.build_all(samples)  # before the run folder exists: a refused checkpoint leaves nothing behind
-    config = asdict(cfg)
-    run, resumed = prepare_run_dir(cfg.out, cfg.run_name(), config)
-    if config_dump is not None and not resumed:
+    hardware = check_devices(distributed.gather(device_info(runner.cfg.device)), cfg.allow_mixed_devices)
+    # a sharded run resumes only with the same N: each rank's sample file holds its own share
+    config = asdict(cfg) | ({"world_size": ranks.world} if ranks.world > 1 else {})
+    run, resumed = distributed.broadcast(prepare_run_dir(cfg.out, cfg.run_name(), config) if ranks.is_main else None)
+    if config_dump is not None and not resumed and ranks.is_main:
         atomic_write_text(run / "config.yaml", config_dump)
-    max_len = runner.prepare(samples)
+    mine = ranks.share(samples)  # all of them in one process
+    max_len = runner.prepare(mine)
     catchup_note = ("catch-up timed with synchronisation (--whiflash-time-catchup); speed figures include that cost"
                     if cfg.whiflash_time_catchup else "not timed (enable with --whiflash-time-catchup)")
-    write_manifest(run, argv=list(argv if argv is not None else sys.argv), seed=cfg.seed, device=cfg.device,
-                   models={**runner.paths, "neural_router": cfg.whiflash_neural_router_path, "preset": cfg.preset,
-                           "latency_profile": cfg.whiflash_latency_profile,
-                           "pair": cfg.whiflash_drafters, "tree_budget": cfg.ddtree_tree_budget},
-                   samples=samples,
-                   extra={"methods": runner.names, "tau_definition": TAU_DEFINITION, "protocol": PROTOCOL,
-                          "cache_max_len": max_len, "cuda_graphs": runner.graphs, "resumed": resumed,
-                          "catchup": catchup_note, "strict_tolerance": cfg.strict_tolerance})
-    rows = run_samples(runner, samples, run, "bench samples")
+    if ranks.is_main:
+        # which GPU ran which samples: with paired speedups a reader can still compare ranks
+        per_rank = [{"rank": r, **hw, "samples": [s.id for s in distributed.Ranks(r, ranks.world).share(samples)]}
+                    for r, hw in enumerate(hardware)]
+        write_manifest(run, argv=list(argv if argv is not None else sys.argv), seed=cfg.seed, device=runner.cfg.device,
+                       models={**runner.paths, "neural_router": cfg.whiflash_neural_router_path, "preset": cfg.preset,
+                               "latency_profile": cfg.whiflash_latency_profile,
+                               "pair": cfg.whiflash_drafters, "tree_budget": cfg.ddtree_tree_budget},
+                       samples=samples,
+                       extra={"methods": runner.names, "tau_definition": TAU_DEFINITION, "protocol": PROTOCOL,
+                              "cache_max_len": max_len, "cuda_graphs": runner.graphs, "resumed": resumed,
+                              "catchup": catchup_note, "strict_tolerance": cfg.strict_tolerance,
+                              **({"ranks": per_rank} if ranks.world > 1 else {})})
+    # each rank logs its own share as it goes (samples-rankR.jsonl); rank 0 merges them into samples.jsonl
+    rows = run_samples(runner, mine, run, ranks.describe("bench samples"),
+                       "samples.jsonl" if ranks.world == 1 else f"samples-rank{ranks.rank}.jsonl")
+    if ranks.world > 1:
+        rows = merge_rows(distributed.gather(rows), samples)
+        if not ranks.is_main:  # rank 0 writes the results; every rank returns once they are there
+            distributed.barrier()
+            return BenchResult(run, {})
+        atomic_write_text(run / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     results = aggregate(rows, runner.names, seed=cfg.seed, iterations=cfg.bootstrap)
     mismatches = [r["mismatch"] for r in rows if r.get("mismatch")]
     results.update({"mismatches": mismatches, "catchup_note": catchup_note, "run": str(run),
@@ -245,13 +269,31 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
                   m["margin_fp32"])
     log.info("%d rows, %d mismatches; results in %s", len(rows), len(mismatches), run)
     code = 1 if cfg.strict and bad else 0
+    distributed.barrier()
     return BenchResult(run, results, mismatches, code)
 
 
-def run_samples(runner: Runner, samples: list[Sample], run: Path, desc: str) -> list[dict[str, Any]]:
-    """Every turn of every sample through `run_turn`, rows appended to `run/samples.jsonl` (resumable);
-    returns all rows of the run, earlier ones included."""
-    rows_log = SampleLog(run / "samples.jsonl")
+def check_devices(hardware: list[dict[str, Any]], allow_mixed: bool) -> list[dict[str, Any]]:
+    """Every rank's `device_info`, refused when the ranks' GPUs are different models unless `allow_mixed`."""
+    models = {hw.get("gpu") for hw in hardware}
+    if len(models) > 1 and not allow_mixed:
+        ranks = ", ".join(f"rank {r}: {hw.get('gpu') or hw['device']}" for r, hw in enumerate(hardware))
+        raise ValueError(f"the ranks run on different devices ({ranks}); expected one GPU model, so that figures "
+                         "pooled over ranks describe one machine: pass --allow-mixed-devices to run anyway")
+    return hardware
+
+
+def merge_rows(shares: list[list[dict[str, Any]]], samples: list[Sample]) -> list[dict[str, Any]]:
+    """The rows of every rank's share in sample order (each sample's rows as its rank wrote them)."""
+    order = {s.id: i for i, s in enumerate(samples)}
+    return sorted((row for rows in shares for row in rows), key=lambda row: order[row["sample"]])
+
+
+def run_samples(runner: Runner, samples: list[Sample], run: Path, desc: str,
+                log_name: str = "samples.jsonl") -> list[dict[str, Any]]:
+    """Every turn of every sample through `run_turn`, rows appended to `run/<log_name>` (resumable);
+    returns all rows of that file, earlier ones included."""
+    rows_log = SampleLog(run / log_name)
     probe = MarginProbe(runner.paths["target"], device=runner.cfg.device)
     for k, sample in enumerate(tqdm(samples, desc=desc)):
         replies: list[str] = []

@@ -15,6 +15,8 @@ from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
+from whiflash import distributed
+
 from .calibrate import DEFAULT_THRESHOLDS
 from .config import BenchConfig, ProfileConfig, flag
 
@@ -117,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     ns, parser = parse(argv)
     cmd = ns.command
+    if cmd != "bench" and distributed.from_env().world > 1:  # one run folder, written by one process
+        parser.error(f"whiflash-eval {cmd} runs in one process: start it without torchrun (bench is the command "
+                     "that shards over ranks)")
     args: Any = ns[cmd]
     if cmd == "bench":
         from .bench import run_bench

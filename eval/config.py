@@ -77,6 +77,8 @@ class BenchConfig:
                       "--strict-tolerance (or an unknown margin).")
     strict_tolerance: float = _h(0.05, "Top-2 float32 logit margin up to which a mismatch counts as a numerical tie.")
     no_plots: bool = _h(False, "Skip the plots.")
+    allow_mixed_devices: bool = _h(False, "Under torchrun, run although the ranks' GPUs are different models (each "
+                                   "speedup stays paired on one GPU, but pooled tokens/s then mix machines).")
 
     def run_name(self) -> str:
         if self.name:

@@ -6,11 +6,13 @@ Examples::
     whiflash-train fit --print_config > router.yaml; whiflash-train fit --config router.yaml
     whiflash-train test --data.path DATA --ckpt_path RUN/checkpoints/router-....ckpt
     whiflash-train push --router RUN/router --repo-id ORG/Qwen3-8B-NeuralRouter-df-e3
+    whiflash-train fit --data.path DATA --trainer.devices 2 --trainer.strategy ddp   # one process per device
 
 Every run gets its own directory ``<default_root_dir>/<YYYYmmdd-HHMMSS>_<run_name>/`` with the resolved
 ``config.yaml``, ``metrics.csv`` and ``manifest.json`` (kind ``whiflash.train``: argv, versions, data hash),
 after ``fit`` also ``checkpoints/``, the exported ``router/`` folder, ``router.safetensors``, ``results.json``
 and ``plots/``. ``--trainer.default_root_dir`` holds run folders and may not itself be one (of any tool).
+Under DDP, rank 0 writes them once (docs/multi_gpu.md).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
@@ -91,20 +94,21 @@ class RouterCLI(LightningCLI):
         from .plots import plot_run
 
         trainer, dm = self.trainer, self.datamodule
-        if not trainer.is_global_zero:
+        run_dir = self._run_dir()
+        if not trainer.is_global_zero:  # rank 0 exports, plots and writes the manifest once
             return
         ckpt_cb = trainer.checkpoint_callback
         ckpt = ckpt_cb.best_model_path if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.best_model_path else None
         if ckpt is None:
             log.warning("no best checkpoint (validation/checkpointing disabled?); exporting the final weights")
-        run_dir = self._run_dir()
         results = export_run(self.model, dm, run_dir, ckpt)
         plot_run(run_dir, results, dm.manifest.drafter_ids)
         es = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
-        self._write_manifest({
+        self._write_manifest(run_dir, {
             "splits": {s: {"prompts": len(dm.split_prompts[s]), "rows": int(len(dm.split_indices[s]))}
                        for s in dm.split_indices},
             "best_checkpoint": ckpt, "epochs": trainer.current_epoch, "global_step": trainer.global_step,
+            "devices": trainer.world_size,
             "stopping_reason": str(getattr(es, "stopping_reason", None)) if es is not None else None,
             "val": {k: results[k] for k in ("mse", "mae", "spearman", "auroc")},
             "val_routing": {k: v for k, v in results["routing"].items() if k not in ("tau_router", "thresholds")},
@@ -113,11 +117,11 @@ class RouterCLI(LightningCLI):
 
     def after_validate(self) -> None:
         """Every run folder gets its typed manifest, not only fit's."""
-        self._write_manifest({})
+        self._write_manifest(self._run_dir(), {})
 
     def after_test(self) -> None:
         """Every run folder gets its typed manifest, not only fit's."""
-        self._write_manifest({})
+        self._write_manifest(self._run_dir(), {})
 
     def after_predict(self) -> None:
         """Write ``predictions.parquet`` (row id into the dataset, predicted and logged gain) into the run dir."""
@@ -125,19 +129,29 @@ class RouterCLI(LightningCLI):
         import pyarrow.parquet as pq
 
         batches = self.trainer.predict_loop.predictions or []
-        if not batches or not self.trainer.is_global_zero:
-            return
-        cols = {k: torch.cat([b[k] for b in batches]).numpy() for k in ("row", "pred", "gain")}
+        cols = {k: torch.cat([b[k] for b in batches]).numpy() for k in ("row", "pred", "gain")} if batches else None
+        if self.trainer.world_size > 1:  # each rank scored part of every batch: join them in row order
+            parts: list[Any] = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(parts, cols)
+            parts = [p for p in parts if p is not None]
+            cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else None
+            if cols is not None:  # sorted by row; a row several ranks scored (a batch of fewer than N rows) once
+                _, first = np.unique(cols["row"], return_index=True)
+                cols = {k: v[first] for k, v in cols.items()}
         path = self._run_dir() / "predictions.parquet"
+        if cols is None or not self.trainer.is_global_zero:
+            return
         pq.write_table(pa.table(cols), path)
         log.info("wrote %d predictions (%s split) to %s", len(cols["row"]), self.datamodule.hparams.predict_split, path)
-        self._write_manifest({"outputs": {"predictions": path.name}})
+        self._write_manifest(path.parent, {"outputs": {"predictions": path.name}})
 
     def _run_dir(self) -> Path:
+        """The run folder. Under DDP `log_dir` is a broadcast, so every rank must ask, not only rank 0."""
         return Path(self.trainer.log_dir or self.trainer.default_root_dir)
 
-    def _write_manifest(self, extra: dict[str, Any]) -> None:
-        """``manifest.json`` of the run folder (kind ``whiflash.train``: argv, versions, data), after any subcommand."""
+    def _write_manifest(self, run_dir: Path, extra: dict[str, Any]) -> None:
+        """``manifest.json`` of the run folder (kind ``whiflash.train``: argv, versions, data), after any
+        subcommand; rank 0 writes it."""
         if not self.trainer.is_global_zero:
             return
         versions = package_versions("whiflash", "torch", "lightning", "torchmetrics", "datasets", "huggingface_hub",
@@ -146,7 +160,6 @@ class RouterCLI(LightningCLI):
                     "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_sha": _git_sha(), "versions": versions,
                     "python": platform.python_version(), "machine": platform.platform(),
                     "data": str(self.datamodule.path), "data_manifest_sha256": self.datamodule.manifest_sha256, **extra}
-        run_dir = self._run_dir()
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2, default=str))
 
@@ -216,8 +229,9 @@ def run(args: list[str] | None = None) -> RouterCLI | str:
         RouterDataModule,
         args=args,
         seed_everything_default=1234,
+        # the data module shards batches by rank itself under DDP (RouterDataModule), so no sampler replacement
         trainer_defaults={"deterministic": True, "max_epochs": 20, "default_root_dir": "runs/train",
-                          "log_every_n_steps": 10},
+                          "log_every_n_steps": 10, "use_distributed_sampler": False},
         save_config_kwargs={"overwrite": False},
         parser_kwargs={"description": DESCRIPTION},
     )

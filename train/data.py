@@ -70,11 +70,17 @@ class BatchIndexSampler(Sampler):
 
     With ``weights`` it draws ``len(indices)`` rows with replacement in proportion to the weights (class
     balancing). Sorting within a batch keeps memory-map reads local and changes nothing for the gradient.
+
+    Under DDP (``world`` ranks) every rank draws the same global batches and yields its strided part of each,
+    ``batch[rank::world]``: the ranks step together through the batches one process would see, and DDP's
+    gradient average is that of the global batch (exactly when ``world`` divides its size). A global batch
+    smaller than ``world`` gives each rank one of its rows, so that no rank ever steps on an empty batch.
     """
 
     def __init__(self, indices: np.ndarray, batch_size: int, shuffle: bool, seed: int = 0,
-                 weights: np.ndarray | None = None) -> None:
+                 weights: np.ndarray | None = None, rank: int = 0, world: int = 1) -> None:
         self.indices, self.batch_size, self.shuffle, self.seed, self.weights = indices, batch_size, shuffle, seed, weights
+        self.rank, self.world = rank, world
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -92,15 +98,20 @@ class BatchIndexSampler(Sampler):
         else:
             order = self.indices
         for i in range(0, len(order), self.batch_size):
-            yield np.sort(order[i : i + self.batch_size])
+            batch = np.sort(order[i : i + self.batch_size])
+            yield batch[self.rank :: self.world] if len(batch) >= self.world else batch[[self.rank % len(batch)]]
 
 
 class RouterDataModule(L.LightningDataModule):
     """Router dataset: memory-mapped Parquet shards split by prompt, with training-split standardisation.
 
+    Under ``--trainer.strategy ddp`` with N devices the module shards by rank itself (every rank takes every
+    N-th row of each batch; Lightning's sampler replacement stays off), so N devices take the optimiser steps
+    one device takes, on the same rows, and reach the same metrics.
+
     Args:
         path: dataset directory (Parquet shards + manifest.json; docs/design.md, "The router dataset").
-        batch_size: rows per batch.
+        batch_size: rows per optimiser step, over all devices (under DDP each of N ranks takes every N-th row).
         val_fraction: share of prompts held out for validation (routing metrics, checkpoint selection).
         test_fraction: share of prompts held out for ``test``.
         split_seed: seed of the prompt permutation that assigns prompts to splits.
@@ -241,22 +252,34 @@ class RouterDataModule(L.LightningDataModule):
         w = 1.0 / counts[key]
         return w / w.sum()
 
-    def loader(self, split: str, train: bool = False) -> DataLoader:
-        """DataLoader over ``split``; ``train`` shuffles per epoch (and balances, if asked)."""
+    def loader(self, split: str, train: bool = False, rank: int = 0, world: int = 1) -> DataLoader:
+        """DataLoader over ``split``; ``train`` shuffles per epoch (and balances, if asked); ``rank`` of
+        ``world`` DDP ranks gets its part of every batch (the default, one rank, gets all of it)."""
         idx = self.split_indices[split]
         sampler = BatchIndexSampler(idx, self.hparams.batch_size, shuffle=train, seed=self.hparams.split_seed,
-                                    weights=self._weights(idx) if train else None)
+                                    weights=self._weights(idx) if train else None, rank=rank, world=world)
         return DataLoader(self.data, batch_size=None, sampler=sampler, num_workers=self.hparams.num_workers,
                           persistent_workers=self.hparams.num_workers > 0)
 
+    def _trainer_loader(self, split: str, train: bool = False) -> DataLoader:
+        """``loader`` for this rank of the attached trainer."""
+        trainer = self.trainer
+        if trainer is None or trainer.world_size == 1:
+            return self.loader(split, train)
+        # Lightning would wrap our sampler in a DistributedSampler and split the batches a second time
+        if getattr(getattr(trainer, "_accelerator_connector", None), "use_distributed_sampler", False):
+            raise ValueError("--trainer.use_distributed_sampler true: RouterDataModule shards every batch by rank "
+                             "itself; expected false (whiflash-train's default)")
+        return self.loader(split, train, trainer.global_rank, trainer.world_size)
+
     def train_dataloader(self) -> DataLoader:
-        return self.loader("train", train=True)
+        return self._trainer_loader("train", train=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self.loader("val", train=False)
+        return self._trainer_loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self.loader("test", train=False)
+        return self._trainer_loader("test")
 
     def predict_dataloader(self) -> DataLoader:
-        return self.loader(self.hparams.predict_split, train=False)
+        return self._trainer_loader(self.hparams.predict_split)

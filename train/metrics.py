@@ -95,6 +95,6 @@ def summarize(router: Tensor, slots: Tensor, oracle: Tensor, count: Tensor, thre
 def routing_summary(pred: Tensor, tau_0: Tensor, tau_1: Tensor,
                     thresholds: Sequence[float] = DEFAULT_THRESHOLDS) -> dict[str, Tensor]:
     """One-shot version of :class:`RoutingTau` (used for exports, plots and per-category tables)."""
-    metric = RoutingTau(thresholds)
+    metric = RoutingTau(thresholds, sync_on_compute=False)  # local rows: under DDP, rank 0 alone calls this
     metric.update(pred, tau_0, tau_1)
     return metric.compute()

@@ -95,8 +95,9 @@ class RouterTask(L.LightningModule):
         gain = batch["gain"].float()
         loss = self._loss(pred, gain)
         n = gain.numel()
+        # sync_dist: under DDP the epoch loss is the mean over ranks, not rank 0's part alone
         self.log(f"{stage}/loss", loss, on_step=stage == "train", on_epoch=True, batch_size=n,
-                 prog_bar=stage != "test")
+                 prog_bar=stage != "test", sync_dist=True)
         p = pred.detach()
         self.regression[f"{stage}_m"].update(p, gain)
         # AUROC on the routing decision; the sigmoid only maps g_hat into the binned [0, 1] range.
@@ -122,13 +123,14 @@ class RouterTask(L.LightningModule):
 
     def _log_routing(self, stage: str) -> None:
         metric = self.routing[f"{stage}_m"]
-        if float(metric.count) == 0:
+        if float(metric.count) == 0:  # local count: under DDP every rank holds part of every batch, so all agree
             return
-        s = metric.compute()
+        s = metric.compute()  # torchmetrics sums the states over DDP ranks here
         metric.reset()
         self.last_routing[stage] = {k: v.tolist() for k, v in s.items()}
         for key in ("share", "tau_best", "best_threshold", "tau_oracle", "tau_slot0", "tau_slot1"):
-            self.log(f"{stage}/{key}", s[key], prog_bar=key == "share")
+            # already equal on every rank; sync_dist only tells Lightning so (its mean of equal values)
+            self.log(f"{stage}/{key}", s[key], prog_bar=key == "share", sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
         self._log_routing("val")

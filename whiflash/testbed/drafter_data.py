@@ -124,7 +124,7 @@ def even_layers(num_layers: int, n: int) -> list[int]:
 
 
 def released_taps(kind: str, num_layers: int) -> list[int]:
-    """Tap layers by the released drafters' rules (docs/design.md, "Tap layers"), output-of-layer ids.
+    """Tap layers by the released drafters' rules (docs/design.md, "Testbed"), output-of-layer ids.
 
     EAGLE-3: SpecForge's default ``[1, N//2 - 1, N - 4]``; DFlash (5 taps): ids spaced evenly from
     1 to ``N - 3`` and rounded, which gives ``[1, 9, 17, 25, 33]`` for Qwen3-8B's 36 layers.
