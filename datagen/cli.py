@@ -149,7 +149,9 @@ def datagen(
     done: dict[int, ShardEntry] = {}
     chunks = [items[i : i + shard_size] for i in range(0, len(items), shard_size)]
     mine = ranks.share(range(len(chunks)))
-    bar = tqdm(total=sum(len(chunks[i]) for i in mine), desc=ranks.describe("datagen prompts"), unit="prompt")
+    # every prompt is drawn (they take seconds each, so redrawing costs nothing), not 10 per second at most
+    bar = tqdm(total=sum(len(chunks[i]) for i in mine), desc=ranks.describe("datagen prompts"), unit="prompt",
+               mininterval=0)
     meter = TauMeter(parsed)
     start, decoded = time.perf_counter(), 0
     for index in mine:
