@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Datagen, router training and eval on two GPUs of one host against one GPU (issue 17; docs/multi_gpu.md), step by
 # step, each step under its own time limit:
-#   build    the testbed (PRESET, default small; resumable, so a built folder is reused);
+#   build    the testbed (PRESET, default small; resumable, so a built folder is reused; BUILD_DEVICE=cuda
+#            builds a CPU preset such as tiny on the GPU in a minute or two);
 #   datagen  whiflash-datagen under torchrun with N=1 and N=2 on the same training-split prompts (fp32, CUDA
 #            graphs): rounds/s per GPU, scaling efficiency, and whether the two datasets hold the same rows;
 #   train    whiflash-train fit on the N=2 dataset with --trainer.devices 1 and 2 (DDP): wall time and metrics;
@@ -23,7 +24,7 @@ TB=${2:?TESTBED_DIR}
 shift 2
 STEPS=${*:-build datagen train eval summary}
 PRESET=${PRESET:-small}
-PER_CATEGORY=${PER_CATEGORY:-48}   # datagen prompts per category (3 categories)
+PER_CATEGORY=${PER_CATEGORY:-48}   # datagen prompts per category (4 categories)
 SHARD_SIZE=${SHARD_SIZE:-6}        # prompts per shard: the unit a rank takes
 MAX_NEW=${MAX_NEW:-96}
 EVAL_SAMPLES=${EVAL_SAMPLES:-30}
@@ -64,13 +65,14 @@ for step in $STEPS; do
   echo "=== $step ($(date +%T))"
   case $step in
     build)
-      timeout 480 python3 - "$TB" "$PRESET" 2>&1 <<'PY' | tee "$LOG/build.log" | quiet | tail -12
+      timeout 480 python3 - "$TB" "$PRESET" "${BUILD_DEVICE:-}" 2>&1 <<'PY' | tee "$LOG/build.log" | quiet | tail -12
 import sys
 from pathlib import Path
 
 from whiflash.testbed.__main__ import build
 
-build(sys.argv[2], Path(sys.argv[1]))  # resumable: a finished testbed is reused as it is
+# resumable: a finished testbed is reused as it is; BUILD_DEVICE=cuda builds a CPU preset (tiny) on the GPU
+build(sys.argv[2], Path(sys.argv[1]), device=sys.argv[3] or None)
 PY
       ;;
     datagen)
