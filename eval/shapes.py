@@ -1,6 +1,8 @@
 """Real model shapes with random weights (`whiflash-eval profile --random-weights --preset NAME`).
 
-The configs are the offline copies in `checkpoints/<preset>/{target,eagle3,dflash}/config.json`.
+The configs are the offline copies in `checkpoints/<preset>/{target,eagle3,dflash}/config.json`, or
+a folder holding `{target,eagle3,dflash}/config.json` (a built testbed), so a testbed's cost ratios
+can be set beside a real model's (`scripts/profile_shapes.py --models qwen3-8b,runs/testbed/small`).
 Models are built on the meta device and materialised with small random weights, so an 8B target
 is measured at its real shape without a download or a weights file. Latency depends on shapes,
 not on weight values; acceptance does not exist here (random drafts are rejected).
@@ -11,6 +13,7 @@ of the code path at real depth, whose timings mean nothing.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,16 +26,20 @@ from .presets import checkpoints_dir, get_preset
 __all__ = ["TOY_WIDTHS", "random_drafter", "random_models", "randomise", "shape_config"]
 
 TOY_WIDTHS = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
-              "head_dim": 32, "vocab_size": 2048, "draft_vocab_size": 512}
+              "head_dim": 32, "vocab_size": 2048, "draft_vocab_size": 512, "target_hidden_size": 64}
 """Widths that `toy=True` writes over every config (layer counts and tap layers stay)."""
 
 
 def shape_config(preset: str, part: str, toy: bool = False) -> dict[str, Any]:
-    """The offline `config.json` of `part` (target, eagle3 or dflash) of `preset`, shrunk when `toy`."""
-    get_preset(preset)  # an unknown name lists the known ones
-    path = checkpoints_dir() / preset / part / "config.json"
+    """The `config.json` of `part` (target, eagle3 or dflash) of `preset` (a preset name or a folder such
+    as a testbed), shrunk when `toy`."""
+    if Path(preset).is_dir():
+        path = Path(preset) / part / "config.json"
+    else:
+        get_preset(preset)  # an unknown name lists the known ones
+        path = checkpoints_dir() / preset / part / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"--preset {preset} --random-weights: expected the {part} config at {path}")
+        raise FileNotFoundError(f"{preset} --random-weights: expected the {part} config at {path}")
     cfg = json.loads(path.read_text())
     if toy:
         cfg.update({k: v for k, v in TOY_WIDTHS.items() if k in cfg})
@@ -67,7 +74,7 @@ def random_models(preset: str, device: torch.device | str, dtype: torch.dtype, *
     """Target, EAGLE-3 (`eagle_num_steps` chain) and DFlash drafter of `preset` at its real shapes,
     random weights (DDTree rounds use the DFlash drafter with a tree budget)."""
     tcfg = shape_config(preset, "target", toy)
-    cfg = ModelConfig.from_dict(tcfg, source=f"checkpoints/{preset}/target/config.json")
+    cfg = ModelConfig.from_dict(tcfg, source=f"{preset}/target/config.json")
     with torch.device("meta"):
         target = Target(cfg, name=f"{preset} (random weights{', toy widths' if toy else ''})")
     target = randomise(target, device, dtype)

@@ -188,12 +188,34 @@ def full_loop(target: Target, eagle, dflash, ddtree, ctx: int) -> dict[str, dict
     return table
 
 
+def ratio_table(results: list[dict[str, Any]]) -> str:
+    """Every component over its model's AR step, models side by side; each later model also as a share of
+    the first's ratio (a testbed is in the real cost regime when these stay near 1, e.g. within +-30%)."""
+    names = [Path(r["model"]).name or r["model"] for r in results]
+    keys = list(dict.fromkeys(k for r in results for k in r["ratios"]))
+    head = f"{'x AR step':<28}" + "".join(f"{n[:16]:>17}" for n in names)
+    head += "".join(f"{'/ ' + names[0][:12]:>17}" for _ in names[1:])
+    lines = ["cost ratios (component / AR step), side by side:", head]
+    for k in keys:
+        vals = [r["ratios"].get(k) for r in results]
+        row = f"{k:<28}" + "".join(f"{v:>17.3f}" if v is not None else f"{'-':>17}" for v in vals)
+        base = vals[0]
+        row += "".join(f"{v / base:>17.2f}" if v is not None and base else f"{'-':>17}" for v in vals[1:])
+        lines.append(row)
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="qwen3-8b,qwen3-4b,llama3.1-8b-instruct")
+    ap.add_argument("--models", default="qwen3-8b,qwen3-4b,llama3.1-8b-instruct",
+                    help="comma-separated checkpoints/ presets or folders with {target,eagle3,dflash}/config.json "
+                         "(a testbed); the first is the anchor of the diagnostics and of the ratio comparison")
     ap.add_argument("--ctx", type=int, default=1024, help="committed context length for every measurement")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--smoke", action="store_true", help="check the script on the CPU at toy widths")
+    ap.add_argument("--no-diagnostics", action="store_true",
+                    help="skip the first model's kernel table, torch.compile, transformers anchor and whole rounds "
+                         "(the component profiles and the ratio table only: about a minute per model)")
     args = ap.parse_args()
     global DEV, DTYPE, _smoke
     if args.smoke:
@@ -204,7 +226,7 @@ def main() -> None:
     bw = copy_bandwidth(DEV)
     results = []
     for i, m in enumerate(args.models.split(",")):
-        results.append(profile_model(m, args.ctx, bw, anchor=(i == 0)))
+        results.append(profile_model(m, args.ctx, bw, anchor=(i == 0 and not args.no_diagnostics)))
         print(json.dumps(results[-1]), flush=True)  # partial results survive a time limit
     dev = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu (smoke: toy widths)"
     print(f"\n{dev}, {str(DTYPE).removeprefix('torch.')}, random weights, context {args.ctx}, copy bandwidth {bw / 1e12:.2f} TB/s (read+write)")
@@ -214,6 +236,7 @@ def main() -> None:
               f"{r['ar_eager_wall_ms']:>9.3f}")
     for r in results:  # the shared component table: ms and ratio to the AR step
         print(f"\n{r['model']}: " + LatencyProfile.from_json(r["profile"]).table())
+    print("\n" + ratio_table(results))
     a = results[0]
     if "ar_compiled_gpu_ms" in a:
         print(f"\n{a['model']} AR step with torch.compile'd layers in the graph: {a['ar_compiled_gpu_ms']:.3f} ms = "
