@@ -73,3 +73,36 @@ def test_switching_counts_wins_per_sequence() -> None:
     assert s["dflash_wins"] == pytest.approx(5 / 11, abs=1e-3) and s["eagle3_wins"] == pytest.approx(3 / 11, abs=1e-3)
     assert s["ties"] == pytest.approx(3 / 11, abs=1e-3)
     assert switching([])["switching_sequences"] == 0.0
+
+
+def test_thoughts_quote_their_own_pool() -> None:
+    pools = {0: ["Alpha sentence one is a quoted line.", "Alpha sentence two is another line."],
+             1: ["Beta sentence one is a quoted line.", "Beta sentence two is another line."]}
+    texts = list(generate_transcripts(20, seed=0, pool_of=lambda i: pools[i % 2]))
+    for i, text in enumerate(texts):
+        own, other = ("Alpha", "Beta") if i % 2 == 0 else ("Beta", "Alpha")
+        assert f"{own} sentence" in text and f"{other} sentence" not in text
+
+
+def test_held_out_transcripts_quote_only_held_out_prose() -> None:
+    """A transcript quotes prose of its own split: none leaks held-out docstrings into training or back."""
+    from whiflash.testbed.agentgen import sentences
+    from whiflash.testbed.corpus import _background, assign_split, collect_documents
+    from whiflash.testbed.presets import get_preset
+
+    cfg = get_preset("micro").corpus
+    docs = list(collect_documents(cfg))
+    by_split: dict[str, set[str]] = {}
+    for d in docs:
+        if d.category == "prose":
+            by_split.setdefault(assign_split(d.group, cfg), set()).update(_background(d.text))
+    quoted = 0
+    for d in (d for d in docs if d.category == "agentic"):
+        split = assign_split(d.group, cfg)
+        foreign = set().union(*(v for k, v in by_split.items() if k != split)) - by_split[split]
+        for line in d.text.splitlines():
+            if line.startswith("Thought: "):
+                found = set(sentences(line[len("Thought: "):]))
+                assert not found & foreign, (d.id, found & foreign)
+                quoted += len(found & by_split[split])
+    assert quoted > 100

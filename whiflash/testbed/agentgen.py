@@ -1,8 +1,8 @@
 """Seeded generator of agent transcripts: free prose interleaved with JSON tool calls.
 
 An agentic sequence switches regime within itself, which is what a per-round router exists
-for: ``Thought:`` lines are free English (reasoning, and sentences of the tools' real
-documentation) where every next word is uncertain, while ``Call:`` lines are JSON whose tool
+for: ``Thought:`` lines are free English (the tool's documentation, background sentences drawn from
+the corpus's own prose, reasoning) where every next word is uncertain, while ``Call:`` lines are JSON whose tool
 name and argument names come from ``inspect.signature`` of real standard-library functions and
 whose values were already stated in the task, and ``Result:`` lines hold what calling the
 function really returned. A transcript looks like::
@@ -20,6 +20,11 @@ function really returned. A transcript looks like::
 
 Only pure, deterministic functions are offered as tools (arithmetic, paths, calendars, text
 escaping); the generator calls each one, so every result is the library's own.
+
+Background sentences come from a pool per transcript (``pool_of``): the corpus hands each transcript
+the docstring sentences of its own split, so held-out transcripts quote held-out prose and stay as
+uncertain as the prose category for a target that has learned the templates around them (without a
+pool the sentences come from the tools' module documentation, a small set a deep target memorises).
 """
 
 from __future__ import annotations
@@ -29,12 +34,12 @@ import inspect
 import json
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-__all__ = ["Tool", "tools", "generate_transcript", "generate_transcripts"]
+__all__ = ["Tool", "tools", "generate_transcript", "generate_transcripts", "sentences"]
 
 WORDS = ("alpha", "report", "budget", "notes", "draft", "summary", "orders", "archive", "config", "invoice",
          "backup", "photos", "music", "ledger", "schedule", "inventory", "results", "metrics", "readme", "index")
@@ -107,6 +112,8 @@ _THOUGHTS = (
     "There is a subtle point about edge cases, but the inputs are ordinary.",
     "If this fails I will report the error instead of inventing a value.",
 )
+_BACKGROUND = ("Some background first:", "From what I remember of the documentation:", "Worth keeping in mind:",
+               "A related note:", "For context:", "I also recall this:")
 _OPENERS = ("Next I need", "Now I want", "The next step is", "I still need", "Then I have to", "After that I need")
 
 
@@ -131,7 +138,7 @@ class Tool:
     @property
     def summary(self) -> str:
         """First sentence of the function's docstring."""
-        return _sentences(inspect.getdoc(self.func) or "")[:1][0] if inspect.getdoc(self.func) else self.name
+        return sentences(inspect.getdoc(self.func) or "")[:1][0] if inspect.getdoc(self.func) else self.name
 
     def arguments(self, values: list[Any]) -> dict[str, Any]:
         """Bound arguments as a JSON object (``*args`` as a list)."""
@@ -143,7 +150,8 @@ class Tool:
         return json.loads(json.dumps(self.func(*values), default=str))
 
 
-def _sentences(text: str) -> list[str]:
+def sentences(text: str) -> list[str]:
+    """The sentences of a docstring-like text, whitespace flattened (fragments of 12 characters or fewer dropped)."""
     flat = re.sub(r"\s+", " ", text).strip()
     return [s for s in re.split(r"(?<=[.!?])\s+", flat) if len(s) > 12]
 
@@ -179,7 +187,7 @@ def _module_sentences(module: str) -> tuple[str, ...]:
     docs = [inspect.getdoc(mod) or ""]
     docs += [inspect.getdoc(getattr(mod, n)) or "" for n in sorted(dir(mod))
              if not n.startswith("_") and callable(getattr(mod, n, None))]
-    return tuple(s for d in docs for s in _sentences(d) if len(s) < 240)
+    return tuple(s for d in docs for s in sentences(d) if len(s) < 240)
 
 
 def _fmt(value: Any) -> str:
@@ -190,32 +198,36 @@ def _ask(tool: Tool, args: dict[str, Any]) -> str:
     return f"{tool.name} with " + ", ".join(f"{k}={_fmt(v)}" for k, v in args.items())
 
 
-def _thought(rng: random.Random, tool: Tool, first: bool) -> str:
+def _thought(rng: random.Random, tool: Tool, first: bool, pool: Sequence[str]) -> str:
     parts = [f"{'First I need' if first else rng.choice(_OPENERS)} {tool.name}. Its documentation says: "
              f"{tool.summary}"]
-    module = tool.name.rpartition(".")[0]
-    extra = _module_sentences(module)
-    if extra and rng.random() < 0.6:
-        parts.append(f"The {module} documentation also notes: {rng.choice(extra)}")
+    if pool:
+        parts.append(f"{rng.choice(_BACKGROUND)} " + " ".join(rng.choice(pool) for _ in range(rng.randint(1, 3))))
+    else:
+        module = tool.name.rpartition(".")[0]
+        extra = _module_sentences(module)
+        if extra and rng.random() < 0.6:
+            parts.append(f"The {module} documentation also notes: {rng.choice(extra)}")
     parts += rng.sample(_THOUGHTS, rng.randint(1, 2))
     return " ".join(parts)
 
 
-def generate_transcript(rng: random.Random) -> str:
-    """One transcript: a tool list, a task, 2-4 thought/call/result steps, arithmetic, an answer."""
-    pool = tools()
-    chosen = rng.sample(pool, rng.randint(2, min(4, len(pool))))
+def generate_transcript(rng: random.Random, pool: Sequence[str] = ()) -> str:
+    """One transcript: a tool list, a task, 2-4 thought/call/result steps, arithmetic, an answer; thoughts
+    quote background sentences from ``pool`` when given."""
+    offered = tools()
+    chosen = rng.sample(offered, rng.randint(2, min(4, len(offered))))
     values = [t.make_args(rng) for t in chosen]
     args = [t.arguments(v) for t, v in zip(chosen, values)]
     results = [t.call(v) for t, v in zip(chosen, values)]
-    listed = rng.sample(pool, min(len(pool), len(chosen) + 2))
+    listed = rng.sample(offered, min(len(offered), len(chosen) + 2))
     listed = list(dict.fromkeys([*chosen, *listed]))[: len(chosen) + 2]
     rng.shuffle(listed)
     lines = ["Tools:"]
     lines += [_fmt({"name": t.name, "parameters": t.params, "description": t.summary}) for t in listed]
     lines.append("User: Use " + ", then ".join(_ask(t, a) for t, a in zip(chosen, args)) + ". Summarise the results.")
     for i, (tool, a, res) in enumerate(zip(chosen, args, results)):
-        lines.append(f"Thought: {_thought(rng, tool, i == 0)}")
+        lines.append(f"Thought: {_thought(rng, tool, i == 0, pool)}")
         lines.append("Call: " + _fmt({"name": tool.name, "arguments": a}))
         lines.append(f"Result: {_fmt(res)}")
     numbers = [r for r in results if isinstance(r, int) and not isinstance(r, bool)]
@@ -227,8 +239,9 @@ def generate_transcript(rng: random.Random) -> str:
     return "\n".join(lines)
 
 
-def generate_transcripts(n: int, seed: int) -> Iterator[str]:
-    """``n`` transcripts, deterministic for a seed (and an interpreter version)."""
+def generate_transcripts(n: int, seed: int, pool_of: Callable[[int], Sequence[str]] | None = None) -> Iterator[str]:
+    """``n`` transcripts, deterministic for a seed (and an interpreter version); transcript ``i`` quotes
+    background sentences from ``pool_of(i)`` when given."""
     rng = random.Random(f"agentic:{seed}")
-    for _ in range(n):
-        yield generate_transcript(rng)
+    for i in range(n):
+        yield generate_transcript(rng, pool_of(i) if pool_of else ())

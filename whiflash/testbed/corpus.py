@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .agentgen import generate_transcripts
+from .agentgen import generate_transcripts, sentences
 from .mathgen import generate_problems
 from .presets import CATEGORIES, CorpusConfig
 
@@ -116,24 +116,39 @@ def _topics() -> dict[str, str]:
     return dict(topics)
 
 
+def _background(text: str) -> list[str]:
+    """Sentences of a prose document an agent could quote as background: plain English, one line, no code."""
+    return [s for s in sentences(text) if 30 <= len(s) <= 200 and s[0].isupper() and ">>>" not in s
+            and not any(c in s for c in "{}[]=`")]
+
+
 def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[Document]:
     """All documents of the corpus in a deterministic order (before splitting)."""
     root = root or stdlib_root()
     n_files = 0
+    pools: dict[str, list[str]] = {}  # split -> background sentences of its prose (agent transcripts quote them)
+
+    def prose(doc: Document) -> Document:
+        pools.setdefault(assign_split(doc.group, cfg), []).extend(_background(doc.text))
+        return doc
+
     for rel, source in _stdlib_files(root, cfg.max_file_chars, cfg.include_tests):
         n_files += 1
         group = f"stdlib/{rel}"
         yield Document(f"code:{rel}", "code", group, _clean(source))
         for i, doc in enumerate(_docstrings(source)):
             if len(doc) >= cfg.min_docstring_chars:
-                yield Document(f"prose:{rel}:{i}", "prose", group, _clean(doc))
+                yield prose(Document(f"prose:{rel}:{i}", "prose", group, _clean(doc)))
     for name, text in sorted(_topics().items()):
         text = inspect.cleandoc(text)
         if len(text) >= cfg.min_docstring_chars:
-            yield Document(f"prose:topic:{name}", "prose", f"topic/{name}", _clean(text))
+            yield prose(Document(f"prose:topic:{name}", "prose", f"topic/{name}", _clean(text)))
     for i, problem in enumerate(generate_problems(cfg.math_problems, cfg.seed)):
         yield Document(f"math:{i}", "math", f"math/{i}", problem.text)
-    for i, text in enumerate(generate_transcripts(cfg.agent_transcripts, cfg.seed)):
+    # A transcript quotes the prose of its own split: held-out transcripts never quote training prose and
+    # training transcripts never leak held-out prose.
+    for i, text in enumerate(generate_transcripts(cfg.agent_transcripts, cfg.seed,
+                                                  lambda i: pools.get(assign_split(f"agentic/{i}", cfg), []))):
         yield Document(f"agentic:{i}", "agentic", f"agentic/{i}", _clean(text))
     log.info("collected %d standard-library files from %s", n_files, root)
 
