@@ -78,7 +78,7 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
 
     from . import corpus as corpus_mod
 
-    rec = run("corpus", (config.corpus, corpus_mod.stdlib_root().as_posix()),
+    rec = run("corpus", (config.corpus, corpus_mod.stdlib_root().as_posix(), corpus_mod.GENERATOR_VERSION),
               lambda d: corpus_mod.write_corpus(config.corpus, d))
     man.data["corpus_sha256"] = rec["sha256"]
 

@@ -34,12 +34,16 @@ from .agentgen import generate_transcripts, sentences
 from .mathgen import generate_problems
 from .presets import CATEGORIES, CorpusConfig
 
-__all__ = ["Document", "SPLITS", "stdlib_root", "collect_documents", "assign_split", "write_corpus",
+__all__ = ["Document", "SPLITS", "GENERATOR_VERSION", "stdlib_root", "collect_documents", "assign_split", "write_corpus",
            "read_corpus", "SPECIAL_TOKEN_GUARD"]
 
 log = logging.getLogger(__name__)
 
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
+
+GENERATOR_VERSION = 2
+"""Part of the corpus stage's fingerprint: bump it when a generator's output changes (2: the agentic
+category; its transcripts quote prose of their own split), so a resumed build rebuilds the corpus."""
 
 SPECIAL_TOKEN_GUARD = ("<|", "< |")
 """Every ``<|`` in source text is rewritten so no document can spell a special token
