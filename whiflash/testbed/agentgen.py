@@ -138,7 +138,8 @@ class Tool:
     @property
     def summary(self) -> str:
         """First sentence of the function's docstring."""
-        return sentences(inspect.getdoc(self.func) or "")[:1][0] if inspect.getdoc(self.func) else self.name
+        found = sentences(inspect.getdoc(self.func) or "")
+        return found[0] if found else self.name
 
     def arguments(self, values: list[Any]) -> dict[str, Any]:
         """Bound arguments as a JSON object (``*args`` as a list)."""
