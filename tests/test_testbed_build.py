@@ -77,7 +77,7 @@ def test_drafters_load_and_accept_more_than_one_token(micro: Path) -> None:
     taus = {"eagle3": [], "dflash": []}
     for cat in CATEGORIES:
         for prompt in eval_prompts(micro, cat, 2):
-            ids = tok(prompt)["input_ids"]
+            ids = tok(prompt)["input_ids"][-256:]  # agentic prompts outgrow micro's 1024 positions
             ref, _ = whiflash.generate(target, None, ids, 24)
             for name, drafter in (("eagle3", e3), ("dflash", df)):
                 out, stats = whiflash.generate(target, drafter, ids, 24)
@@ -91,8 +91,12 @@ def test_drafters_load_and_accept_more_than_one_token(micro: Path) -> None:
     assert all(set(v) == set(CATEGORIES) for v in acc["tau"].values())
     assert set(acc["switching"]) == set(CATEGORIES) == {"code", "math", "prose", "agentic"}
     assert all(0 <= v["switching_sequences"] <= 1 for v in acc["switching"].values())
-    for cat in CATEGORIES:  # the per-round oracle is never below the better single drafter by much
-        assert acc["tau"]["oracle"][cat] >= 0.95 * max(acc["tau"]["eagle3"][cat], acc["tau"]["dflash"][cat])
+    # Every oracle round advances with the longer of its two slots' acceptances. (Its mean tau is not bound to
+    # beat each drafter's own: a drafter alone starts its rounds at other positions, and on micro's few,
+    # short sequences one phase of a repetition loop can decide a category.)
+    rows = [json.loads(line) for line in (micro / "acceptance" / "acceptance.jsonl").open()]
+    assert rows and all(len(r["oracle"]) == len(r["oracle_slot_taus"]) > 0 for r in rows)
+    assert all(t == max(pair) for r in rows for t, pair in zip(r["oracle"], r["oracle_slot_taus"]))
 
 
 def test_eval_prompts_come_from_the_test_split(micro: Path) -> None:
