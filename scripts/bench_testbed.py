@@ -4,7 +4,7 @@ Usage: python scripts/bench_testbed.py --testbed DIR [--device cuda] [--dtype bf
        [--max-new-tokens 128] [--graphs both|on|off] [--router ROUTER_DIR] [--json OUT]
 
 A thin caller of `whiflash-eval bench` (whiflash.eval.bench.run_bench), once per execution mode:
-per category (code, math, prose) and method (AR, EAGLE-3, DFlash, DDTree, WhiFlash-Entropy,
+per testbed category and method (AR, EAGLE-3, DFlash, DDTree, WhiFlash-Entropy,
 WhiFlash-Neural when --router is given), after a warm-up: tau, decode tokens/s and speedup = AR time
 per token / method time per token on the same prompts. With --graphs both (CUDA only) every method
 runs eager and with CUDA graphs, each mode in its own run folder under runs/eval/. Every output is
