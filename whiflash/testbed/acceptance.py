@@ -98,5 +98,6 @@ def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8,
     switch = {cat: switching([st.slot_taus for st in stats["oracle"][cat]]) for cat in CATEGORIES}
     log.info("acceptance (tau, bonus included): %s; oracle headroom over the best single drafter: %s; "
              "round winners: %s", tau, headroom, switch)
-    return {"tau": tau, "oracle_headroom": headroom, "switching": switch, "lossless_mismatches": mismatches, "prompts_per_category": prompts_per_category,
-            "max_new_tokens": max_new_tokens, "eagle3_steps": eagle3_steps, "tau_definition": TAU_DEFINITION}
+    return {"tau": tau, "oracle_headroom": headroom, "switching": switch, "lossless_mismatches": mismatches,
+            "prompts_per_category": prompts_per_category, "max_new_tokens": max_new_tokens,
+            "eagle3_steps": eagle3_steps, "tau_definition": TAU_DEFINITION}
