@@ -115,6 +115,9 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
     config = {"calibrate_method": method, "values": values, "replay": str(data), "latency_profile": latency_profile,
               "neural_router": cfg.whiflash_neural_router_path}
     run, _ = prepare_run_dir(cfg.out, cfg.name or f"calibrate-replay-{method}", config, resume=False)
+    write_manifest(run, argv=sys.argv, seed=cfg.seed, device="cpu", models={"data": str(data)}, samples=[],
+                   extra={"calibrate_method": method, "values": values, "latency_profile": latency_profile,
+                          "neural_router": cfg.whiflash_neural_router_path}, command="calibrate --replay")
     result["run"] = str(run)
     path = _write(result, run, output)
     log.info("replayed thresholds per category %s (estimated speedup %s) written to %s", result["thresholds"],

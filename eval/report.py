@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from whiflash.io import atomic_write_text
+from whiflash.folders import EVAL, MANIFEST, check_folder
+from whiflash.io import atomic_write_json, atomic_write_text
 
 from .outputs import csv_text, latex_table, markdown_table, table_rows
 from .plots import speedup_bars, tau_histograms
@@ -33,7 +34,11 @@ def report(runs: list[str], out: str | None = None) -> Path:
     """Write report.md, report.csv, report.tex and plots for `runs` into `out`; return the folder."""
     loaded = [(Path(r).name, load_results(r)) for r in runs]
     folder = Path(out) if out else Path("runs/eval") / f"report_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    check_folder(folder, EVAL, "--out")  # never into another tool's folder (or a folder of foreign files)
     folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(folder / MANIFEST, {"kind": EVAL, "tool": "whiflash-eval report",
+                                          "runs": [str(Path(r).resolve()) for r in runs],
+                                          "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     rows = [row for label, res in loaded for row in table_rows(res, label)]
     tau_def = loaded[0][1]["tau_definition"]
     md = [f"# whiflash-eval report\n\nRuns: {', '.join(label for label, _ in loaded)}\n"]

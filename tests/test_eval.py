@@ -14,6 +14,7 @@ from whiflash.eval.cli import bench_config, main, parse
 from whiflash.eval.datasets import load_samples
 from whiflash.eval.methods import method_names, model_paths
 from whiflash.eval.metrics import aggregate, bootstrap_ci
+from whiflash.folders import FolderKindError
 from whiflash.pairs import Pair
 from whiflash.prompts import encode_chat
 
@@ -230,7 +231,6 @@ def test_testbed_source_errors_name_the_spec(tmp_path: Path) -> None:
 
 def test_run_folders_of_another_kind_are_never_used(tmp_path: Path) -> None:
     from whiflash.eval.outputs import prepare_run_dir
-    from whiflash.folders import FolderKindError
 
     testbed = tmp_path / "tb"
     testbed.mkdir()
@@ -323,8 +323,16 @@ def test_report_side_by_side(bench_run: Path, tmp_path: Path) -> None:
         assert (tmp_path / "rep" / name).is_file(), name
     assert (tmp_path / "rep" / "report.md").read_text().count(f"## {bench_run.name}") == 2
     assert "\\toprule" in (tmp_path / "rep" / "report.tex").read_text()
+    manifest = json.loads((tmp_path / "rep" / "manifest.json").read_text())
+    assert manifest["kind"] == "whiflash.eval" and manifest["tool"] == "whiflash-eval report"
     with pytest.raises(FileNotFoundError, match="results.json"):
         main(["report", str(tmp_path)])
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "todo.txt").write_text("mine")
+    with pytest.raises(FolderKindError, match="holds files"):  # a folder the toolkit did not write is left alone
+        main(["report", str(bench_run), "--out", str(foreign)])
+    assert sorted(p.name for p in foreign.iterdir()) == ["todo.txt"]
 
 
 def test_calibrate_then_bench_uses_thresholds(micro: Path, bench_run: Path, tmp_path: Path) -> None:

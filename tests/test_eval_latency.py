@@ -144,6 +144,8 @@ def test_calibrate_replay_writes_thresholds_bench_reads(router_data: Path, tmp_p
         assert d["sweep"]["1000.0"] == pytest.approx(d["fixed"]["slot0"])  # entropy always below: slot 0
         assert d["sweep"]["1e-09"] == pytest.approx(d["fixed"]["slot1"])  # never below: slot 1
     assert thr["default"] in (1e-9, 1.0, 1000.0)
+    manifest = json.loads((Path(thr["run"]) / "manifest.json").read_text())  # a typed run folder
+    assert manifest["kind"] == "whiflash.eval" and manifest["tool"] == "whiflash-eval calibrate --replay"
 
 
 def test_calibrate_replay_neural_and_refusals(router_data: Path, tmp_path: Path) -> None:
