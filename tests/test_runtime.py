@@ -218,3 +218,34 @@ def test_hub_repo_ids_download_only_json_and_safetensors(worlds, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(FileNotFoundError, match="'org/missing'.*Hub download failed: no network"):
         whiflash.load_target("org/missing")
+
+
+def test_stacked_projections_keep_hf_names_and_maths() -> None:
+    """Q/K/V and gate/up run as one stacked GEMM each, yet load and save under transformers' names."""
+    import torch.nn.functional as F
+
+    from whiflash.runtime.layers import Attention, SwiGLU
+
+    torch.manual_seed(0)
+    attn = Attention(16, 16, n_heads=4, n_kv=2, head_dim=4, bias=True)
+    names = {f"{p}.{leaf}" for p in ("q_proj", "k_proj", "v_proj", "o_proj") for leaf in ("weight", "bias")}
+    assert set(attn.state_dict()) == names
+    hf = {k: torch.randn(v.shape) for k, v in attn.state_dict().items()}
+    attn.load_state_dict(hf)  # HF keys in, stacked inside
+    assert torch.equal(attn.qkv.weight, torch.cat([hf["q_proj.weight"], hf["k_proj.weight"], hf["v_proj.weight"]]))
+    x = torch.randn(5, 16)
+    assert torch.allclose(attn.q(x), F.linear(x, hf["q_proj.weight"], hf["q_proj.bias"]), atol=1e-6)
+    assert torch.allclose(attn.v(x), F.linear(x, hf["v_proj.weight"], hf["v_proj.bias"]), atol=1e-6)
+    out = attn.state_dict()
+    assert all(torch.equal(out[k], hf[k]) for k in names)
+    with torch.no_grad():  # the saved parts are views: copying into them (load_strict) fills the stacked weight
+        out["k_proj.weight"].zero_()
+    assert attn.qkv.weight[16:24].abs().sum() == 0
+
+    mlp = SwiGLU(8, 12)
+    assert set(mlp.state_dict()) == {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}
+    hf = {k: torch.randn(v.shape) for k, v in mlp.state_dict().items()}
+    mlp.load_state_dict(hf)
+    y = torch.randn(3, 8)
+    ref = F.linear(F.silu(F.linear(y, hf["gate_proj.weight"])) * F.linear(y, hf["up_proj.weight"]), hf["down_proj.weight"])
+    assert torch.allclose(mlp(y), ref, atol=1e-5)

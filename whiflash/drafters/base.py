@@ -180,5 +180,6 @@ def write_checkpoint(folder: str | Path, config: dict[str, Any], state: dict[str
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / "model.safetensors"))
+    # clone: stacked projections hand their parts out as views of one tensor, which safetensors refuses
+    save_file({k: v.detach().cpu().clone() for k, v in state.items()}, str(folder / "model.safetensors"))
     return folder

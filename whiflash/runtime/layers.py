@@ -33,17 +33,45 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
+def stacked(module: nn.Module, fused: str, parts: dict[str, int]) -> None:
+    """Store the Linear layers `parts` (checkpoint name -> output rows), which read the same input, as one
+    Linear `fused` with their rows stacked: a pass then runs one GEMM instead of several (a decode step
+    is launch- and bandwidth-bound). Checkpoints keep the separate names: loading stacks the
+    `<prefix><name>.weight` (and `.bias`) tensors, and `state_dict` hands back row views of the stacked
+    weight under those names, so copying into them (`load_strict`) fills it."""
+    names, sizes = list(parts), list(parts.values())
+
+    def split(mod: nn.Module, state: dict[str, Any], prefix: str, meta: Any) -> None:
+        for leaf in ("weight", "bias"):
+            key = f"{prefix}{fused}.{leaf}"
+            if key in state:
+                for name, piece in zip(names, state.pop(key).split(sizes)):
+                    state[f"{prefix}{name}.{leaf}"] = piece
+
+    def join(mod: nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
+        for leaf in ("weight", "bias"):
+            keys = [f"{prefix}{name}.{leaf}" for name in names]
+            if all(k in state for k in keys):
+                state[f"{prefix}{fused}.{leaf}"] = torch.cat([state.pop(k) for k in keys])
+
+    module.register_state_dict_post_hook(split)
+    module.register_load_state_dict_pre_hook(join)
+
+
 class SwiGLU(nn.Module):
-    """`down(silu(gate(x)) * up(x))` with HF parameter names."""
+    """`down(silu(gate(x)) * up(x))`; gate and up are one stacked Linear (`gate_up`) saved as HF's
+    `gate_proj`/`up_proj`."""
 
     def __init__(self, dim: int, hidden: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=bias)
-        self.up_proj = nn.Linear(dim, hidden, bias=bias)
+        self.hidden = hidden
+        self.gate_up = nn.Linear(dim, 2 * hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
+        stacked(self, "gate_up", {"gate_proj": hidden, "up_proj": hidden})
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x).split(self.hidden, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> Tensor:
@@ -138,45 +166,73 @@ class Attention(nn.Module):
 
     One module serves the target (Qwen3 / Llama), DFlash's layers (always Q/K norms; the block
     attends to the cached context and to itself) and EAGLE-3's mid layer (`dim_in = 2H`, no Q/K
-    norms): their maths is the same. `kv` alone is what a K/V-only catch-up needs.
+    norms): their maths is the same. `kv` alone is what a K/V-only catch-up needs. Q, K and V are one
+    stacked Linear (`qkv`, saved as `q_proj`/`k_proj`/`v_proj`): a full pass runs one GEMM for the three,
+    a catch-up one for K and V.
     """
 
     def __init__(self, dim_in: int, dim_out: int, n_heads: int, n_kv: int, head_dim: int, bias: bool = False,
                  qk_norm: bool = False, eps: float = 1e-6) -> None:
         super().__init__()
         self.nh, self.nkv, self.hd = n_heads, n_kv, head_dim
-        self.q_proj = nn.Linear(dim_in, n_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(dim_in, n_kv * head_dim, bias=bias)
-        self.v_proj = nn.Linear(dim_in, n_kv * head_dim, bias=bias)
+        self.sizes = [n_heads * head_dim, n_kv * head_dim, n_kv * head_dim]
+        self.qkv = nn.Linear(dim_in, sum(self.sizes), bias=bias)
         self.o_proj = nn.Linear(n_heads * head_dim, dim_out, bias=bias)
+        stacked(self, "qkv", dict(zip(("q_proj", "k_proj", "v_proj"), self.sizes)))
         self.qk_norm = qk_norm
         if qk_norm:
             self.q_norm = RMSNorm(head_dim, eps)
             self.k_norm = RMSNorm(head_dim, eps)
 
-    def kv(self, x: Tensor, rope: Rotary, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """K (normed, rotated) and V of rows `x [T, dim_in]`, each `[n_kv, T, head_dim]`."""
-        t = x.shape[0]
-        k = self.k_proj(x).view(t, self.nkv, self.hd)
+    def _project(self, x: Tensor, start: int, end: int) -> Tensor:
+        """Rows `start:end` of the stacked projection of `x` (one GEMM over that slice of the weight)."""
+        bias = self.qkv.bias[start:end] if self.qkv.bias is not None else None
+        return F.linear(x, self.qkv.weight[start:end], bias)
+
+    def q(self, x: Tensor) -> Tensor:
+        """Query projection `[..., n_heads * head_dim]` (before norm and rotation)."""
+        return self._project(x, 0, self.sizes[0])
+
+    def k(self, x: Tensor) -> Tensor:
+        """Key projection `[..., n_kv * head_dim]` (before norm and rotation)."""
+        return self._project(x, self.sizes[0], self.sizes[0] + self.sizes[1])
+
+    def v(self, x: Tensor) -> Tensor:
+        """Value projection `[..., n_kv * head_dim]`."""
+        return self._project(x, self.sizes[0] + self.sizes[1], sum(self.sizes))
+
+    def _keys_values(self, k: Tensor, v: Tensor, rope: Rotary, positions: Tensor) -> tuple[Tensor, Tensor]:
+        t = k.shape[0]
+        k = k.view(t, self.nkv, self.hd)
         if self.qk_norm:
             k = self.k_norm(k)
-        return rope(k.transpose(0, 1), positions), self.v_proj(x).view(t, self.nkv, self.hd).transpose(0, 1)
+        return rope(k.transpose(0, 1), positions), v.view(t, self.nkv, self.hd).transpose(0, 1)
+
+    def _queries(self, q: Tensor, rope: Rotary, positions: Tensor) -> Tensor:
+        q = q.view(q.shape[0], self.nh, self.hd)
+        if self.qk_norm:
+            q = self.q_norm(q)
+        return rope(q.transpose(0, 1), positions)
+
+    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, fixed_shape: bool) -> Tensor:
+        return self.o_proj(attention(q, keys, values, mask, fixed_shape).transpose(0, 1).reshape(q.shape[1], -1))
+
+    def kv(self, x: Tensor, rope: Rotary, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """K (normed, rotated) and V of rows `x [T, dim_in]`, each `[n_kv, T, head_dim]`."""
+        k, v = self._project(x, self.sizes[0], sum(self.sizes)).split(self.sizes[1:], dim=-1)
+        return self._keys_values(k, v, rope, positions)
 
     def attend(self, x: Tensor, rope: Rotary, positions: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
                fixed_shape: bool) -> Tensor:
         """Queries of rows `x` against `keys, values [n_kv, S, head_dim]` (mask `[T, S]` or None: all visible)."""
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.nh, self.hd)
-        if self.qk_norm:
-            q = self.q_norm(q)
-        q = rope(q.transpose(0, 1), positions)
-        return self.o_proj(attention(q, keys, values, mask, fixed_shape).transpose(0, 1).reshape(t, -1))
+        return self._attend(self._queries(self.q(x), rope, positions), keys, values, mask, fixed_shape)
 
     def forward(self, x: Tensor, rope: Rotary, positions: Tensor, cache: KVCache, layer: int, rows: Rows,
                 mask: Tensor | None) -> Tensor:
         """Write the K/V of rows `x` into `cache` layer `layer` at `rows` (a `Rows`), then attend."""
-        keys, values = cache.write(layer, *self.kv(x, rope, positions), rows)
-        return self.attend(x, rope, positions, keys, values, mask, rows.fixed)
+        q, k, v = self.qkv(x).split(self.sizes, dim=-1)
+        keys, values = cache.write(layer, *self._keys_values(k, v, rope, positions), rows)
+        return self._attend(self._queries(q, rope, positions), keys, values, mask, rows.fixed)
 
 
 class DecoderLayer(nn.Module):

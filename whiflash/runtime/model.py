@@ -11,8 +11,8 @@ layer `i`, except for the last layer, whose entry transformers returns after the
 upstream drafters' feature extraction reads exactly those tensors, so a drafter trained by them
 drafts the same here, the last-layer tap included.
 
-Module names mirror transformers' (`model.layers.0.self_attn.q_proj`, ...) so HF safetensors
-load strictly, key for key.
+State-dict names mirror transformers' (`model.layers.0.self_attn.q_proj.weight`, ...) so HF safetensors
+load strictly, key for key; inside, Q/K/V and gate/up are stacked into one Linear each (`layers.stacked`).
 """
 from __future__ import annotations
 

@@ -117,13 +117,13 @@ class DFlashModule(L.LightningModule):
         for layer in d.layers:
             a = layer.self_attn
             h = layer.input_layernorm(x)
-            q = a.q_norm(a.q_proj(h).view(b, n * bs, a.nh, a.hd)).transpose(1, 2)
+            q = a.q_norm(a.q(h).view(b, n * bs, a.nh, a.hd)).transpose(1, 2)
             q = _rope_rows(d.rope, q, bpos)
-            kc = a.k_norm(a.k_proj(ctx).view(b, s, a.nkv, a.hd)).transpose(1, 2)
+            kc = a.k_norm(a.k(ctx).view(b, s, a.nkv, a.hd)).transpose(1, 2)
             kc = d.rope(kc, cpos)
-            vc = a.v_proj(ctx).view(b, s, a.nkv, a.hd).transpose(1, 2)
-            kb = _rope_rows(d.rope, a.k_norm(a.k_proj(h).view(b, n * bs, a.nkv, a.hd)).transpose(1, 2), bpos)
-            vb = a.v_proj(h).view(b, n * bs, a.nkv, a.hd).transpose(1, 2)
+            vc = a.v(ctx).view(b, s, a.nkv, a.hd).transpose(1, 2)
+            kb = _rope_rows(d.rope, a.k_norm(a.k(h).view(b, n * bs, a.nkv, a.hd)).transpose(1, 2), bpos)
+            vb = a.v(h).view(b, n * bs, a.nkv, a.hd).transpose(1, 2)
             k, v = torch.cat([kc, kb], dim=2), torch.cat([vc, vb], dim=2)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=vis, enable_gqa=True)
             x = x + a.o_proj(out.transpose(1, 2).reshape(b, n * bs, a.nh * a.hd))

@@ -127,9 +127,9 @@ class Eagle3Module(L.LightningModule):
             normed = layer.hidden_norm(feature)
             x = torch.cat([layer.input_layernorm(F.embedding(tok, self.embed_weight)), normed], dim=-1)
             residual = normed if d.cfg.get("norm_before_residual") else feature
-            q = d.rope(attn.q_proj(x).view(b, s, attn.nh, attn.hd).transpose(1, 2), pos + k)
-            kk = d.rope(attn.k_proj(x).view(b, s, attn.nkv, attn.hd).transpose(1, 2), pos + k)
-            vv = attn.v_proj(x).view(b, s, attn.nkv, attn.hd).transpose(1, 2)
+            q = d.rope(attn.q(x).view(b, s, attn.nh, attn.hd).transpose(1, 2), pos + k)
+            kk = d.rope(attn.k(x).view(b, s, attn.nkv, attn.hd).transpose(1, 2), pos + k)
+            vv = attn.v(x).view(b, s, attn.nkv, attn.hd).transpose(1, 2)
             kk, vv = kk.repeat_interleave(rep, dim=1), vv.repeat_interleave(rep, dim=1)  # SDPA's GQA grouping
             if k == 0:
                 k0, v0 = kk, vv
