@@ -14,7 +14,7 @@
 # The small build takes ~14 min of stages on an H200 (build it first with scripts/gpu_session.sh, UNTIL=responses
 # then the rest, on one warm machine), so under a 10-minute command limit run `datagen`, then at once `train eval
 # summary` with the same LOG_DIR and TESTBED_DIR (outside $OUT, which is emptied per command); `PRESET=tiny
-# BUILD_DEVICE=cuda` builds a small world on the GPU in the same command (about 1.5 min; 2026-11-30 run). Without a GPU the same steps run on the CPU with gloo:
+# BUILD_DEVICE=cuda` builds a small world on the GPU in the same command (about a minute; 2026-11-30 run). Without a GPU the same steps run on the CPU with gloo:
 # `PRESET=micro PER_CATEGORY=4 SHARD_SIZE=2 MAX_NEW=24 EVAL_SAMPLES=4` checks the script (2.5 min, 2 cores).
 # Runs from a checkout: wheels in .whl/ (datasets, jsonargparse, ...) are installed to /tmp/site as the device
 # notes say, and the checkout is installed editable (offline, no deps) when `whiflash.datagen` is not importable.
