@@ -111,9 +111,10 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
     if not latency_profile:
         raise ValueError("--replay needs --latency-profile FILE (from `whiflash-eval profile` on this device)")
     values = values or list(DEFAULT_THRESHOLDS)
-    result = replay_thresholds(data, latency_profile, method, values, cfg.whiflash_neural_router_path)
+    result = replay_thresholds(data, latency_profile, method, values, cfg.whiflash_neural_router_path,
+                               lazy=not cfg.whiflash_no_lazy_catchup)
     config = {"calibrate_method": method, "values": values, "replay": str(data), "latency_profile": latency_profile,
-              "neural_router": cfg.whiflash_neural_router_path}
+              "neural_router": cfg.whiflash_neural_router_path, "lazy_catchup": not cfg.whiflash_no_lazy_catchup}
     run, _ = prepare_run_dir(cfg.out, cfg.name or f"calibrate-replay-{method}", config, resume=False)
     write_manifest(run, argv=sys.argv, seed=cfg.seed, device="cpu", models={"data": str(data)}, samples=[],
                    extra={"calibrate_method": method, "values": values, "latency_profile": latency_profile,

@@ -5,7 +5,8 @@ round, the router's inputs (the target's entropy and final hidden state) and the
 from the same state. Replaying a threshold picks a slot per round from those inputs; the round
 then yields that slot's τ and costs, from the profile: one routing decision + that slot's round
 (draft + verify) + its catch-up of the rows committed since it last drafted (Lazy Catch-up; the
-first round of a prompt catches up the prompt, as after the prefill in `generate`).
+first round of a prompt catches up the prompt, as after the prefill in `generate`). With
+`--whiflash-no-lazy-catchup` the other slot's model also catches up every round, as the engine does then.
 
 Per category, estimated tokens/s = Σ τ / Σ round time (pooled over rounds), and estimated speedup
 = that over AR's one token per AR step. The fastest threshold wins (ties: the smaller). Like the τ
@@ -28,8 +29,8 @@ log = logging.getLogger(__name__)
 __all__ = ["ESTIMATE", "replay_thresholds", "simulate"]
 
 ESTIMATE = ("replayed from datagen rows: per round the chosen slot's tau, costed as router + that slot's round "
-            "(draft + verify) + its lazy catch-up from the latency profile; tokens/s = sum tau / sum time, "
-            "speedup = tokens/s x AR step time")
+            "(draft + verify) + its catch-up (lazy, or both slots' every round without Lazy Catch-up) from the latency "
+            "profile; tokens/s = sum tau / sum time, speedup = tokens/s x AR step time")
 """How a replay estimate is made, written into thresholds.json."""
 
 
@@ -53,9 +54,10 @@ def read_rounds(data_dir: str | Path, with_hidden: bool) -> tuple[Any, dict[str,
 
 
 def simulate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, str], rounds: tuple[float, float],
-             profile: LatencyProfile, router_ms: float) -> tuple[int, float, int]:
+             profile: LatencyProfile, router_ms: float, lazy: bool = True) -> tuple[int, float, int]:
     """(tokens, milliseconds, rounds) of replaying slot choices `slot0` (True: slot 0) over `cols`;
-    `kinds` are the slots' drafter kinds, `rounds` their round times (ms)."""
+    `kinds` are the slots' drafter kinds, `rounds` their round times (ms). `lazy=False`: the other slot's
+    model catches up every round too (no Lazy Catch-up)."""
     members = tuple(catchup_model(k) for k in kinds)  # df-ddt: both slots share one DFlash cache
     pids, positions = cols["prompt_id"], cols["position"]
     taus = np.where(slot0, cols["tau_0"], cols["tau_1"]).astype(np.int64)
@@ -67,12 +69,15 @@ def simulate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, s
         s = 0 if slot0[i] else 1
         ms += router_ms + rounds[s] + profile.catchup_ms(kinds[s], pos - kv[members[s]])
         kv[members[s]] = pos
+        if not lazy and members[1 - s] != members[s]:
+            ms += profile.catchup_ms(kinds[1 - s], pos - kv[members[1 - s]])
+            kv[members[1 - s]] = pos
         pos += int(taus[i])
     return tokens, ms, len(taus)
 
 
 def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: str, values: list[float],
-                      neural_router: str | None = None) -> dict[str, Any]:
+                      neural_router: str | None = None, lazy: bool = True) -> dict[str, Any]:
     """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
     thresholds.json (without the run bookkeeping)."""
     if method not in ("whiflash-entropy", "whiflash-neural"):
@@ -93,7 +98,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
         part = {k: v[sel] for k, v in cols.items() if k != "hidden"}
 
         def speedup(slot0: np.ndarray) -> tuple[float, float]:
-            tokens, ms, n = simulate(slot0, part, kinds, rounds, profile, router_ms)
+            tokens, ms, n = simulate(slot0, part, kinds, rounds, profile, router_ms, lazy)
             return tokens * ar / ms, tokens / n
 
         sweep = {v: speedup(score[sel] > sign * v) for v in sorted(values)}
@@ -108,7 +113,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
             "samples": sorted(set(cols["prompt_id"].tolist())), "data": str(data_dir),
             "latency_profile": str(profile_path), "pair": str(manifest.pair), "tree_budget": manifest.tree_budget,
             "slots": [slot_kind(k, budget) for k in kinds], "rounds": int(len(score)),
-            "device": profile.meta.get("device"), "estimate": ESTIMATE}
+            "device": profile.meta.get("device"), "lazy_catchup": lazy, "estimate": ESTIMATE}
 
 
 def _neural_scores(path: str | None, manifest: Any, hidden: np.ndarray) -> np.ndarray:

@@ -118,6 +118,11 @@ def test_replay_costs_rounds_catch_up_and_router() -> None:
     # dflash: backlog 10 (1.0), then 4 (0.4); eagle3 at position 17: backlog 17 (1.0 + 7 * 0.1)
     assert (tokens, rounds) == (4 + 3 + 2, 3)
     assert ms == pytest.approx(3 * 0.5 + (2.0 + 1.0) + (2.0 + 0.4) + (1.0 + 1.7))
+    # Without Lazy Catch-up the other model catches up every round as well: eagle3 backlog 10 in round 1,
+    # 4 in round 2; dflash 3 in round 3.
+    _, eager, _ = simulate(np.array([True, True, False]), cols, ("dflash", "eagle3"), (2.0, 1.0), prof, 0.5,
+                           lazy=False)
+    assert eager == pytest.approx(3 * 0.5 + (2.0 + 1.0 + 1.0) + (2.0 + 0.4 + 0.4) + (1.0 + 0.3 + 0.3))
 
 
 @pytest.fixture(scope="module")
