@@ -36,14 +36,20 @@ def _add_flags(parser: ArgumentParser, config: type) -> None:
             parser.add_argument(flag(f.name), type=_TYPES[str(f.type)], default=f.default, help=help_text)
 
 
+def _flags_parser(description: str, config: type) -> ArgumentParser:
+    """A subcommand parser taking `--config FILE` and one flag per field of the dataclass `config`."""
+    parser = ArgumentParser(description=description)
+    parser.add_argument("--config", action=ActionConfigFile, help="YAML/JSON file of these flags")
+    _add_flags(parser, config)
+    return parser
+
+
 def build_parser() -> ArgumentParser:
-    """The whiflash-eval parser (subcommands bench, report, calibrate; each takes --config)."""
+    """The whiflash-eval parser (subcommands bench, report, calibrate, profile; each takes --config)."""
     parser = ArgumentParser(prog="whiflash-eval", description=__doc__)
     sub = parser.add_subcommands(dest="command")
 
-    bench = ArgumentParser(description="Benchmark methods against AR on the same prompts (upstream flags).")
-    bench.add_argument("--config", action=ActionConfigFile, help="YAML/JSON file of these flags")
-    _add_flags(bench, BenchConfig)
+    bench = _flags_parser("Benchmark methods against AR on the same prompts (upstream flags).", BenchConfig)
     sub.add_subcommand("bench", bench, help="run methods side by side against the AR baseline")
 
     report = ArgumentParser(description="Rebuild tables and plots from run folders, side by side.")
@@ -53,10 +59,8 @@ def build_parser() -> ArgumentParser:
                         help="folder for report.md/.csv/.tex and plots (default: runs/eval/report_<timestamp>)")
     sub.add_subcommand("report", report, help="tables and plots from finished runs")
 
-    cal = ArgumentParser(description="Per category, sweep a routing threshold end to end on prompts disjoint "
-                                     "from the benchmark subset and keep the fastest.")
-    cal.add_argument("--config", action=ActionConfigFile)
-    _add_flags(cal, BenchConfig)
+    cal = _flags_parser("Per category, sweep a routing threshold end to end on prompts disjoint from the benchmark "
+                        "subset and keep the fastest.", BenchConfig)
     cal.add_argument("--calibrate-method", type=str, default="whiflash-entropy",
                      help="whiflash-entropy or whiflash-neural: the routed method whose threshold is swept")
     cal.add_argument("--thresholds", type=str, default=",".join(map(str, DEFAULT_THRESHOLDS)),
@@ -72,10 +76,8 @@ def build_parser() -> ArgumentParser:
                      help="with --replay: the profile JSON of `whiflash-eval profile` for these models and device")
     sub.add_subcommand("calibrate", cal, help="sweep routing thresholds per category; write thresholds.json")
 
-    prof = ArgumentParser(description="Time AR step, chain and tree verify, drafter rounds, catch-up per backlog "
-                                      "length and routers on this device; write a latency profile JSON.")
-    prof.add_argument("--config", action=ActionConfigFile)
-    _add_flags(prof, ProfileConfig)
+    prof = _flags_parser("Time AR step, chain and tree verify, drafter rounds, catch-up per backlog length and "
+                         "routers on this device; write a latency profile JSON.", ProfileConfig)
     sub.add_subcommand("profile", prof, help="latency profile of the loaded models (JSON + table)")
     parser.subparsers = {"bench": bench, "report": report, "calibrate": cal, "profile": prof}  # type: ignore[attr-defined]
     return parser

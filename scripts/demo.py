@@ -5,10 +5,11 @@ Usage: python scripts/demo.py [--preset tiny] [--out DIR] [--work DIR] [--prompt
 Each step is a CLI run through its main function in this process (Python and torch load once);
 the equivalent shell command is printed before it runs:
 
-1. `python -m whiflash.testbed build` — the `tiny` testbed (first run about 4 minutes on 2 CPU cores;
+1. `python -m whiflash.testbed build` — the `tiny` testbed (first run about 7 minutes on 2 CPU cores;
    later runs reuse it);
 2. `whiflash-datagen` on training-split prompts (oracle decoding, both drafters' tau every round) and
-3. `whiflash-train fit` on those rows (about a minute together; skipped when WORK holds a router);
+3. `whiflash-train fit` on those rows (about a minute together; skipped when WORK holds a router made
+   from these very models: the dataset and router folders are named by the testbed's model hashes);
 4. `whiflash-eval profile` — the latency profile of the testbed's models on this machine;
 5. `whiflash-eval calibrate --replay` — WhiFlash-Entropy's threshold per category, estimated from the
    datagen rounds and the profile (no decoding);
@@ -22,6 +23,7 @@ shares, gains) and the paths of the plots. Exit status 1 when an output differs 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shlex
 import sys
@@ -63,10 +65,13 @@ def main() -> int:
 
     root = args.out or default_dir(args.preset)
     work = args.work or root / "demo"
-    data, routers = work / "data", work / "runs"
     device = ["--device", args.device]
     step("testbed", "python -m whiflash.testbed", testbed_main,
          ["build", "--preset", args.preset, "--out", str(root), *device])
+    # the rows and the router belong to these exact models: a rebuilt testbed gets folders of its own
+    stages = json.loads((root / "manifest.json").read_text())["stages"]
+    models = hashlib.sha256("".join(stages[s]["output_sha256"] for s in ("target", "eagle3", "dflash")).encode())
+    data, routers = work / f"data-{models.hexdigest()[:12]}", work / f"runs-{models.hexdigest()[:12]}"
     if not (sorted(routers.glob("*/router")) and (data / "manifest.json").is_file()):  # reuse: most of a rerun
         step("router data", "whiflash-datagen", datagen_main,
              ["--testbed", str(root), "--prompts", "[testbed:train]", "--per_category", "60",

@@ -28,9 +28,14 @@ import torch
 from .manifest import FORMAT_VERSION, Manifest, fingerprint
 from .presets import TestbedConfig
 
-__all__ = ["build", "default_dir", "STAGES"]
+__all__ = ["build", "default_dir", "STAGES", "DRAFTER_TRAINING_VERSION"]
 
 log = logging.getLogger(__name__)
+
+DRAFTER_TRAINING_VERSION = 2
+"""Part of the drafter stages' fingerprints: bump it when a code change makes the same config train other
+weights (2: the engine's Q/K/V and gate/up projections are stacked, which initialises them in another
+order), so a resumed build retrains its drafters instead of keeping ones the code would not make now."""
 
 STAGES: tuple[str, ...] = ("corpus", "tokenizer", "tokens", "target", "responses", "eagle3", "dflash", "acceptance")
 """Stage names in build order (also their folder names)."""
@@ -118,9 +123,10 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
            lambda d: generate_responses(out, config.responses, d, device=config.device,
                                         seed=config.corpus.seed)) is None:
         return _finish(man, t_start)
-    run("eagle3", (config.eagle3, dev, sha["responses"], sha["target"], TAP_CONVENTION),
+    drafter_code = (TAP_CONVENTION, DRAFTER_TRAINING_VERSION)
+    run("eagle3", (config.eagle3, dev, sha["responses"], sha["target"], *drafter_code),
         lambda d: train_eagle3(out, config.eagle3, d, seed=seed, **dev))
-    run("dflash", (config.dflash, dev, sha["responses"], sha["target"], TAP_CONVENTION),
+    run("dflash", (config.dflash, dev, sha["responses"], sha["target"], *drafter_code),
         lambda d: train_dflash(out, config.dflash, d, seed=seed, **dev))
 
     from .acceptance import measure_acceptance
