@@ -32,8 +32,8 @@ from whiflash.eval.latency import LatencyProfile
 from whiflash.eval.profile import profile_models
 from whiflash.eval.shapes import random_drafter, random_models, shape_config
 from whiflash.eval.timing import copy_bandwidth, device_ms, wall_ms
-from whiflash.runtime import Target
-from whiflash.runtime import model as model_module
+from whiflash.drafters.trees import ancestor_mask
+from whiflash.runtime import Target, decode_attention, layers
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPE = torch.bfloat16
@@ -54,11 +54,11 @@ def wall(fn: Callable[[], Any], n: int = 20) -> float:
     return wall_ms(fn, DEV, n=n)
 
 
-def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any]:
+def profile_model(name: str, ctx: int, bw: float, anchor: bool, rounds: bool = False) -> dict[str, Any]:
     """The shared component profile (`whiflash.eval.profile.profile_models`: AR step, verify at each
     drafter's width, tree verify at budgets 32/128, drafts, catch-up, routers) plus this script's
     diagnostics: the eager AR step, and for the anchor model the kernel table, torch.compile, the stock
-    transformers anchor and whole rounds graph vs eager."""
+    transformers anchor and whole rounds graph vs eager (`rounds`: whole rounds for this model too)."""
     target, eagle, dflash = random_models(name, DEV, DTYPE, toy=_smoke)
     prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=(32, 128), context=ctx, graphs=True)
     res: dict[str, Any] = {"model": name, "floor_ms": prof.floor, "ar_graph_gpu_ms": prof.ar_step,
@@ -72,30 +72,130 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool) -> dict[str, Any
         target.static = True
         res["ar_kernels"] = kernel_table(step)
         target.static = False
-    if anchor:  # the same step with torch.compile'd layers inside the graph: how much fusion buys
-        try:
-            # not adopted by the engine: every (pass length, cache length) pair compiles anew
-            target._fixed_layer = torch.compile(model_module._layer, fullgraph=True, dynamic=False)
-            graphs_on(target)
-            target.static = True
-            t0 = time.perf_counter()
-            step()
-            res["compile_s"] = time.perf_counter() - t0
-            res["ar_compiled_gpu_ms"] = gpu_ms(step)
-        except Exception as exc:  # report, keep profiling
-            res["compile_error"] = f"{type(exc).__name__}: {exc}"[:400]
-        target.static = False
-        target._fixed_layer = model_module._layer
+    if anchor:  # the engine's options side by side: SDPA vs the decode kernel, eager vs compiled stages
+        res["variants"] = engine_variants(target, taps=tuple(sorted({*eagle.tap_layers, *dflash.tap_layers})),
+                                          ctx=ctx)
+        res["attention"] = attention_table(target, ctx, bw)
+        res["gemv"] = gemv_table(target, bw)
     if anchor:
         graphs_on(dflash)
         res["dflash_round_wall_ms"] = wall(lambda: dflash.draft(ids[:1], ctx))
         res.update(hf_anchor(shape_config(name, "target", _smoke), shape_config(name, "dflash", _smoke), ctx))
+    if anchor or rounds:
         ddtree = random_drafter("ddtree", shape_config(name, "dflash", _smoke), target, tree_budget=32)
         res["loop"] = full_loop(target, eagle, dflash, ddtree, ctx)
     del target, dflash, eagle
     if DEV.type == "cuda":
         torch.cuda.empty_cache()
     return res
+
+
+VARIANTS = {"sdpa": (False, False), "decode-kernel": (True, False), "decode-kernel+compile": (True, True)}
+"""Engine options compared side by side: (decode attention kernel, torch.compile'd layer stages)."""
+
+
+def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str, dict[str, Any]]:
+    """AR step, 16-token chain verify and 33-node tree verify (graph replays, GPU ms) and the AR step's
+    kernel count under each of `VARIANTS`; the engine's defaults are restored afterwards."""
+    ids = torch.randint(0, 1000, (33,), device=DEV)
+    parents = torch.tensor([-1] + list(range(15)) + [0] * 17)
+    mask = ancestor_mask(parents[1:]).to(DEV)
+    pos = ctx + torch.tensor([0] + list(range(1, 16)) + [1] * 17, device=DEV)
+    passes = {"ar": lambda: target(ids[:1], ctx, logits="all"),
+              "verify16": lambda: target(ids[:16], ctx, None, None, taps, logits="all"),
+              "tree33": lambda: target(ids[:33], ctx, pos, mask, taps, logits="all")}
+    out: dict[str, dict[str, Any]] = {}
+    default = decode_attention.ENABLED
+    try:
+        for name, (kernel, compiled) in VARIANTS.items():
+            decode_attention.ENABLED = kernel
+            layers.compile_fixed_passes(compiled)
+            target.drop_graphs()
+            graphs_on(target)
+            row: dict[str, Any] = {}
+            try:
+                t0 = time.perf_counter()
+                for fn in passes.values():  # first calls capture graphs (and compile)
+                    fn()
+                row["setup_s"] = time.perf_counter() - t0
+                for key, fn in passes.items():
+                    row[f"{key}_ms"] = gpu_ms(fn)
+                graphs_on(target, enabled=False)
+                target.static = True
+                k = kernel_table(passes["ar"])
+                row["ar_kernels"] = k["kernels"] if k else None
+                if name == "decode-kernel+compile" and k:
+                    row["ar_kernel_top"] = k["top"]
+            except Exception as exc:  # report, keep profiling
+                row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+            target.static = False
+            out[name] = row
+    finally:
+        decode_attention.ENABLED = default
+        layers.compile_fixed_passes(False)
+        target.drop_graphs()
+        graphs_on(target, enabled=False)
+    return out
+
+
+def attention_table(target: Target, ctx: int, bw: float) -> dict[str, dict[str, float]]:
+    """One layer's fixed-shape attention over a static cache of `ctx + 64` slots with `ctx` committed,
+    SDPA vs the decode kernel, for 1 / 16 / 33 query rows (GPU us), beside the time to read the live
+    K/V once at copy bandwidth."""
+    cfg = target.config
+    slots = ctx + 64
+    k = torch.randn(cfg.num_key_value_heads, slots, cfg.head_dim, device=DEV, dtype=DTYPE)
+    v = torch.randn_like(k)
+    kv_bytes = 2 * k[:, :ctx].numel() * k.element_size()
+    out = {}
+    for t in (1, 16, 33):
+        q = torch.randn(cfg.num_attention_heads, t, cfg.head_dim, device=DEV, dtype=DTYPE)
+        mask = torch.zeros(t, slots, dtype=torch.bool, device=DEV)
+        mask[:, :ctx] = True
+        mask[:, ctx:ctx + t] = torch.ones(t, t, dtype=torch.bool, device=DEV).tril_()
+        row = {"sdpa_us": 1e3 * gpu_ms(lambda: layers.attention(q, k, v, mask, fixed_shape=True), n=200),
+               "kv_read_us": 1e6 * kv_bytes / bw}
+        if decode_attention.usable(q, k, mask):
+            row["kernel_us"] = 1e3 * gpu_ms(lambda: decode_attention.masked_attention(q, k, v, mask), n=200)
+        out[str(t)] = row
+    return out
+
+
+def gemv_table(target: Target, bw: float) -> dict[str, dict[str, float]]:
+    """The decode step's weight products (one layer's and the LM head) at 1 and 16 rows: cuBLAS GPU us
+    and the share of copy bandwidth the weight read reaches (rotating over 8 weight copies, so the
+    50 MB L2 cache does not serve them)."""
+    layer = target.model.layers[0]
+    weights = {"qkv": layer.self_attn.qkv.weight, "o_proj": layer.self_attn.o_proj.weight,
+               "gate_up": layer.mlp.gate_up.weight, "down": layer.mlp.down_proj.weight,
+               "lm_head": target.lm_head.weight}
+    out = {}
+    for name, w in weights.items():
+        copies = [w.clone() for _ in range(8 if name != "lm_head" else 2)]
+        for m in (1, 16):
+            x = torch.randn(m, w.shape[1], device=DEV, dtype=w.dtype)
+            it = iter(range(10**9))
+            us = 1e3 * gpu_ms(lambda: torch.nn.functional.linear(x, copies[next(it) % len(copies)]), n=64)
+            out[f"{name}@{m}"] = {"us": us, "bandwidth_share": w.numel() * w.element_size() / (us / 1e6) / bw,
+                                  "shape": list(w.shape)}
+        del copies
+    return out
+
+
+def host_table(fn: Callable[[], int], top: int = 12) -> list[tuple[str, float, int]]:
+    """Where a generation's host time goes: cProfile's `top` functions by own time over one call of
+    `fn` (a generation returning its round count), as (function, own ms per round, calls per round)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    rounds = fn()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, own s, cumulative s, callers)
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [(f"{Path(f).name}:{line} {fn_name}"[:70], own * 1e3 / rounds, calls // max(rounds, 1))
+            for (f, line, fn_name), (calls, _, own, _, _) in rows]
 
 
 def hf_anchor(tcfg: dict, dcfg: dict, ctx: int) -> dict[str, float]:
@@ -184,6 +284,7 @@ def full_loop(target: Target, eagle, dflash, ddtree, ctx: int) -> dict[str, dict
                     prefill = kernel_table(lambda: target.forward(prompt, 0, logits="last"))
                     row["kernel_round_ms"] = (k["gpu_ms"] - (prefill["gpu_ms"] if prefill else 0.0)) / stats[0].rounds
                     row["outside_kernels"] = 1 - row["kernel_round_ms"] / row["graph_round_ms"]
+                row["host_top"] = host_table(lambda: whiflash.generate(target, d, prompt, 48)[1].rounds)
         table[name] = row
     return table
 
@@ -216,6 +317,11 @@ def main() -> None:
     ap.add_argument("--no-diagnostics", action="store_true",
                     help="skip the first model's kernel table, torch.compile, transformers anchor and whole rounds "
                          "(the component profiles and the ratio table only: about a minute per model)")
+    ap.add_argument("--rounds", action="store_true",
+                    help="whole rounds (graph vs eager, share outside kernels, host profile) for every model")
+    ap.add_argument("--compile", action="store_true",
+                    help="the component profiles with torch.compile'd layer stages (whiflash.runtime.layers."
+                         "compile_fixed_passes); the anchor's variant table compares both either way")
     args = ap.parse_args()
     global DEV, DTYPE, _smoke
     if args.smoke:
@@ -226,7 +332,9 @@ def main() -> None:
     bw = copy_bandwidth(DEV)
     results = []
     for i, m in enumerate(args.models.split(",")):
-        results.append(profile_model(m, args.ctx, bw, anchor=(i == 0 and not args.no_diagnostics)))
+        layers.compile_fixed_passes(args.compile)
+        results.append(profile_model(m, args.ctx, bw, anchor=(i == 0 and not args.no_diagnostics),
+                                     rounds=args.rounds))
         print(json.dumps(results[-1]), flush=True)  # partial results survive a time limit
     dev = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu (smoke: toy widths)"
     print(f"\n{dev}, {str(DTYPE).removeprefix('torch.')}, random weights, context {args.ctx}, copy bandwidth {bw / 1e12:.2f} TB/s (read+write)")
@@ -238,11 +346,23 @@ def main() -> None:
         print(f"\n{r['model']}: " + LatencyProfile.from_json(r["profile"]).table())
     print("\n" + ratio_table(results))
     a = results[0]
-    if "ar_compiled_gpu_ms" in a:
-        print(f"\n{a['model']} AR step with torch.compile'd layers in the graph: {a['ar_compiled_gpu_ms']:.3f} ms = "
-              f"{a['ar_compiled_gpu_ms'] / a['floor_ms']:.2f}x floor (compiled in {a['compile_s']:.0f} s)")
-    elif "compile_error" in a:
-        print(f"\n{a['model']} AR step with torch.compile'd layers: failed: {a['compile_error']}")
+    if "variants" in a:
+        print(f"\n{a['model']} engine options, graph replays (GPU ms; floor {a['floor_ms']:.3f}):")
+        print(f"  {'variant':<24}{'AR step':>9}{'x floor':>8}{'verify16':>9}{'/AR':>6}{'tree33':>8}{'kernels':>8}{'setup s':>8}")
+        for name, row in a["variants"].items():
+            if "error" in row:
+                print(f"  {name:<24}failed: {row['error']}")
+                continue
+            print(f"  {name:<24}{row['ar_ms']:>9.3f}{row['ar_ms'] / a['floor_ms']:>8.2f}{row['verify16_ms']:>9.3f}"
+                  f"{row['verify16_ms'] / row['ar_ms']:>6.2f}{row['tree33_ms']:>8.3f}{row['ar_kernels'] or '-':>8}"
+                  f"{row['setup_s']:>8.1f}")
+        print(f"\n{a['model']} attention, one layer, context {args.ctx} (GPU us): rows -> SDPA / decode kernel / "
+              "live K/V read at copy bandwidth")
+        for t, row in a["attention"].items():
+            print(f"  {t:>3}: {row['sdpa_us']:7.1f} / {row.get('kernel_us', float('nan')):7.1f} / {row['kv_read_us']:6.1f}")
+        print(f"\n{a['model']} weight products (cuBLAS, GPU us, share of copy bandwidth):")
+        for key, row in a["gemv"].items():
+            print(f"  {key:<12}{str(row['shape']):>16}{row['us']:>9.1f}{row['bandwidth_share']:>8.0%}")
     if a.get("ar_kernels"):
         k = a["ar_kernels"]
         print(f"\n{a['model']} AR step kernels (fixed-shape pass, eager): {k['kernels']} launches, {k['gpu_ms']:.3f} ms "
@@ -271,6 +391,14 @@ def main() -> None:
             ours = a["loop"]["ar"]["graph_round_ms"]
             print(f"  stock transformers generate(), greedy AR: {a['hf_ar_loop_ms_per_token']:.3f} ms/token vs ours "
                   f"(graph) {ours:.3f} = {a['hf_ar_loop_ms_per_token'] / ours:.2f}x")
+    for r in results:
+        for name, row in r.get("loop", {}).items():
+            if r is not a:
+                extra = f", outside GPU kernels {row['outside_kernels']:.1%}" if "outside_kernels" in row else ""
+                print(f"\n{r['model']} {name}: graph {row['graph_round_ms']:.3f} ms per round{extra}")
+            print(f"  host time by function ({r['model']}, {name}, graph mode): own ms per round, calls per round")
+            for fn_name, ms, calls in row["host_top"][:8]:
+                print(f"    {ms:7.3f} {calls:>5}  {fn_name}")
     if args.json:
         args.json.write_text(json.dumps({"device": dev, "ctx": args.ctx, "bandwidth": bw, "results": results}, indent=2))
 

@@ -11,6 +11,7 @@ import torch
 
 import whiflash
 from whiflash.routers import ScriptedRouter
+from whiflash.runtime import decode_attention, layers
 
 pytestmark = pytest.mark.gpu
 PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6]]
@@ -59,9 +60,20 @@ def test_cuda_bf16_diverges_only_at_near_ties(worlds, world, record_property):
     print(f"{world}: {len(divergences)} near-tie divergences {divergences}")
 
 
+@pytest.fixture(params=["decode-kernel", "sdpa", "compiled"])
+def engine(request):
+    """The fixed-shape passes' options: the decode attention kernel (the default), SDPA, and the
+    kernel with torch.compile'd layer stages."""
+    decode_attention.ENABLED = request.param != "sdpa"
+    layers.compile_fixed_passes(request.param == "compiled")
+    yield request.param
+    decode_attention.ENABLED = True
+    layers.compile_fixed_passes(False)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", ["qwen3-mixed", "qwen3-random"])  # random: drafters that attend to their caches
-def test_cuda_graphs_decode_like_the_eager_path(worlds, dtype, name):
+def test_cuda_graphs_decode_like_the_eager_path(worlds, dtype, name, engine):
     world = worlds[name]
     target, drafters = world.load(device="cuda", dtype=dtype)
     routed = whiflash.RoutedDrafter("df-e3", whiflash.AlternatingRouter(), eagle3=drafters["eagle3"],
@@ -84,6 +96,31 @@ def test_cuda_graphs_decode_like_the_eager_path(worlds, dtype, name):
                 assert dtype == torch.bfloat16
                 i = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
                 assert _margin(fp32, prompt + a[:i], a[i], b[i]) < NEAR_TIE
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_kernel_matches_sdpa_at_real_shapes(dtype):
+    """Qwen3-8B's heads (32 query, 8 K/V, head dim 128) over a 1,100-slot cache, chains and a tree."""
+    torch.manual_seed(0)
+    slots, ctx = 1100, 1000
+    k = torch.randn(8, slots, 128, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    k[:, ctx + 70:] = float("nan")  # slots no row may see are never read
+    for t in (1, 7, 16, 33, 64):
+        q = torch.randn(32, t, 128, device="cuda", dtype=dtype)
+        mask = torch.zeros(t, slots, dtype=torch.bool, device="cuda")
+        mask[:, :ctx] = True
+        block = torch.rand(t, t, device="cuda") < 0.3
+        mask[:, ctx:ctx + t] = (block | torch.eye(t, dtype=torch.bool, device="cuda")).tril()
+        assert decode_attention.usable(q, k, mask)
+        got = decode_attention.masked_attention(q, k, v, mask)
+        decode_attention.ENABLED = False
+        try:
+            want = layers.attention(q, k.nan_to_num(), v, mask, fixed_shape=True)
+        finally:
+            decode_attention.ENABLED = True
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
 def test_cuda_matches_transformers(worlds):

@@ -144,8 +144,9 @@ class DFlashDrafter(Drafter):
     def _block(self, block: Tensor, positions: Tensor, rows: Rows, mask: Tensor | None) -> Tensor:
         """The block's pass; its K/V go to scratch slots past the context, overwritten after the round."""
         x = self.target.embed(block)
+        angles = self.rope.angles(positions, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self.rope, positions, self.cache, i, rows, mask)
+            x = layer(x, angles, self.cache, i, rows, mask)
         return self.target.lm_head(self.norm(x[1:])).float()
 
     def _block_fixed(self, block: Tensor, positions: Tensor, mask: Tensor) -> Tensor:

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from whiflash.runtime import decode_attention
 from whiflash.runtime.cache import KVCache, Rows
 
 VARYING_SHAPE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -133,10 +134,18 @@ class Rotary:
             self._cast[dtype] = torch.stack([self.cos, sin], dim=1).to(dtype)
         return self._cast[dtype]
 
+    def angles(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
+        """`[T, 2, head_dim]` rows of `table(dtype)` at `positions`: one gather per pass, shared by every layer."""
+        return self.table(dtype)[positions]
+
     def __call__(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate `x [..., T, head_dim]` by the angles of `positions [T]` (HF rotate-half convention)."""
-        cos_sin = self.table(x.dtype)[positions]
-        return x * cos_sin[:, 0] + x.roll(x.shape[-1] // 2, dims=-1) * cos_sin[:, 1]
+        return rotate(x, self.angles(positions, x.dtype))
+
+
+def rotate(x: Tensor, angles: Tensor) -> Tensor:
+    """Rotate `x [..., T, head_dim]` by `angles [T, 2, head_dim]` (`Rotary.angles`)."""
+    return x * angles[:, 0] + x.roll(x.shape[-1] // 2, dims=-1) * angles[:, 1]
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, fixed_shape: bool = False) -> Tensor:
@@ -146,8 +155,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, fixed_shape:
     heads sharing a K/V head (transformers' `repeat_kv` grouping: head `h` reads K/V head
     `h // (Hq / Hkv)`) are folded into the query length, so K/V are never expanded and one fused
     SDPA kernel (flash, cuDNN or memory-efficient, as PyTorch picks) serves every shape;
-    `fixed_shape=False` (a shape this call may never see again) leaves cuDNN out.
+    `fixed_shape=False` (a shape this call may never see again) leaves cuDNN out. Fixed-shape passes
+    of short query blocks on the GPU run `decode_attention` instead, which reads only the cache tiles
+    the mask shows.
     """
+    if fixed_shape and decode_attention.usable(q, k, mask):
+        return decode_attention.masked_attention(q, k, v, mask)
     hq, t, d = q.shape
     group = hq // k.shape[0]
     q = q.reshape(k.shape[0], group * t, d)
@@ -201,42 +214,47 @@ class Attention(nn.Module):
         """Value projection `[..., n_kv * head_dim]`."""
         return self._project(x, self.sizes[0] + self.sizes[1], sum(self.sizes))
 
-    def _keys_values(self, k: Tensor, v: Tensor, rope: Rotary, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def _keys_values(self, k: Tensor, v: Tensor, angles: Tensor) -> tuple[Tensor, Tensor]:
         t = k.shape[0]
         k = k.view(t, self.nkv, self.hd)
         if self.qk_norm:
             k = self.k_norm(k)
-        return rope(k.transpose(0, 1), positions), v.view(t, self.nkv, self.hd).transpose(0, 1)
+        return rotate(k.transpose(0, 1), angles), v.view(t, self.nkv, self.hd).transpose(0, 1)
 
-    def _queries(self, q: Tensor, rope: Rotary, positions: Tensor) -> Tensor:
+    def _queries(self, q: Tensor, angles: Tensor) -> Tensor:
         q = q.view(q.shape[0], self.nh, self.hd)
         if self.qk_norm:
             q = self.q_norm(q)
-        return rope(q.transpose(0, 1), positions)
+        return rotate(q.transpose(0, 1), angles)
 
-    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, fixed_shape: bool) -> Tensor:
-        return self.o_proj(attention(q, keys, values, mask, fixed_shape).transpose(0, 1).reshape(q.shape[1], -1))
+    def output(self, attn: Tensor) -> Tensor:
+        """`o_proj` of an attention result `[n_heads, T, head_dim]` -> `[T, dim_out]`."""
+        return self.o_proj(attn.transpose(0, 1).reshape(attn.shape[1], -1))
+
+    def project(self, x: Tensor, angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q `[n_heads, T, hd]`, K and V `[n_kv, T, hd]` of rows `x` (normed and rotated by `angles`)."""
+        q, k, v = self.qkv(x).split(self.sizes, dim=-1)
+        return self._queries(q, angles), *self._keys_values(k, v, angles)
 
     def kv(self, x: Tensor, rope: Rotary, positions: Tensor) -> tuple[Tensor, Tensor]:
         """K (normed, rotated) and V of rows `x [T, dim_in]`, each `[n_kv, T, head_dim]`."""
         k, v = self._project(x, self.sizes[0], sum(self.sizes)).split(self.sizes[1:], dim=-1)
-        return self._keys_values(k, v, rope, positions)
+        return self._keys_values(k, v, rope.angles(positions, x.dtype))
 
     def attend(self, x: Tensor, rope: Rotary, positions: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
                fixed_shape: bool) -> Tensor:
         """Queries of rows `x` against `keys, values [n_kv, S, head_dim]` (mask `[T, S]` or None: all visible)."""
-        return self._attend(self._queries(self.q(x), rope, positions), keys, values, mask, fixed_shape)
-
-    def forward(self, x: Tensor, rope: Rotary, positions: Tensor, cache: KVCache, layer: int, rows: Rows,
-                mask: Tensor | None) -> Tensor:
-        """Write the K/V of rows `x` into `cache` layer `layer` at `rows` (a `Rows`), then attend."""
-        q, k, v = self.qkv(x).split(self.sizes, dim=-1)
-        keys, values = cache.write(layer, *self._keys_values(k, v, rope, positions), rows)
-        return self._attend(self._queries(q, rope, positions), keys, values, mask, rows.fixed)
+        q = self._queries(self.q(x), rope.angles(positions, x.dtype))
+        return self.output(attention(q, keys, values, mask, fixed_shape))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm transformer layer (Qwen3 / Llama; also every DFlash draft layer): attention, then SwiGLU."""
+    """Pre-norm transformer layer (Qwen3 / Llama; also every DFlash draft layer): attention, then SwiGLU.
+
+    A pass is `pre` (norm, Q/K/V, rotation), the cache write and attention, then `post` (output
+    projection, residuals, MLP). `pre` and `post` touch no cache, so `compile_fixed_passes` can compile
+    them once per row count for every layer of every model.
+    """
 
     def __init__(self, hidden: int, intermediate: int, n_heads: int, n_kv: int, head_dim: int, eps: float = 1e-6,
                  attention_bias: bool = False, qk_norm: bool = False, mlp_bias: bool = False) -> None:
@@ -246,7 +264,58 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = SwiGLU(hidden, intermediate, mlp_bias)
 
-    def forward(self, x: Tensor, rope: Rotary, positions: Tensor, cache: KVCache, index: int, rows: Rows,
-                mask: Tensor | None) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, positions, cache, index, rows, mask)
+    def pre(self, x: Tensor, angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K, V of the residual stream `x [T, hidden]` (`Attention.project` of its norm)."""
+        return self.self_attn.project(self.input_layernorm(x), angles)
+
+    def post(self, x: Tensor, attn: Tensor) -> Tensor:
+        """The layer's output from its input `x` and its attention result `attn [n_heads, T, hd]`."""
+        x = x + self.self_attn.output(attn)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward(self, x: Tensor, angles: Tensor, cache: KVCache, index: int, rows: Rows,
+                mask: Tensor | None) -> Tensor:
+        """Rows `x [T, hidden]` rotated by `angles` (`Rotary.angles`) write their K/V into `cache` layer
+        `index` at `rows`, attend under `mask`, and come out of the layer."""
+        pre, post = (_compiled_pre, _compiled_post) if rows.fixed and _compiled_pre is not None else (_pre, _post)
+        q, k, v = pre(self, x, angles)
+        keys, values = cache.write(index, k, v, rows)
+        return post(self, x, attention(q, keys, values, mask, rows.fixed))
+
+
+def _pre(layer: DecoderLayer, x: Tensor, angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return layer.pre(x, angles)
+
+
+def _post(layer: DecoderLayer, x: Tensor, attn: Tensor) -> Tensor:
+    return layer.post(x, attn)
+
+
+_compiled_pre = _compiled_post = None
+
+
+def compile_fixed_passes(enabled: bool = True, backend: str = "inductor") -> None:
+    """Run the cache-free stages of every decoder layer (`DecoderLayer.pre` / `post`) of fixed-shape
+    passes through `torch.compile`, which fuses their norms, rotations, casts and residual adds into a
+    few kernels (the target's and DFlash's layers; eager passes and the prefill stay as they are).
+
+    Compiled once per row count, whatever the layer or model: the layer is an argument, whose
+    parameters dynamo treats as inputs, and the stages never see the cache (its length would be a shape
+    to specialise on, its writes mutations). `dynamic=False` keeps every shape static, and the
+    recompile limit is raised to `RECOMPILE_LIMIT` so that a run's few widths (decode step, verify,
+    tree, drafter block) never fall back to eager. Compilation happens on a pass's first call, which
+    CUDA graph capture runs as a warm-up before capturing.
+    """
+    global _compiled_pre, _compiled_post
+    if not enabled:
+        _compiled_pre = _compiled_post = None
+        return
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
+    _compiled_pre = torch.compile(_pre, backend=backend, dynamic=False, fullgraph=True)
+    _compiled_post = torch.compile(_post, backend=backend, dynamic=False, fullgraph=True)
+
+
+RECOMPILE_LIMIT = 64
+"""Compiled variants allowed per stage: one per pass row count (and dtype) a process uses."""

@@ -48,12 +48,6 @@ class TargetOutput:
     """`[T, len(taps), H]` each tap layer's output (`hidden_states[i + 1]`), in the order asked for."""
 
 
-def _layer(layer: DecoderLayer, x: Tensor, rope: Rotary, positions: Tensor, cache: KVCache, index: int, rows: Rows,
-           mask: Tensor | None) -> Tensor:
-    """One decoder layer as a free function (compiled once, it would serve every layer)."""
-    return layer(x, rope, positions, cache, index, rows, mask)
-
-
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -83,9 +77,6 @@ class Target(nn.Module, FixedShapePasses):
         self.max_len = 0
         self._cols = torch.empty(0, dtype=torch.long)  # slot indices 0..max_len-1, for fixed-shape passes
         self.static, self.graphs = False, None
-        # What fixed-shape passes run per layer. A hook: scripts/profile_shapes.py swaps in a
-        # torch.compile'd layer to measure what kernel fusion would buy.
-        self._fixed_layer = _layer
 
     @property
     def graph_device(self) -> torch.device:
@@ -152,10 +143,10 @@ class Target(nn.Module, FixedShapePasses):
     def _run(self, ids: Tensor, positions: Tensor, rows: Rows, mask: Tensor | None,
              taps: tuple[int, ...], logits: str) -> TargetOutput:
         x = self.embed(ids)
+        angles = self.rope.angles(positions, x.dtype)
         captured: dict[int, Tensor] = {}
-        run = self._fixed_layer if rows.fixed else _layer
         for i, layer in enumerate(self.model.layers):
-            x = run(layer, x, self.rope, positions, self.cache, i, rows, mask)
+            x = layer(x, angles, self.cache, i, rows, mask)
             if i in taps:
                 captured[i] = x
         hidden = self.model.norm(x)

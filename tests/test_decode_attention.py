@@ -1,0 +1,148 @@
+"""The fixed-shape passes' speed options on the CPU: the Triton decode attention kernel (under Triton's
+interpreter) and the torch.compile'd layer stages. Both must leave decoding unchanged; CUDA runs of
+the same checks are in tests/test_gpu.py."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import whiflash
+from whiflash.runtime import decode_attention, layers
+
+needs_triton = pytest.mark.skipif(decode_attention.triton is None, reason="triton is not installed")
+
+
+def _interpreted(code: str, timeout: int = 300) -> str:
+    """Run `code` in a fresh Python with Triton's interpreter on (it is read when kernels are defined)."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@needs_triton
+def test_kernel_computes_masked_attention_and_skips_unseen_tiles() -> None:
+    out = _interpreted("""
+        import torch
+        from whiflash.runtime import decode_attention as da
+
+        def reference(q, k, v, mask):
+            g = q.shape[0] // k.shape[0]
+            s = q.double() @ k.double().repeat_interleave(g, 0).transpose(1, 2) / q.shape[-1] ** 0.5
+            p = s.masked_fill(~mask, float("-inf")).softmax(-1).nan_to_num(0.0)
+            return p @ v.double().repeat_interleave(g, 0)
+
+        torch.manual_seed(0)
+        # (query heads, K/V heads, rows, head dim, slots): GQA groups 1/2/4, head dims below 16 and not
+        # powers of two, more rows than one row block, caches of one tile and of many splits
+        shapes = [(4, 2, 1, 64, 300), (8, 2, 5, 8, 200), (4, 4, 17, 24, 130), (4, 1, 33, 64, 64),
+                  (8, 4, 16, 32, 5000)]
+        for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
+            for hq, hkv, t, d, slots in shapes:
+                q = torch.randn(t, hq, d).to(dtype).transpose(0, 1)  # a strided query, as attention gets it
+                k, v = torch.randn(2, hkv, slots, d).to(dtype)
+                start = slots - t - 3 if slots > 300 else slots - t
+                tree = (torch.rand(t, t) < 0.4) | torch.eye(t, dtype=torch.bool)
+                mask = torch.zeros(t, slots, dtype=torch.bool)
+                mask[:, :start] = True
+                mask[:, start:start + t] = tree.tril()
+                if t > 3:
+                    mask[2] = False  # a row that sees nothing gets zeros
+                if slots > 300:  # whole tiles no row may see hold NaN: they must not be read
+                    mask[:, 64:192] = False
+                    k[:, 64:192] = v[:, 64:192] = float("nan")
+                got = da.masked_attention(q, k, v, mask)
+                assert got.shape == q.shape and got.dtype == dtype
+                err = (got.double() - reference(q, k.nan_to_num(), v.nan_to_num(), mask)).abs().max().item()
+                assert err < tol, (dtype, hq, hkv, t, d, slots, err)
+        # an expanded mask (stride 0 over rows), as DFlash's block pass builds it
+        q, k, v = torch.randn(4, 8, 16), torch.randn(2, 100, 16), torch.randn(2, 100, 16)
+        mask = (torch.arange(100) < 60).expand(8, -1)
+        err = (da.masked_attention(q, k, v, mask).double() - reference(q, k, v, mask)).abs().max().item()
+        assert err < 1e-5, err
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+@needs_triton
+def test_fixed_shape_decoding_with_the_kernel_equals_the_eager_path(tmp_path) -> None:
+    """Every method, fixed-shape passes attending through the kernel, against the eager path (SDPA)."""
+    out = _interpreted(f"""
+        import json
+        from pathlib import Path
+
+        import torch
+        import whiflash
+        from whiflash.runtime import decode_attention as da
+        from whiflash.testing import make_dflash, make_eagle3, make_target
+
+        root = Path({str(tmp_path)!r})
+        target_dir = make_target(root / "target", "qwen3", crafted=True, mix=0.1, seed=4)
+        cfg = json.loads((target_dir / "config.json").read_text())
+        target = whiflash.load_target(target_dir)
+        drafters = [whiflash.load_drafter("eagle3", make_eagle3(root / "e3", cfg, [0, 1, 2], draft_vocab=24,
+                                                                crafted=True), target, num_steps=4)]
+        dflash_dir = make_dflash(root / "df", cfg, [0, 1, 3], block_size=8, crafted=True)
+        drafters += [whiflash.load_drafter("dflash", dflash_dir, target),
+                     whiflash.load_drafter("ddtree", dflash_dir, target, tree_budget=12)]
+        calls = [0]
+        real = da._masked_attention
+        da._masked_attention = lambda *a: (calls.__setitem__(0, calls[0] + 1), real(*a))[1]
+        prompt = [1, 5, 7, 9, 11, 3]
+        for drafter in [None, *drafters]:
+            eager = whiflash.generate(target, drafter, prompt, 24)
+            for m in [target, *drafters]:
+                m.static = True
+            fixed = whiflash.generate(target, drafter, prompt, 24)
+            for m in [target, *drafters]:
+                m.static = False
+            assert eager[0] == fixed[0] and eager[1].taus == fixed[1].taus, drafter
+        assert calls[0] > 100, calls
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_kernel_is_only_used_where_it_can_run() -> None:
+    q, k = torch.randn(4, 3, 16), torch.randn(2, 50, 16)
+    mask = torch.ones(3, 50, dtype=torch.bool)
+    if not decode_attention.INTERPRET:
+        assert not decode_attention.usable(q, k, mask)  # CPU tensors: SDPA
+    assert not decode_attention.usable(q, k, None)
+    assert not decode_attention.usable(torch.randn(4, decode_attention.MAX_QUERIES + 1, 16), k,
+                                       torch.ones(decode_attention.MAX_QUERIES + 1, 50, dtype=torch.bool))
+
+
+def test_compiled_layer_stages_decode_alike_and_compile_once_per_width(worlds) -> None:
+    """torch.compile'd `pre`/`post` stages (backend aot_eager: dynamo's capture and AOT autograd's
+    graphs, without code generation) give the same tokens, and compile once per pass width for all
+    layers of the target and of DFlash (the cache never enters the compiled code)."""
+    from torch._dynamo.utils import counters
+
+    target, drafters = worlds["qwen3-mixed"].load()
+    prompt = [1, 5, 7, 9, 11, 3]
+    eager = {k: whiflash.generate(target, d, prompt, 24) for k, d in drafters.items()}
+    members = [target, *drafters.values()]
+    torch._dynamo.reset()
+    counters.clear()
+    layers.compile_fixed_passes(True, backend="aot_eager")
+    try:
+        for m in members:
+            m.static = True
+        fixed = {k: whiflash.generate(target, d, prompt, 24) for k, d in drafters.items()}
+    finally:
+        layers.compile_fixed_passes(False)
+        for m in members:
+            m.static = False
+    for kind in eager:
+        assert fixed[kind][0] == eager[kind][0] and fixed[kind][1].taus == eager[kind][1].taus, kind
+    # widths: EAGLE-3 verify 5, DFlash verify/block 8, DDTree verify 13 -> at most 2 stages x 3 widths, not
+    # one per layer (2 target layers + DFlash's)
+    assert 0 < counters["stats"]["unique_graphs"] <= 6, dict(counters["stats"])
