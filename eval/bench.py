@@ -23,6 +23,8 @@ from whiflash import distributed
 from whiflash.decoding.stats import TAU_DEFINITION
 from whiflash.io import atomic_write_text
 from whiflash.prompts import encode_chat
+from whiflash.runtime import decode_attention
+from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
 
 from .config import BenchConfig
 from .datasets import Sample, load_samples
@@ -104,6 +106,9 @@ class Runner:
             log.warning("--cuda-graphs ignored on %s (CUDA only)", self.target.device)
         if self.graphs:
             self.target.use_cuda_graphs(True)
+        if cfg.compile_layers and not self.graphs:
+            log.warning("--compile-layers ignored: it compiles the CUDA graphs' passes (give --cuda-graphs on CUDA)")
+        compile_fixed_passes(cfg.compile_layers and self.graphs)
 
     def method(self, name: str, category: str | None = None) -> Method:
         """Method `name`, with the calibrated threshold of `category` when thresholds were given for it."""
@@ -239,7 +244,9 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
                                "pair": cfg.whiflash_drafters, "tree_budget": cfg.ddtree_tree_budget},
                        samples=samples,
                        extra={"methods": runner.names, "tau_definition": TAU_DEFINITION, "protocol": PROTOCOL,
-                              "cache_max_len": max_len, "cuda_graphs": runner.graphs, "resumed": resumed,
+                              "cache_max_len": max_len, "cuda_graphs": runner.graphs,
+                              "compiled_layers": layers_compiled(), "attention_kernel": decode_attention.available(),
+                              "resumed": resumed,
                               "catchup": catchup_note, "strict_tolerance": cfg.strict_tolerance,
                               **({"ranks": per_rank} if ranks.world > 1 else {})})
     # each rank logs its own share as it goes (samples-rankR.jsonl); rank 0 merges them into samples.jsonl

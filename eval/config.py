@@ -68,6 +68,8 @@ class BenchConfig:
     threads: int | None = _h(None, "torch intra-op CPU threads (default: torch's choice; 1 is fastest for tiny "
                              "models on a busy machine).")
     cuda_graphs: bool = _h(False, "Replay CUDA graphs for the fixed-shape passes (CUDA only).")
+    compile_layers: bool = _h(False, "With --cuda-graphs: torch.compile the decoder layers' stages inside the graphs "
+                              "(fused norms, rotations and residuals; compiled once per pass width, ~15 s each).")
     warmup_tokens: int = _h(32, "New tokens of each method's untimed warm-up decode.")
     bootstrap: int = _h(1000, "Bootstrap resamples for the speedup interval.")
     out: str = _h("runs/eval", "Parent folder of the run folder <timestamp>_<name>.")
@@ -117,6 +119,8 @@ class ProfileConfig:
     dtype: str = _h("bfloat16" if torch.cuda.is_available() else "float32", "Model dtype.")
     no_cuda_graphs: bool = _h(False, "On CUDA, run fixed-shape passes eagerly instead of replaying CUDA graphs "
                               "(profile what `bench` runs without --cuda-graphs).")
+    compile_layers: bool = _h(False, "torch.compile the decoder layers' stages inside the graphs (what `bench "
+                              "--compile-layers` runs).")
     threads: int | None = _h(None, "torch intra-op CPU threads.")
     out: str = _h("runs/eval", "Parent folder of the run folder <timestamp>_<name>.")
     name: str | None = _h(None, "Run name (default: profile-<preset or target folder>).")

@@ -23,6 +23,7 @@ from whiflash.drafters import Commit, DFlashDrafter, Drafter, Eagle3Drafter
 from whiflash.drafters.trees import ancestor_mask
 from whiflash.router import NeuralRouter
 from whiflash.routers import EntropyRouter, NeuralPolicy
+from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
 
 from .config import BACKLOGS, ProfileConfig
 from .latency import LatencyProfile
@@ -122,7 +123,7 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
             m.use_cuda_graphs(was)
     prof.meta.update({"device": str(device), "dtype": str(target.dtype).removeprefix("torch."),
                       "timing": "cuda-events (GPU time)" if device.type == "cuda" else "wall-clock",
-                      "cuda_graphs": graphs, "context": context,
+                      "cuda_graphs": graphs, "context": context, "compiled_layers": layers_compiled(),
                       "widths": {**widths, **{f"ddtree-b{b}": w for b, w in nodes.items()}}})
     if device.type == "cuda":
         prof.meta["device_name"] = torch.cuda.get_device_name(device)
@@ -198,6 +199,7 @@ def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path
         neural = whiflash.load_router(cfg.whiflash_neural_router_path, hidden_size=target.config.hidden_size,
                                       device=target.device)
         models["neural_router"] = cfg.whiflash_neural_router_path
+    compile_fixed_passes(cfg.compile_layers)
     prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=budgets,
                           neural=neural, context=cfg.context, backlogs=backlogs, graphs=not cfg.no_cuda_graphs,
                           repeats=cfg.repeats)

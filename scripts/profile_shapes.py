@@ -34,6 +34,7 @@ from whiflash.eval.shapes import random_drafter, random_models, shape_config
 from whiflash.eval.timing import copy_bandwidth, device_ms, wall_ms
 from whiflash.drafters.trees import ancestor_mask
 from whiflash.runtime import Target, decode_attention, layers
+from whiflash.runtime.graphs import Graphed
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPE = torch.bfloat16
@@ -72,10 +73,11 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool, rounds: bool = F
         target.static = True
         res["ar_kernels"] = kernel_table(step)
         target.static = False
-    if anchor:  # the engine's options side by side: SDPA vs the decode kernel, eager vs compiled stages
+    if anchor or rounds:  # the engine's options side by side: SDPA vs the decode kernel, eager vs compiled stages
         res["variants"] = engine_variants(target, taps=tuple(sorted({*eagle.tap_layers, *dflash.tap_layers})),
                                           ctx=ctx)
         res["attention"] = attention_table(target, ctx, bw)
+    if anchor:
         res["gemv"] = gemv_table(target, bw)
     if anchor:
         graphs_on(dflash)
@@ -138,33 +140,49 @@ def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str
     return out
 
 
+def graph_us(fn: Callable[[], Any], calls: int = 1) -> float:
+    """GPU us of one of `calls` calls that `fn` makes, captured as a CUDA graph and timed over its
+    replays (direct calls from Python would time the host's launches, not the kernels)."""
+    if DEV.type != "cuda":
+        return 1e3 * gpu_ms(fn) / calls
+    graph = Graphed(fn)
+    return 1e3 * gpu_ms(graph, n=50) / calls
+
+
 def attention_table(target: Target, ctx: int, bw: float) -> dict[str, dict[str, float]]:
-    """One layer's fixed-shape attention over a static cache of `ctx + 64` slots with `ctx` committed,
-    SDPA vs the decode kernel, for 1 / 16 / 33 query rows (GPU us), beside the time to read the live
-    K/V once at copy bandwidth."""
+    """One layer's fixed-shape attention over a static cache of `ctx + 256` slots with `ctx` committed,
+    SDPA vs the decode kernel at several split counts, for 1 / 16 / 33 query rows (GPU us), beside
+    the time to read the live K/V once at copy bandwidth."""
     cfg = target.config
-    slots = ctx + 64
+    slots = ctx + 256
     k = torch.randn(cfg.num_key_value_heads, slots, cfg.head_dim, device=DEV, dtype=DTYPE)
     v = torch.randn_like(k)
     kv_bytes = 2 * k[:, :ctx].numel() * k.element_size()
     out = {}
+    default = decode_attention.MAX_SPLITS
     for t in (1, 16, 33):
         q = torch.randn(cfg.num_attention_heads, t, cfg.head_dim, device=DEV, dtype=DTYPE)
         mask = torch.zeros(t, slots, dtype=torch.bool, device=DEV)
         mask[:, :ctx] = True
         mask[:, ctx:ctx + t] = torch.ones(t, t, dtype=torch.bool, device=DEV).tril_()
-        row = {"sdpa_us": 1e3 * gpu_ms(lambda: layers.attention(q, k, v, mask, fixed_shape=True), n=200),
+        enabled = decode_attention.ENABLED
+        decode_attention.ENABLED = False
+        row = {"sdpa_us": graph_us(lambda: layers.attention(q, k, v, mask, fixed_shape=True)),
                "kv_read_us": 1e6 * kv_bytes / bw}
+        decode_attention.ENABLED = enabled
         if decode_attention.usable(q, k, mask):
-            row["kernel_us"] = 1e3 * gpu_ms(lambda: decode_attention.masked_attention(q, k, v, mask), n=200)
+            for splits in (8, 16, 32, 64):
+                decode_attention.MAX_SPLITS = splits
+                row[f"kernel_{splits}_us"] = graph_us(lambda: decode_attention.masked_attention(q, k, v, mask))
+            decode_attention.MAX_SPLITS = default
         out[str(t)] = row
     return out
 
 
 def gemv_table(target: Target, bw: float) -> dict[str, dict[str, float]]:
     """The decode step's weight products (one layer's and the LM head) at 1 and 16 rows: cuBLAS GPU us
-    and the share of copy bandwidth the weight read reaches (rotating over 8 weight copies, so the
-    50 MB L2 cache does not serve them)."""
+    and the share of copy bandwidth the weight read reaches (a graph of one product per weight copy,
+    8 copies, so the 50 MB L2 cache does not serve them)."""
     layer = target.model.layers[0]
     weights = {"qkv": layer.self_attn.qkv.weight, "o_proj": layer.self_attn.o_proj.weight,
                "gate_up": layer.mlp.gate_up.weight, "down": layer.mlp.down_proj.weight,
@@ -174,8 +192,7 @@ def gemv_table(target: Target, bw: float) -> dict[str, dict[str, float]]:
         copies = [w.clone() for _ in range(8 if name != "lm_head" else 2)]
         for m in (1, 16):
             x = torch.randn(m, w.shape[1], device=DEV, dtype=w.dtype)
-            it = iter(range(10**9))
-            us = 1e3 * gpu_ms(lambda: torch.nn.functional.linear(x, copies[next(it) % len(copies)]), n=64)
+            us = graph_us(lambda: [torch.nn.functional.linear(x, c) for c in copies], calls=len(copies))
             out[f"{name}@{m}"] = {"us": us, "bandwidth_share": w.numel() * w.element_size() / (us / 1e6) / bw,
                                   "shape": list(w.shape)}
         del copies
@@ -346,20 +363,22 @@ def main() -> None:
         print(f"\n{r['model']}: " + LatencyProfile.from_json(r["profile"]).table())
     print("\n" + ratio_table(results))
     a = results[0]
-    if "variants" in a:
-        print(f"\n{a['model']} engine options, graph replays (GPU ms; floor {a['floor_ms']:.3f}):")
+    for r in (r for r in results if "variants" in r):
+        print(f"\n{r['model']} engine options, graph replays (GPU ms; floor {r['floor_ms']:.3f}):")
         print(f"  {'variant':<24}{'AR step':>9}{'x floor':>8}{'verify16':>9}{'/AR':>6}{'tree33':>8}{'kernels':>8}{'setup s':>8}")
-        for name, row in a["variants"].items():
+        for name, row in r["variants"].items():
             if "error" in row:
                 print(f"  {name:<24}failed: {row['error']}")
                 continue
-            print(f"  {name:<24}{row['ar_ms']:>9.3f}{row['ar_ms'] / a['floor_ms']:>8.2f}{row['verify16_ms']:>9.3f}"
+            print(f"  {name:<24}{row['ar_ms']:>9.3f}{row['ar_ms'] / r['floor_ms']:>8.2f}{row['verify16_ms']:>9.3f}"
                   f"{row['verify16_ms'] / row['ar_ms']:>6.2f}{row['tree33_ms']:>8.3f}{row['ar_kernels'] or '-':>8}"
                   f"{row['setup_s']:>8.1f}")
-        print(f"\n{a['model']} attention, one layer, context {args.ctx} (GPU us): rows -> SDPA / decode kernel / "
-              "live K/V read at copy bandwidth")
-        for t, row in a["attention"].items():
-            print(f"  {t:>3}: {row['sdpa_us']:7.1f} / {row.get('kernel_us', float('nan')):7.1f} / {row['kv_read_us']:6.1f}")
+        print(f"\n{r['model']} attention, one layer, context {args.ctx} (GPU us, graph replays): rows -> SDPA; "
+              "decode kernel with at most 8 / 16 / 32 / 64 key splits; live K/V read at copy bandwidth")
+        for t, row in r["attention"].items():
+            kern = " / ".join(f"{row.get(f'kernel_{n}_us', float('nan')):6.1f}" for n in (8, 16, 32, 64))
+            print(f"  {t:>3}: {row['sdpa_us']:7.1f};  {kern};  {row['kv_read_us']:6.1f}")
+    if "gemv" in a:
         print(f"\n{a['model']} weight products (cuBLAS, GPU us, share of copy bandwidth):")
         for key, row in a["gemv"].items():
             print(f"  {key:<12}{str(row['shape']):>16}{row['us']:>9.1f}{row['bandwidth_share']:>8.0%}")

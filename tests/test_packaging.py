@@ -88,7 +88,8 @@ def undeclared(folders: tuple[str, ...], allowed: set[str]) -> list[str]:
 
 
 def test_package_imports_are_declared_dependencies() -> None:
-    problems = undeclared(PACKAGE_FOLDERS, declared())
+    # the `gpu` extra (triton) is optional: the module that imports it falls back to SDPA without it
+    problems = undeclared(PACKAGE_FOLDERS, declared("gpu"))
     assert not problems, "imported but not in pyproject.toml [project] dependencies:\n" + "\n".join(problems)
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from whiflash.decoding.stats import DecodeStats, RoundRecord
-from whiflash.decoding.verify import accept, branch_taus, target_tokens
+from whiflash.decoding.verify import accept, branch_taus, row, target_tokens
 from whiflash.drafters.base import Commit, Drafter, Proposal
 from whiflash.runtime.model import Target
 
@@ -127,10 +127,10 @@ def generate(
             count, best, keep = accept(proposal, picked, branch=advance)
         else:
             count, best, keep = accept(proposal, picked)
-        path_ids, nxt = verify_ids[keep], picked[best].reshape(1)
+        path_ids, nxt = verify_ids[keep], row(picked, best).reshape(1)
         extra: list[Tensor] = []
         if router is not None:
-            extra.append(router(out.hidden[best], out.logits[best]).reshape(1))
+            extra.append(router(row(out.hidden, best), row(out.logits, best)).reshape(1))
         if proposal.branch is not None:
             extra += [slot_taus, advance.reshape(1)]
         # the one host synchronisation of the round
@@ -150,7 +150,7 @@ def generate(
         stats.add(record)
         if on_round is not None:
             on_round(record)
-        features = _features(out.hidden[best], out.logits[best], keep=on_round is not None)
+        features = _features(row(out.hidden, best), row(out.logits, best), keep=on_round is not None)
         slot, pending, n = next_slot, nxt, n + tau
         emitted.extend(round_tokens)
         if stops and not stops.isdisjoint(round_tokens):

@@ -42,6 +42,12 @@ def check_tree(tree: Proposal) -> None:
         raise ValueError("malformed tree: tree_mask is not the ancestor-or-self relation of its parents")
 
 
+def row(x: Tensor, i: Tensor) -> Tensor:
+    """`x[i]` for a 0-dim device index `i`, without reading `i` on the host (PyTorch turns a 0-dim
+    integer index into a Python int: a device synchronisation that stalls the round's launches)."""
+    return x.index_select(0, i.reshape(1))[0]
+
+
 def target_tokens(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
     """`[N]` argmax (T = 0) or one independent sample per row from softmax(logits / T)."""
     if temperature <= 0:
@@ -80,9 +86,9 @@ def accept(proposal: Proposal, picked: Tensor, branch: Tensor | None = None) -> 
     if branch is not None:
         accepted &= on_branch(proposal, branch)
     best = torch.where(accepted, depth, -1).argmax()
-    on_path = proposal.tree_mask[best]
+    on_path = row(proposal.tree_mask, best)
     keep = torch.argsort((~on_path).to(torch.uint8), stable=True)  # path first, in index (= depth) order
-    return depth[best] + 1, best, keep
+    return row(depth, best) + 1, best, keep
 
 
 def on_branch(union: Proposal, slot: Tensor) -> Tensor:

@@ -50,9 +50,14 @@ MAX_SPLITS = 64
 """Splits of the key axis per (head, row block): tiles are grouped so that no more are made."""
 
 
+def available() -> bool:
+    """True when fixed-shape passes on a GPU attend through the kernel (Triton installed, not turned off)."""
+    return ENABLED and triton is not None
+
+
 def usable(q: Tensor, k: Tensor, mask: Tensor | None) -> bool:
     """True when `masked_attention(q, k, v, mask)` can run here (else use SDPA)."""
-    if not ENABLED or triton is None or mask is None:
+    if not available() or mask is None:
         return False
     if not (q.is_cuda or INTERPRET):
         return False

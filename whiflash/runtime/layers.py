@@ -317,5 +317,10 @@ def compile_fixed_passes(enabled: bool = True, backend: str = "inductor") -> Non
     _compiled_post = torch.compile(_post, backend=backend, dynamic=False, fullgraph=True)
 
 
+def layers_compiled() -> bool:
+    """True while `compile_fixed_passes` is on."""
+    return _compiled_pre is not None
+
+
 RECOMPILE_LIMIT = 64
 """Compiled variants allowed per stage: one per pass row count (and dtype) a process uses."""
