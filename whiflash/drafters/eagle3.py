@@ -202,16 +202,24 @@ class Eagle3Drafter(Drafter):
             raise RuntimeError(f"eagle3: drafter holds {self.kv_len} positions, pending token sits at {pos}")
         h, logits = self._last
         tokens = [self._to_target(logits[-1].argmax(-1, keepdim=True))]
+        if self.fixed_shapes and self.num_steps > 1:  # every step in one pass: one graph replay per round
+            rest = self.run_fixed("steps", self._steps, h, tokens[0], self._cols[pos : pos + 1])
+            return Proposal(tokens=torch.cat([tokens[0], rest]))
         for step in range(1, self.num_steps):
             p = pos + step - 1  # speculative slots: overwritten by the next catch-up
             positions = self._cols[p : p + 1]
-            if self.fixed_shapes:
-                mask = (self._cols <= p)[None]
-                h, token = self.run_fixed("step", self._step, h, tokens[-1], positions, positions, mask)
-                tokens.append(token.clone())
-            else:
-                x, residual = self._rows(h, tokens[-1])
-                self._write(x, positions, Rows(p))
-                h, logits = self._finish(x, residual, positions, p + 1)
-                tokens.append(self._to_target(logits[-1].argmax(-1, keepdim=True)))
+            x, residual = self._rows(h, tokens[-1])
+            self._write(x, positions, Rows(p))
+            h, logits = self._finish(x, residual, positions, p + 1)
+            tokens.append(self._to_target(logits[-1].argmax(-1, keepdim=True)))
         return Proposal(tokens=torch.cat(tokens))
+
+    def _steps(self, h: Tensor, token: Tensor, first: Tensor) -> Tensor:
+        """Drafting steps 1..num_steps-1 at fixed shapes from (feature, token) at slot `first` ([1],
+        on the device): step i writes slot `first + i - 1` and sees the slots up to it."""
+        tokens = []
+        for i in range(self.num_steps - 1):
+            p = first + i
+            h, token = self._step(h, token, p, p, (self._cols <= p)[None])
+            tokens.append(token)
+        return torch.cat(tokens)

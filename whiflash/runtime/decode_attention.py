@@ -46,7 +46,7 @@ MAX_QUERIES = 64
 BLOCK_N = 64
 """Keys per tile; a tile is read only when the mask shows at least one of its keys to some row."""
 
-MAX_SPLITS = 64
+MAX_SPLITS = 16
 """Splits of the key axis per (head, row block): tiles are grouped so that no more are made."""
 
 

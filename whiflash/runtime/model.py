@@ -127,18 +127,33 @@ class Target(nn.Module, FixedShapePasses):
         bad = [layer for layer in taps if not 0 <= layer < len(self.model.layers)]
         if bad:
             raise ValueError(f"tap layers {bad} are outside the target's {len(self.model.layers)} layers")
+        if not self.fixed_shapes or logits == "last":  # prefill: eager, exact shapes
+            if positions is None:
+                positions = torch.arange(start, end, device=ids.device)
+            return self._run(ids, positions, Rows(start), self._mask(t, start, tree_mask, ids.device), taps, logits)
+        # fixed shapes: slots, positions and mask are made inside the pass from the first slot (a device
+        # slice), so a round's host work is the graph's input copies and one replay
+        first = self._cols[start : start + 1]
+        if tree_mask is None and positions is None:
+            def chain(ids: Tensor, first: Tensor) -> TargetOutput:
+                slots = first + self._cols[:t]
+                mask = self._cols[None, :] <= slots[:, None]  # the committed prefix and the causal block
+                return self._run(ids, slots, Rows(slots=slots), mask, taps, logits)
+
+            return self.run_fixed((t, taps, logits, "chain"), chain, ids, first)
+
+        def tree(ids: Tensor, first: Tensor, positions: Tensor, tree_mask: Tensor) -> TargetOutput:
+            slots = first + self._cols[:t]
+            rel = self._cols - first  # column offset into the block
+            inside = (rel >= 0) & (rel < t)
+            block = tree_mask.gather(1, rel.clamp(0, t - 1).expand(t, -1)) & inside  # the tree's ancestors
+            return self._run(ids, positions, Rows(slots=slots), (rel < 0)[None, :] | block, taps, logits)
+
+        if tree_mask is None:
+            tree_mask = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril_()
         if positions is None:
             positions = torch.arange(start, end, device=ids.device)
-        if not self.fixed_shapes or logits == "last":  # prefill: eager, exact shapes
-            return self._run(ids, positions, Rows(start), self._mask(t, start, tree_mask, ids.device), taps, logits)
-        mask = (self._cols < start).expand(t, -1).clone()  # the committed prefix...
-        block = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=ids.device).tril_()
-        mask[:, start:end] = block  # ...and the new block (causal, or the tree's ancestors)
-
-        def fixed(ids: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> TargetOutput:
-            return self._run(ids, positions, Rows(slots=slots), mask, taps, logits)
-
-        return self.run_fixed((t, taps, logits), fixed, ids, positions, self._cols[start:end], mask)
+        return self.run_fixed((t, taps, logits, "tree"), tree, ids, first, positions, tree_mask)
 
     def _run(self, ids: Tensor, positions: Tensor, rows: Rows, mask: Tensor | None,
              taps: tuple[int, ...], logits: str) -> TargetOutput:
