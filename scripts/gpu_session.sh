@@ -14,6 +14,8 @@
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
 #           `router` step has left a router for PAIR), bf16 + CUDA graphs on a GPU; METHODS overrides the
 #           method list; the run folder goes to LOG_DIR/eval
+#   compare whiflash-eval bench of AR/EAGLE-3/DFlash/DDTree three times on the same prompts: SDPA
+#           (WHIFLASH_DECODE_ATTENTION=0), the decode attention kernel, and the kernel with --compile-layers;
 #   tests   the CUDA tests (lossless in fp32 / near-ties in bf16, graphs == eager, transformers parity);
 #   profile real-shape latency (scripts/profile_shapes.py; PROFILE_MODELS, default Qwen3-8B, Qwen3-4B and
 #           Llama-3.1-8B, 3.5 min; `qwen3-8b,TESTBED_DIR` puts the testbed's cost ratios beside Qwen3-8B's;
@@ -114,14 +116,25 @@ PY
         --methods "${METHODS:-ar,eagle3,dflash,ddtree,whiflash-entropy${neural},oracle}" "${router[@]}" "${gpu[@]}" \
         --out "$LOG/eval" --name "${PRESET}_$PAIR" 2>&1 | tee "$LOG/eval_$PAIR.log" | quiet | tail -5
       cat "$LOG"/eval/*"${PRESET}_$PAIR"*/results.md 2>/dev/null | head -60 ;;
+    compare)  # the engine's options end to end, same prompts: SDPA, the decode attention kernel, + compiled layers
+      for opt in sdpa kernel compile; do
+        env=(); flags=()
+        [ $opt = sdpa ] && env=(WHIFLASH_DECODE_ATTENTION=0)
+        [ $opt = compile ] && flags=(--compile-layers)
+        timeout "${EVAL_TIMEOUT:-240}" env "${env[@]}" python3 -m whiflash.eval bench --testbed "$TB" --dataset testbed:test \
+          --max-samples "${EVAL_SAMPLES:-24}" --max-new-tokens 96 --methods "${METHODS:-ar,eagle3,dflash,ddtree}" \
+          --device cuda --dtype bfloat16 --cuda-graphs "${flags[@]}" --out "$LOG/compare" --name "${PRESET}_$opt" 2>&1 \
+          | tee "$LOG/compare_$opt.log" | quiet | tail -3
+        grep -A12 -i "tokens/s\|speedup" "$LOG"/compare/*"${PRESET}_$opt"*/results.md 2>/dev/null | head -24
+      done ;;
     tests)
-      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$LOG/gpu_tests.log" | tail -5 ;;
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$LOG/gpu_tests.log" | tail -5 ;;
     profile)
       smoke=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || smoke=(--smoke --ctx 64)
       models=(); [ -n "${PROFILE_MODELS:-}" ] && models=(--models "$PROFILE_MODELS")
       timeout "${PROFILE_TIMEOUT:-300}" python3 scripts/profile_shapes.py "${smoke[@]}" "${models[@]}" --json "$LOG/profile.json" 2>&1 \
         | tee "$LOG/profile.log" | quiet | tail -40 ;;
-    *) echo "unknown step $step (probe, build, router, bench, eval, tests, profile)"; exit 2 ;;
+    *) echo "unknown step $step (probe, build, router, bench, eval, compare, tests, profile)"; exit 2 ;;
   esac
 done
 echo "=== done ($(date +%T))"
