@@ -29,11 +29,11 @@ import torch
 
 import whiflash
 from whiflash.eval.latency import LatencyProfile
-from whiflash.eval.profile import profile_models
+from whiflash.eval.profile import _floor_ms, profile_models
 from whiflash.eval.shapes import random_drafter, random_models, shape_config
 from whiflash.eval.timing import copy_bandwidth, device_ms, wall_ms
 from whiflash.drafters.trees import ancestor_mask
-from whiflash.runtime import Target, decode_attention, layers
+from whiflash.runtime import Target, decode_attention, gemv, layers
 from whiflash.runtime.graphs import Graphed
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -53,6 +53,19 @@ def gpu_ms(fn: Callable[[], Any], n: int = 30) -> float:
 
 def wall(fn: Callable[[], Any], n: int = 20) -> float:
     return wall_ms(fn, DEV, n=n)
+
+
+def options_only(name: str, ctx: int, bw: float) -> dict[str, Any]:
+    """Just the engine-option tables of one model (variants, attention, weight products), about a minute."""
+    target, eagle, dflash = random_models(name, DEV, DTYPE, toy=_smoke)
+    target.setup_cache(ctx + 256)
+    res = {"model": name, "floor_ms": _floor_ms(target, ctx),
+           "variants": engine_variants(target, taps=tuple(sorted({*eagle.tap_layers, *dflash.tap_layers})), ctx=ctx),
+           "attention": attention_table(target, ctx, bw), "gemv": gemv_table(target, bw)}
+    del target, eagle, dflash
+    if DEV.type == "cuda":
+        torch.cuda.empty_cache()
+    return res
 
 
 def profile_model(name: str, ctx: int, bw: float, anchor: bool, rounds: bool = False) -> dict[str, Any]:
@@ -92,8 +105,10 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool, rounds: bool = F
     return res
 
 
-VARIANTS = {"sdpa": (False, False), "decode-kernel": (True, False), "decode-kernel+compile": (True, True)}
-"""Engine options compared side by side: (decode attention kernel, torch.compile'd layer stages)."""
+VARIANTS = {"sdpa": (False, False, False), "decode-kernel": (True, False, False),
+            "decode-kernel+compile": (True, True, False), "decode-kernel+compile+gemv": (True, True, True)}
+"""Engine options compared side by side: (decode attention kernel, torch.compile'd layer stages, the
+GEMV kernel for the layers' products)."""
 
 
 def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str, dict[str, Any]]:
@@ -107,10 +122,12 @@ def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str
               "verify16": lambda: target(ids[:16], ctx, None, None, taps, logits="all"),
               "tree33": lambda: target(ids[:33], ctx, pos, mask, taps, logits="all")}
     out: dict[str, dict[str, Any]] = {}
-    default = decode_attention.ENABLED
+    default = decode_attention.ENABLED, gemv.ENABLED
     try:
-        for name, (kernel, compiled) in VARIANTS.items():
-            decode_attention.ENABLED = kernel
+        for name, (kernel, compiled, products) in VARIANTS.items():
+            if products and decode_attention.triton is None:
+                continue
+            decode_attention.ENABLED, gemv.ENABLED = kernel, products
             layers.compile_fixed_passes(compiled)
             target.drop_graphs()
             graphs_on(target)
@@ -126,14 +143,14 @@ def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str
                 target.static = True
                 k = kernel_table(passes["ar"])
                 row["ar_kernels"] = k["kernels"] if k else None
-                if name == "decode-kernel+compile" and k:
+                if compiled and k:
                     row["ar_kernel_top"] = k["top"]
             except Exception as exc:  # report, keep profiling
                 row["error"] = f"{type(exc).__name__}: {exc}"[:400]
             target.static = False
             out[name] = row
     finally:
-        decode_attention.ENABLED = default
+        decode_attention.ENABLED, gemv.ENABLED = default
         layers.compile_fixed_passes(False)
         target.drop_graphs()
         graphs_on(target, enabled=False)
@@ -180,9 +197,10 @@ def attention_table(target: Target, ctx: int, bw: float) -> dict[str, dict[str, 
 
 
 def gemv_table(target: Target, bw: float) -> dict[str, dict[str, float]]:
-    """The decode step's weight products (one layer's and the LM head) at 1 and 16 rows: cuBLAS GPU us
-    and the share of copy bandwidth the weight read reaches (a graph of one product per weight copy,
-    8 copies, so the 50 MB L2 cache does not serve them)."""
+    """The decode step's weight products (one layer's and the LM head) at 1 and 16 rows: GPU us of
+    cuBLAS and of the GEMV kernel (`whiflash.runtime.gemv`, when Triton is here) and the share of copy
+    bandwidth the weight read reaches (a graph of one product per weight copy, 8 copies, so the 50 MB
+    L2 cache does not serve them)."""
     layer = target.model.layers[0]
     weights = {"qkv": layer.self_attn.qkv.weight, "o_proj": layer.self_attn.o_proj.weight,
                "gate_up": layer.mlp.gate_up.weight, "down": layer.mlp.down_proj.weight,
@@ -193,8 +211,11 @@ def gemv_table(target: Target, bw: float) -> dict[str, dict[str, float]]:
         for m in (1, 16):
             x = torch.randn(m, w.shape[1], device=DEV, dtype=w.dtype)
             us = graph_us(lambda: [torch.nn.functional.linear(x, c) for c in copies], calls=len(copies))
-            out[f"{name}@{m}"] = {"us": us, "bandwidth_share": w.numel() * w.element_size() / (us / 1e6) / bw,
-                                  "shape": list(w.shape)}
+            row = {"us": us, "bandwidth_share": w.numel() * w.element_size() / (us / 1e6) / bw, "shape": list(w.shape)}
+            if decode_attention.triton is not None and DEV.type == "cuda":
+                row["kernel_us"] = graph_us(lambda: [gemv.gemv(x, c) for c in copies], calls=len(copies))
+                row["kernel_share"] = w.numel() * w.element_size() / (row["kernel_us"] / 1e6) / bw
+            out[f"{name}@{m}"] = row
         del copies
     return out
 
@@ -323,6 +344,31 @@ def ratio_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def print_options(results: list[dict[str, Any]], ctx: int) -> None:
+    """The engine-option tables: variants and attention per model, weight products of the first."""
+    for r in (r for r in results if "variants" in r):
+        print(f"\n{r['model']} engine options, graph replays (GPU ms; floor {r['floor_ms']:.3f}):")
+        print(f"  {'variant':<28}{'AR step':>9}{'x floor':>8}{'verify16':>9}{'/AR':>6}{'tree33':>8}{'kernels':>8}{'setup s':>8}")
+        for name, row in r["variants"].items():
+            if "error" in row:
+                print(f"  {name:<28}failed: {row['error']}")
+                continue
+            print(f"  {name:<28}{row['ar_ms']:>9.3f}{row['ar_ms'] / r['floor_ms']:>8.2f}{row['verify16_ms']:>9.3f}"
+                  f"{row['verify16_ms'] / row['ar_ms']:>6.2f}{row['tree33_ms']:>8.3f}{row['ar_kernels'] or '-':>8}"
+                  f"{row['setup_s']:>8.1f}")
+        print(f"\n{r['model']} attention, one layer, context {ctx} (GPU us, graph replays): rows -> SDPA; "
+              "decode kernel with at most 8 / 16 / 32 / 64 key splits; live K/V read at copy bandwidth")
+        for t, row in r["attention"].items():
+            kern = " / ".join(f"{row.get(f'kernel_{n}_us', float('nan')):6.1f}" for n in (8, 16, 32, 64))
+            print(f"  {t:>3}: {row['sdpa_us']:7.1f};  {kern};  {row['kv_read_us']:6.1f}")
+    a = results[0]
+    if "gemv" in a:
+        print(f"\n{a['model']} weight products (GPU us, share of copy bandwidth): cuBLAS; GEMV kernel")
+        for key, row in a["gemv"].items():
+            kern = f"{row['kernel_us']:>9.1f}{row['kernel_share']:>8.0%}" if "kernel_us" in row else ""
+            print(f"  {key:<12}{str(row['shape']):>16}{row['us']:>9.1f}{row['bandwidth_share']:>8.0%};{kern}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="qwen3-8b,qwen3-4b,llama3.1-8b-instruct",
@@ -336,6 +382,8 @@ def main() -> None:
                          "(the component profiles and the ratio table only: about a minute per model)")
     ap.add_argument("--rounds", action="store_true",
                     help="whole rounds (graph vs eager, share outside kernels, host profile) for every model")
+    ap.add_argument("--options-only", action="store_true",
+                    help="only the engine-option tables (variants, attention, weight products) of every model")
     ap.add_argument("--compile", action="store_true",
                     help="the component profiles with torch.compile'd layer stages (whiflash.runtime.layers."
                          "compile_fixed_passes); the anchor's variant table compares both either way")
@@ -350,10 +398,17 @@ def main() -> None:
     results = []
     for i, m in enumerate(args.models.split(",")):
         layers.compile_fixed_passes(args.compile)
-        results.append(profile_model(m, args.ctx, bw, anchor=(i == 0 and not args.no_diagnostics),
-                                     rounds=args.rounds))
+        if args.options_only:
+            results.append(options_only(m, args.ctx, bw))
+        else:
+            results.append(profile_model(m, args.ctx, bw, anchor=(i == 0 and not args.no_diagnostics),
+                                         rounds=args.rounds))
         print(json.dumps(results[-1]), flush=True)  # partial results survive a time limit
     dev = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu (smoke: toy widths)"
+    if args.options_only:
+        print(f"\n{dev}, {str(DTYPE).removeprefix('torch.')}, random weights, context {args.ctx}")
+        print_options(results, args.ctx)
+        return
     print(f"\n{dev}, {str(DTYPE).removeprefix('torch.')}, random weights, context {args.ctx}, copy bandwidth {bw / 1e12:.2f} TB/s (read+write)")
     print(f"{'model':<22}{'floor':>7}{'AR graph':>9}{'x floor':>8}{'AR eager':>9}   (ms; GPU time, eager: wall)")
     for r in results:
@@ -363,25 +418,7 @@ def main() -> None:
         print(f"\n{r['model']}: " + LatencyProfile.from_json(r["profile"]).table())
     print("\n" + ratio_table(results))
     a = results[0]
-    for r in (r for r in results if "variants" in r):
-        print(f"\n{r['model']} engine options, graph replays (GPU ms; floor {r['floor_ms']:.3f}):")
-        print(f"  {'variant':<24}{'AR step':>9}{'x floor':>8}{'verify16':>9}{'/AR':>6}{'tree33':>8}{'kernels':>8}{'setup s':>8}")
-        for name, row in r["variants"].items():
-            if "error" in row:
-                print(f"  {name:<24}failed: {row['error']}")
-                continue
-            print(f"  {name:<24}{row['ar_ms']:>9.3f}{row['ar_ms'] / r['floor_ms']:>8.2f}{row['verify16_ms']:>9.3f}"
-                  f"{row['verify16_ms'] / row['ar_ms']:>6.2f}{row['tree33_ms']:>8.3f}{row['ar_kernels'] or '-':>8}"
-                  f"{row['setup_s']:>8.1f}")
-        print(f"\n{r['model']} attention, one layer, context {args.ctx} (GPU us, graph replays): rows -> SDPA; "
-              "decode kernel with at most 8 / 16 / 32 / 64 key splits; live K/V read at copy bandwidth")
-        for t, row in r["attention"].items():
-            kern = " / ".join(f"{row.get(f'kernel_{n}_us', float('nan')):6.1f}" for n in (8, 16, 32, 64))
-            print(f"  {t:>3}: {row['sdpa_us']:7.1f};  {kern};  {row['kv_read_us']:6.1f}")
-    if "gemv" in a:
-        print(f"\n{a['model']} weight products (cuBLAS, GPU us, share of copy bandwidth):")
-        for key, row in a["gemv"].items():
-            print(f"  {key:<12}{str(row['shape']):>16}{row['us']:>9.1f}{row['bandwidth_share']:>8.0%}")
+    print_options(results, args.ctx)
     if a.get("ar_kernels"):
         k = a["ar_kernels"]
         print(f"\n{a['model']} AR step kernels (fixed-shape pass, eager): {k['kernels']} launches, {k['gpu_ms']:.3f} ms "

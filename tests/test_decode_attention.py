@@ -1,5 +1,5 @@
-"""The fixed-shape passes' speed options on the CPU: the Triton decode attention kernel (under Triton's
-interpreter) and the torch.compile'd layer stages. Both must leave decoding unchanged; CUDA runs of
+"""The fixed-shape passes' speed options on the CPU: the Triton decode attention and GEMV kernels (under
+Triton's interpreter) and the torch.compile'd layer stages. Both must leave decoding unchanged; CUDA runs of
 the same checks are in tests/test_gpu.py."""
 from __future__ import annotations
 
@@ -102,6 +102,55 @@ def test_fixed_shape_decoding_with_the_kernel_equals_the_eager_path(tmp_path) ->
                 m.static = True
             fixed = whiflash.generate(target, drafter, prompt, 24)
             for m in [target, *drafters]:
+                m.static = False
+            assert eager[0] == fixed[0] and eager[1].taus == fixed[1].taus, drafter
+        assert calls[0] > 100, calls
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+@needs_triton
+def test_gemv_kernel_matches_linear_and_decodes_alike(tmp_path) -> None:
+    """The opt-in GEMV kernel: products of 1-16 rows (bias or not, widths not multiples of its blocks)
+    against float64, then whole fixed-shape decodes with it on against the eager path."""
+    out = _interpreted(f"""
+        import json
+        from pathlib import Path
+
+        import torch
+        import whiflash
+        from whiflash.runtime import gemv
+        from whiflash.testing import make_dflash, make_eagle3, make_target
+
+        gemv.ENABLED = True
+        torch.manual_seed(0)
+        for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 2e-2)):
+            for rows, n, k, bias in ((1, 40, 600, False), (7, 16, 512, True), (16, 100, 64, True)):
+                x, w = torch.randn(rows, k).to(dtype), torch.randn(n, k).to(dtype)
+                b = torch.randn(n).to(dtype) if bias else None
+                want = x.double() @ w.double().T + (b.double() if bias else 0)
+                err = (gemv.gemv(x, w, b).double() - want).abs().max().item()
+                assert err < tol * k ** 0.5, (dtype, rows, n, k, err)
+        assert not gemv.usable(torch.randn(17, 8), torch.randn(4, 8))
+
+        root = Path({str(tmp_path)!r})
+        target_dir = make_target(root / "target", "llama", crafted=True, mix=0.1, seed=5)
+        cfg = json.loads((target_dir / "config.json").read_text())
+        target = whiflash.load_target(target_dir)
+        eagle = whiflash.load_drafter("eagle3", make_eagle3(root / "e3", cfg, [0, 1, 2], draft_vocab=24, crafted=True),
+                                      target, num_steps=4)
+        dflash = whiflash.load_drafter("dflash", make_dflash(root / "df", cfg, [0, 1, 3], block_size=8, crafted=True),
+                                       target)
+        calls = [0]
+        real = gemv._gemv_op
+        gemv._gemv_op = lambda *a: (calls.__setitem__(0, calls[0] + 1), real(*a))[1]
+        for drafter in (None, eagle, dflash):
+            eager = whiflash.generate(target, drafter, [3, 1, 4, 1, 5], 20)
+            for m in (target, eagle, dflash):
+                m.static = True
+            fixed = whiflash.generate(target, drafter, [3, 1, 4, 1, 5], 20)
+            for m in (target, eagle, dflash):
                 m.static = False
             assert eager[0] == fixed[0] and eager[1].taus == fixed[1].taus, drafter
         assert calls[0] > 100, calls

@@ -139,7 +139,7 @@ class Eagle3Drafter(Drafter):
         if mask is None and x.shape[0] > 1:  # the rows are the last keys: a causal block after a visible prefix
             mask = torch.ones(x.shape[0], keys.shape[1], dtype=torch.bool, device=x.device).tril_(keys.shape[1] - x.shape[0])
         h = residual + layer.self_attn.attend(x, self.rope, positions, keys, values, mask, fixed_shape)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = h + layer.mlp(layer.post_attention_layernorm(h), fixed_shape)
         logits = self.lm_head(self.norm(h) if self.cfg.get("norm_output", True) else h)
         return h, logits
 

@@ -1,0 +1,96 @@
+"""Weight products of a few rows (decode step, verify) as a Triton kernel: a candidate beside cuBLAS.
+
+At batch 1 a decode step's products are matrix-vector products, bound by reading the weight once.
+On the H200, cuBLAS reaches 97-102 % of copy bandwidth on the wide products (gate/up, LM head) but
+59-80 % on o_proj, Q/K/V and down (docs/engine.md). This kernel gives every program a strip of
+`BLOCK_N` output features and streams their weight rows along K, so each weight byte is read once,
+coalesced, by a grid that fills the GPU; rows of `x` (up to 16) are padded to the tensor-core tile.
+
+It is off by default (`WHIFLASH_GEMV=1` or `gemv.ENABLED = True` turns it on for fixed-shape passes
+on the GPU) until measurements show where it beats cuBLAS: `scripts/profile_shapes.py` times both per
+weight shape. Like the decode attention kernel it is a `torch.library` custom op, and the CPU tests run
+it under Triton's interpreter.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from whiflash.runtime.decode_attention import INTERPRET, triton
+
+if triton is not None:
+    import triton.language as tl
+
+ENABLED = os.environ.get("WHIFLASH_GEMV", "0") == "1"
+"""Route few-row products of fixed-shape passes through the kernel (off by default)."""
+
+MAX_ROWS = 16
+"""Most rows of `x` the kernel takes (a verify pass of 16 tokens); more rows go to cuBLAS."""
+
+BLOCK_N, BLOCK_K = 16, 512
+"""Output features per program and weight columns per step (tuned for 4096-12288-wide inputs)."""
+
+
+def usable(x: Tensor, weight: Tensor) -> bool:
+    """True when `linear(x, weight)` runs the kernel here (else cuBLAS)."""
+    if not ENABLED or triton is None or not (x.is_cuda or INTERPRET):
+        return False
+    rows = x.numel() // x.shape[-1]
+    return rows <= MAX_ROWS and weight.stride(-1) == 1 and x.dtype == weight.dtype
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gemv(X, W, B, Y, M, N, K, sx_m, sw_n, sy_m, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = tl.arange(0, BLOCK_M)
+        n_ok, m_ok = n < N, m < M
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = k < K
+            w = tl.load(W + n[:, None] * sw_n + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(X + m[:, None] * sx_m + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if IEEE:
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))
+        if HAS_BIAS:
+            acc += tl.load(B + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + m[:, None] * sy_m + n[None, :], acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@torch.library.custom_op("whiflash::gemv", mutates_args=())
+def _gemv_op(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    _gemv[(triton.cdiv(n, BLOCK_N),)](
+        x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=16, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32)
+    return y
+
+
+@_gemv_op.register_fake
+def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """`F.linear(x, weight, bias)` by the kernel, for `x [..., K]` of at most `MAX_ROWS` rows."""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    return _gemv_op(flat, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+
+
+def linear(x: Tensor, layer: torch.nn.Linear, fixed_shape: bool) -> Tensor:
+    """`layer(x)`: through the kernel in fixed-shape passes where `usable`, else `F.linear` (cuBLAS)."""
+    if fixed_shape and usable(x, layer.weight):
+        return gemv(x, layer.weight, layer.bias)
+    return F.linear(x, layer.weight, layer.bias)
