@@ -2,15 +2,20 @@
 stock transformers anchor (docs/design.md, "Performance"). Random weights, bf16, configs from checkpoints/.
 
 Usage: python scripts/profile_shapes.py [--models qwen3-8b,qwen3-4b,llama3.1-8b-instruct] [--ctx 1024] [--json OUT]
+       [--rounds] [--compile] [--options-only] [--no-diagnostics]
 
 Per model, the component profile `whiflash-eval profile` writes (whiflash.eval.profile.profile_models):
 AR step, chain verify at each drafter's width, tree verify of 33/129 nodes (DDTree budgets 32/128),
 each drafter's draft at the released shapes (EAGLE-3: 1 layer, 32k draft vocabulary, 6 steps; DFlash:
 5 layers, block 16), catch-up for backlogs of 1-64, routers and the copy-bandwidth floor, as CUDA-graph
-replays timed with CUDA events; plus this script's diagnostics: the AR step as eager calls, and for
-the first model its kernels, torch.compile'd layers, the same AR step and DFlash-shaped round with
-stock transformers (eager modules, DynamicCache) and the full speculative loop, graph vs eager, with
-the per-round time spent outside GPU kernels. Tables are printed last.
+replays timed with CUDA events; plus this script's diagnostics for the first model: the AR step as eager
+calls; the engine options side by side (SDPA, the decode attention kernel, + torch.compile'd layer
+stages, + the GEMV kernel: AR step, verify 16, tree 33, kernel count); one layer's attention (SDPA
+vs the kernel at several split counts); the step's weight products (cuBLAS vs the GEMV kernel, share
+of copy bandwidth); the kernels of an AR step; the same AR step and DFlash-shaped round with stock
+transformers (eager modules, DynamicCache); and whole rounds, graph vs eager, with the share of a
+round spent outside GPU kernels and a cProfile table of where the host time goes (`--rounds`: whole
+rounds and the option tables for every model). Tables are printed last.
 
 `--smoke` runs every step of the script on the CPU with the configs shrunk to toy widths (same layer
 counts and tap layers, graphs off, wall-clock timing): a check of the script itself before spending
