@@ -122,8 +122,10 @@ def test_config_and_print_config(tmp_path: Path, capsys: pytest.CaptureFixture) 
 @pytest.fixture(scope="module")
 def bench_run(micro: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("eval")
+    # --compile-layers on the CPU: ignored with a warning (it compiles the CUDA graphs' passes)
     code = _bench(out, "--testbed", str(micro), "--max-samples", "3", "--name", "all",
-                  "--methods", "ar,eagle3,dflash,ddtree,whiflash-entropy,oracle", "--whiflash-time-catchup")
+                  "--methods", "ar,eagle3,dflash,ddtree,whiflash-entropy,oracle", "--whiflash-time-catchup",
+                  "--compile-layers")
     assert code == 0
     return _run_dir(out, "all")
 
@@ -151,6 +153,7 @@ def test_bench_writes_every_output_and_is_lossless(bench_run: Path) -> None:
     assert man["models"]["target"].endswith("target") and man["hardware"]["device"] == "cpu"
     assert len(man["samples"]) == 3 and man["versions"]["torch"] and "git" in man
     assert man["tau_definition"] == TAU_DEFINITION and man["cache_max_len"] > 12
+    assert man["compiled_layers"] is False and man["cuda_graphs"] is False
 
 
 def test_wrong_drafter_is_a_mismatch_and_fails_strict(micro: Path, tmp_path: Path,
