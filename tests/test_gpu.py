@@ -11,7 +11,7 @@ import torch
 
 import whiflash
 from whiflash.routers import ScriptedRouter
-from whiflash.runtime import decode_attention, layers
+from whiflash.runtime import decode_attention, gemv, layers
 
 pytestmark = pytest.mark.gpu
 PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6]]
@@ -60,14 +60,15 @@ def test_cuda_bf16_diverges_only_at_near_ties(worlds, world, record_property):
     print(f"{world}: {len(divergences)} near-tie divergences {divergences}")
 
 
-@pytest.fixture(params=["decode-kernel", "sdpa", "compiled"])
+@pytest.fixture(params=["decode-kernel", "sdpa", "compiled", "compiled+gemv"])
 def engine(request):
-    """The fixed-shape passes' options: the decode attention kernel (the default), SDPA, and the
-    kernel with torch.compile'd layer stages."""
+    """The fixed-shape passes' options: the decode attention kernel (the default), SDPA, the kernel with
+    torch.compile'd layer stages, and those with the opt-in GEMV kernel."""
     decode_attention.ENABLED = request.param != "sdpa"
-    layers.compile_fixed_passes(request.param == "compiled")
+    layers.compile_fixed_passes(request.param.startswith("compiled"))
+    gemv.ENABLED = request.param.endswith("gemv")
     yield request.param
-    decode_attention.ENABLED = True
+    decode_attention.ENABLED, gemv.ENABLED = True, False
     layers.compile_fixed_passes(False)
 
 
