@@ -195,3 +195,12 @@ def test_compiled_layer_stages_decode_alike_and_compile_once_per_width(worlds) -
     # widths: EAGLE-3 verify 5, DFlash verify/block 8, DDTree verify 13 -> at most 2 stages x 3 widths, not
     # one per layer (2 target layers + DFlash's)
     assert 0 < counters["stats"]["unique_graphs"] <= 6, dict(counters["stats"])
+
+
+def test_compile_refuses_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+    with pytest.raises(RuntimeError, match="--compile-layers: torch.compile does not run"):
+        layers.compile_fixed_passes(True)
+    assert not layers.layers_compiled()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -311,6 +312,13 @@ def compile_fixed_passes(enabled: bool = True, backend: str = "inductor") -> Non
         _compiled_pre = _compiled_post = None
         return
     import torch._dynamo
+
+    if not torch._dynamo.is_dynamo_supported():
+        raise RuntimeError("--compile-layers: torch.compile does not run on this Python/torch "
+                           f"(Python {sys.version.split()[0]}, torch {torch.__version__}); run without it")
+    if backend == "inductor" and torch.cuda.is_available() and decode_attention.triton is None:
+        raise RuntimeError("--compile-layers: torch.compile's GPU code needs Triton, which is not installed "
+                           "(pip install -e \".[gpu]\"); run without it")
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
     _compiled_pre = torch.compile(_pre, backend=backend, dynamic=False, fullgraph=True)
