@@ -165,6 +165,7 @@ def test_kernel_is_only_used_where_it_can_run() -> None:
     if not decode_attention.INTERPRET:
         assert not decode_attention.usable(q, k, mask)  # CPU tensors: SDPA
     assert not decode_attention.usable(q, k, None)
+    assert not decode_attention.usable(q, k, torch.zeros(3, 50))  # an additive float mask means the opposite
     assert not decode_attention.usable(torch.randn(4, decode_attention.MAX_QUERIES + 1, 16), k,
                                        torch.ones(decode_attention.MAX_QUERIES + 1, 50, dtype=torch.bool))
 

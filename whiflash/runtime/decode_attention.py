@@ -57,7 +57,7 @@ def available() -> bool:
 
 def usable(q: Tensor, k: Tensor, mask: Tensor | None) -> bool:
     """True when `masked_attention(q, k, v, mask)` can run here (else use SDPA)."""
-    if not available() or mask is None:
+    if not available() or mask is None or mask.dtype != torch.bool:  # additive float masks: SDPA
         return False
     if not (q.is_cuda or INTERPRET):
         return False
@@ -161,7 +161,7 @@ def _masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     m = torch.empty(hkv, n_splits, rows, device=q.device, dtype=torch.float32)
     l_ = torch.empty_like(m)
     out = torch.empty(t, hq, d, device=q.device, dtype=q.dtype)
-    seen = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    seen = mask.view(torch.uint8)
     scale_log2 = (1.0 / math.sqrt(d)) * 1.4426950408889634  # softmax in base 2
     _partial[(row_blocks, n_splits, hkv)](
         q, k, v, seen, acc, m, l_,
