@@ -80,7 +80,8 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool, rounds: bool = F
     transformers anchor and whole rounds graph vs eager (`rounds`: whole rounds for this model too)."""
     target, eagle, dflash = random_models(name, DEV, DTYPE, toy=_smoke)
     prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=(32, 128), context=ctx, graphs=True)
-    res: dict[str, Any] = {"model": name, "floor_ms": prof.floor, "ar_graph_gpu_ms": prof.ar_step,
+    res: dict[str, Any] = {"model": name, "layers": target.config.num_hidden_layers, "floor_ms": prof.floor,
+                           "ar_graph_gpu_ms": prof.ar_step,
                            "ar_graph_wall_ms": prof.meta["ar_step_wall_ms"], "profile": prof.to_json(),
                            "ratios": prof.ratios()}
     ids = torch.randint(0, 1000, (2,), device=DEV)
@@ -349,6 +350,66 @@ def ratio_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def summary_table(results: list[dict[str, Any]]) -> str:
+    """The engine's figures against their goals (docs/engine.md), one column per model: floor, AR step
+    per engine option, verify / AR, attention per layer, kernels per step, share of a round outside GPU
+    kernels, an EAGLE-3 step in target layers, catch-up shares, stock transformers. '-': not measured
+    for that model (the option tables and whole rounds need the anchor or --rounds)."""
+    def get(r: dict[str, Any], *path: Any) -> Any:
+        for key in path:
+            r = r[key]
+        return r
+
+    def cell(fn: Callable[[dict[str, Any]], str], r: dict[str, Any]) -> str:
+        try:
+            return fn(r)
+        except (KeyError, TypeError, ZeroDivisionError, ValueError):
+            return "-"
+
+    def variant(name: str) -> Callable[[dict[str, Any]], str]:
+        return lambda r: f"{get(r, 'variants', name, 'ar_ms'):.2f} = {get(r, 'variants', name, 'ar_ms') / r['floor_ms']:.2f}x"
+
+    def catchup(kind: str, small: bool) -> Callable[[dict[str, Any]], str]:
+        def share(r: dict[str, Any]) -> str:
+            ms = get(r, "profile", "ms")
+            shares = [t / ms["round"][kind] for n, t in ms["catchup"][kind].items() if (int(n) <= 16) == small]
+            return f"{min(shares):.1%}-{max(shares):.1%}" if len(shares) > 1 else f"{shares[0]:.1%}"
+        return share
+
+    def eagle_step(r: dict[str, Any]) -> str:
+        ms = get(r, "profile", "ms")
+        steps = get(r, "profile", "widths", "eagle3") - 1
+        return f"{ms['draft']['eagle3'] / steps / (ms['ar_step'] / r['layers']):.2f}"
+
+    def outside(r: dict[str, Any]) -> str:
+        shares = [row["outside_kernels"] for row in r["loop"].values()]
+        return f"{min(shares):.1%}-{max(shares):.1%}"
+
+    rows = [
+        ("weight+KV read floor, ms", lambda r: f"{r['floor_ms']:.3f}"),
+        ("AR step, defaults, ms (x floor)", lambda r: f"{r['ar_graph_gpu_ms']:.2f} = {r['ar_graph_gpu_ms'] / r['floor_ms']:.2f}x"),
+        ("AR step, SDPA", variant("sdpa")),
+        ("AR step, decode kernel", variant("decode-kernel")),
+        ("AR step, + compiled stages", variant("decode-kernel+compile")),
+        ("verify 16 / AR, defaults", lambda r: f"{get(r, 'profile', 'ms', 'verify', '16') / r['ar_graph_gpu_ms']:.2f}"),
+        ("verify 16 / AR, compiled", lambda r: f"{get(r, 'variants', 'decode-kernel+compile', 'verify16_ms') / get(r, 'variants', 'decode-kernel+compile', 'ar_ms'):.2f}"),
+        ("attention 1 row, us: SDPA / kernel", lambda r: f"{get(r, 'attention', '1', 'sdpa_us'):.1f} / {get(r, 'attention', '1', 'kernel_16_us'):.1f}"),
+        ("kernels per AR step: SDPA / compiled",
+         lambda r: f"{get(r, 'variants', 'sdpa', 'ar_kernels') or '-'} / {get(r, 'variants', 'decode-kernel+compile', 'ar_kernels') or '-'}"),
+        ("round outside GPU kernels", outside),
+        ("EAGLE-3 step / target layer", eagle_step),
+        ("catch-up / round, EAGLE-3 n<=16", catchup("eagle3", True)),
+        ("catch-up / round, EAGLE-3 n=64", catchup("eagle3", False)),
+        ("catch-up / round, DFlash n<=16", catchup("dflash", True)),
+        ("catch-up / round, DFlash n=64", catchup("dflash", False)),
+        ("stock generate() / our AR loop", lambda r: f"{r['hf_ar_loop_ms_per_token'] / r['loop']['ar']['graph_round_ms']:.2f}x"),
+    ]
+    names = [Path(r["model"]).name or r["model"] for r in results]
+    lines = ["engine figures against their goals (docs/engine.md):", f"{'':<38}" + "".join(f"{n[:22]:>24}" for n in names)]
+    lines += [f"{label:<38}" + "".join(f"{cell(fn, r):>24}" for r in results) for label, fn in rows]
+    return "\n".join(lines)
+
+
 def print_options(results: list[dict[str, Any]], ctx: int) -> None:
     """The engine-option tables: variants and attention per model, weight products of the first."""
     for r in (r for r in results if "variants" in r):
@@ -460,6 +521,7 @@ def main() -> None:
             print(f"  host time by function ({r['model']}, {name}, graph mode): own ms per round, calls per round")
             for fn_name, ms, calls in row["host_top"][:8]:
                 print(f"    {ms:7.3f} {calls:>5}  {fn_name}")
+    print("\n" + summary_table(results))
     if args.json:
         args.json.write_text(json.dumps({"device": dev, "ctx": args.ctx, "bandwidth": bw, "results": results}, indent=2))
 
