@@ -474,6 +474,7 @@ def main() -> None:
     if args.options_only:
         print(f"\n{dev}, {str(DTYPE).removeprefix('torch.')}, random weights, context {args.ctx}")
         print_options(results, args.ctx)
+        print("\n" + summary_table(results))
         return
     print(f"\n{dev}, {str(DTYPE).removeprefix('torch.')}, random weights, context {args.ctx}, copy bandwidth {bw / 1e12:.2f} TB/s (read+write)")
     print(f"{'model':<22}{'floor':>7}{'AR graph':>9}{'x floor':>8}{'AR eager':>9}   (ms; GPU time, eager: wall)")

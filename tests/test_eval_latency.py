@@ -176,3 +176,45 @@ def test_calibrate_replay_neural_and_refusals(router_data: Path, tmp_path: Path)
     with pytest.raises(ValueError, match=r"no round time for eagle3"):
         main(["calibrate", "--replay", str(router_data), "--latency-profile", str(bad.write(tmp_path / "b.json")),
               "--out", str(tmp_path)])
+
+
+def test_profile_script_smoke_prints_the_engine_options_and_their_goals() -> None:
+    """scripts/profile_shapes.py on the CPU at toy widths: the engine-option tables and the summary."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "scripts/profile_shapes.py", "--smoke", "--ctx", "32", "--models", "qwen3-8b",
+                           "--options-only"], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in ("sdpa", "decode-kernel", "decode-kernel+compile", "engine figures against their goals"):
+        assert name in done.stdout, name
+
+
+def test_profile_summary_reads_each_figure_from_its_table() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "profile_shapes.py"
+    spec = importlib.util.spec_from_file_location("profile_shapes", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    variant = {"ar_ms": 6.0, "verify16_ms": 6.6, "ar_kernels": 600}
+    result = {"model": "m", "layers": 4, "floor_ms": 3.0, "ar_graph_gpu_ms": 8.0,
+              "variants": {"sdpa": variant, "decode-kernel": variant, "decode-kernel+compile": variant},
+              "loop": {"ar": {"outside_kernels": 0.1, "graph_round_ms": 8.0}, "eagle3": {"outside_kernels": 0.2}},
+              "profile": {"widths": {"eagle3": 5},
+                          "ms": {"ar_step": 8.0, "verify": {"16": 8.8}, "draft": {"eagle3": 4.0},
+                                 "round": {"eagle3": 10.0, "dflash": 10.0},
+                                 "catchup": {"eagle3": {"4": 0.5, "64": 1.0}, "dflash": {"4": 0.3, "64": 0.4}}}}}
+    table = script.summary_table([result])
+    lines = {line[:38].strip(): line[38:].strip() for line in table.splitlines()[2:]}
+    assert lines["AR step, defaults, ms (x floor)"] == "8.00 = 2.67x"
+    assert lines["verify 16 / AR, defaults"] == "1.10" and lines["verify 16 / AR, compiled"] == "1.10"
+    assert lines["round outside GPU kernels"] == "10.0%-20.0%"
+    assert lines["EAGLE-3 step / target layer"] == "0.50"  # 4 ms / 4 steps against 8 ms / 4 layers
+    assert lines["catch-up / round, EAGLE-3 n=64"] == "10.0%" and lines["catch-up / round, DFlash n<=16"] == "3.0%"
+    assert lines["attention 1 row, us: SDPA / kernel"] == "-"  # not measured for this model
