@@ -184,4 +184,6 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     see no key gets zeros. Check `usable` first."""
     if q.stride(-1) != 1:
         q = q.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
     return _masked_attention(q, k, v, mask).transpose(0, 1)
