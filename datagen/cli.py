@@ -214,8 +214,7 @@ def _pin(saved: Path, resuming: bool, record: dict[str, Any]) -> None:
         atomic_write_json(saved, record, sort_keys=True)
         return
     pinned = read_json(saved, "the arguments a datagen run pinned")
-    # `kind` is absent from records written before it existed (the folder's kind is checked already)
-    differ = sorted(k for k in (pinned.keys() | record.keys()) - {"kind"} if pinned.get(k) != record.get(k))
+    differ = sorted(k for k in pinned.keys() | record.keys() if pinned.get(k) != record.get(k))
     if differ:
         flags = inspect.signature(datagen).parameters
         changes = ", ".join(f"{'--' if k in flags else ''}{k} {pinned.get(k)!r} -> {record.get(k)!r}" for k in differ)
@@ -228,7 +227,7 @@ class TauMeter:
 
     def __init__(self, pair: Pair) -> None:
         self.names = pair.slots
-        self.sums = [0.0, 0.0]
+        self.sums = [0.0] * len(pair.slots)
         self.prompts = 0
 
     def add(self, cols: dict[str, np.ndarray], bar: tqdm) -> None:

@@ -33,7 +33,7 @@ from .timing import copy_bandwidth, device_ms, sync, wall_ms
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProfileConfig", "profile_models", "run_profile"]
+__all__ = ["ProfileConfig", "floor_ms", "profile_models", "run_profile"]
 
 def _ints(text: str | None, flag: str) -> list[int]:
     try:
@@ -58,11 +58,12 @@ def _tree(nodes: int, max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
 def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: DFlashDrafter | None = None,
                    tree_budgets: tuple[int, ...] | list[int] = (), neural: NeuralRouter | None = None,
                    context: int = 1024, backlogs: tuple[int, ...] | list[int] = BACKLOGS,
-                   graphs: bool | None = None, repeats: int = 20) -> LatencyProfile:
+                   graphs: bool | None = None, repeats: int = 20, bandwidth: float | None = None) -> LatencyProfile:
     """Time every component of decoding with these loaded models (see the module docstring).
 
     `dflash` also serves the DDTree rounds of `tree_budgets`. `graphs`: CUDA graphs (default: on
-    a CUDA device). The models' graph modes are restored afterwards; caches only grow.
+    a CUDA device). `bandwidth`: the device's copy bandwidth in bytes/s for the floor (default: measured
+    now). The models' graph modes are restored afterwards; caches only grow.
     """
     device, cfg = target.device, target.config
     graphs = device.type == "cuda" if graphs is None else graphs and device.type == "cuda"
@@ -117,7 +118,7 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
             prof.round[key] = prof.draft[key] + prof.tree_verify[w]
         prof.router.update(_router_ms(target, neural, timed))
         sync(device)
-        prof.floor = _floor_ms(target, context)
+        prof.floor = floor_ms(target, context, bandwidth)
     finally:
         for m, was in modes:
             m.use_cuda_graphs(was)
@@ -147,14 +148,15 @@ def _router_ms(target: Any, neural: NeuralRouter | None, timed: Any) -> dict[str
             "neural": timed(lambda: NeuralPolicy(neural)(hidden, logits))}
 
 
-def _floor_ms(target: Any, context: int) -> float:
-    """(weight bytes + KV bytes at `context`) / copy bandwidth: no AR step can be faster at batch 1."""
+def floor_ms(target: Any, context: int, bandwidth: float | None = None) -> float:
+    """(weight bytes + KV bytes at `context`) / copy bandwidth (`bandwidth` bytes/s, or measured now):
+    no AR step can be faster at batch 1."""
     cfg = target.config
     size = target.lm_head.weight.element_size()
     weights = sum(p.numel() for n, p in target.named_parameters() if "embed_tokens" not in n
                   or cfg.tie_word_embeddings) * size  # the embedding is a gather, not a full read
     kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * context * cfg.head_dim * size
-    return (weights + kv) / copy_bandwidth(target.device) * 1e3
+    return (weights + kv) / (bandwidth or copy_bandwidth(target.device)) * 1e3
 
 
 def _load(cfg: ProfileConfig) -> tuple[Any, Eagle3Drafter | None, DFlashDrafter | None, dict[str, Any]]:
@@ -199,9 +201,12 @@ def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path
         neural = whiflash.load_router(cfg.whiflash_neural_router_path, hidden_size=target.config.hidden_size,
                                       device=target.device)
         models["neural_router"] = cfg.whiflash_neural_router_path
-    compile_fixed_passes(cfg.compile_layers)
+    graphs = not cfg.no_cuda_graphs and target.device.type == "cuda"
+    if cfg.compile_layers and not graphs:
+        log.warning("--compile-layers ignored: it compiles the CUDA graphs' passes (on CUDA, without --no-cuda-graphs)")
+    compile_fixed_passes(cfg.compile_layers and graphs)
     prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=budgets,
-                          neural=neural, context=cfg.context, backlogs=backlogs, graphs=not cfg.no_cuda_graphs,
+                          neural=neural, context=cfg.context, backlogs=backlogs, graphs=graphs,
                           repeats=cfg.repeats)
     prof.meta.update({"models": models, "preset": cfg.preset, "hardware": device_info(cfg.device)})
     label = cfg.preset or Path(str(models.get("target") or "models")).name

@@ -12,22 +12,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from whiflash.eval.shapes import shape_config
 from whiflash.eval.timing import copy_bandwidth, device_ms
 from whiflash.runtime import gemv
 from whiflash.runtime.graphs import Graphed
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def shapes(preset: str) -> dict[str, tuple[int, int]]:
-    """(output features, input features) of one layer's products."""
-    cfg = json.loads((ROOT / "checkpoints" / preset / "target" / "config.json").read_text())
+    """(output features, input features) of one layer's products (a checkpoints/ preset or a testbed folder)."""
+    cfg = shape_config(preset, "target")
     h, hd = cfg["hidden_size"], cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     qkv = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * hd
     return {"qkv": (qkv, h), "o_proj": (h, cfg["num_attention_heads"] * hd),
@@ -40,10 +37,12 @@ def graph_us(fn, calls: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="qwen3-8b")
+    ap.add_argument("--preset", default="qwen3-8b", help="a checkpoints/ preset or a folder with target/config.json")
     ap.add_argument("--rows", type=int, default=1, help="rows of x (1: decode step; up to 16: verify)")
     ap.add_argument("--quick", action="store_true", help="fewer settings (a one-minute run)")
     args = ap.parse_args()
+    if not 1 <= args.rows <= gemv.MAX_ROWS:
+        ap.error(f"--rows: expected 1..{gemv.MAX_ROWS} (the kernel's row tile), got {args.rows}")
     if not torch.cuda.is_available() or gemv.triton is None:
         raise SystemExit("bench_gemv.py needs a CUDA device and Triton")
     bw = copy_bandwidth(torch.device("cuda"))
@@ -61,13 +60,16 @@ def main() -> None:
         for bn, bk, nw in itertools.product(blocks_n, blocks_k, warps):
             def run(bn=bn, bk=bk, nw=nw):
                 for w in ws:
-                    gemv._gemv[(triton_cdiv(n, bn),)](x, w, w, y, args.rows, n, k, x.stride(0), w.stride(0),
+                    gemv._gemv[(gemv.triton.cdiv(n, bn),)](x, w, w, y, args.rows, n, k, x.stride(0), w.stride(0),
                                                      y.stride(0), HAS_BIAS=False, BLOCK_M=16, BLOCK_N=bn,
                                                      BLOCK_K=bk, IEEE=False, num_warps=nw)
             try:
                 results.append((graph_us(run, len(ws)), bn, bk, nw))
             except Exception as exc:  # a setting the compiler refuses (registers, shared memory)
                 print(f"  {name} {bn}/{bk}/{nw}: {type(exc).__name__}")
+        if not results:
+            print(f"{name:<8}[{n}, {k}]  cuBLAS {cublas:7.1f} ({share(cublas):.0%})   no kernel setting compiled")
+            continue
         results.sort()
         best = results[0]
         print(f"{name:<8}[{n}, {k}]  cuBLAS {cublas:7.1f} ({share(cublas):.0%})   best kernel {best[0]:7.1f} "
@@ -76,10 +78,6 @@ def main() -> None:
               + next((f"{us:.1f}" for us, bn, bk, nw in results if (bn, bk, nw) == (gemv.BLOCK_N, gemv.BLOCK_K, 4)),
                      "-"))
         del ws
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import torch
 
 import whiflash
 from whiflash.eval.latency import LatencyProfile
-from whiflash.eval.profile import _floor_ms, profile_models
+from whiflash.eval.profile import _tree, floor_ms, profile_models
 from whiflash.eval.shapes import random_drafter, random_models, shape_config
 from whiflash.eval.timing import copy_bandwidth, device_ms, wall_ms
 from whiflash.drafters.trees import ancestor_mask
@@ -64,7 +64,7 @@ def options_only(name: str, ctx: int, bw: float) -> dict[str, Any]:
     """Just the engine-option tables of one model (variants, attention, weight products), about a minute."""
     target, eagle, dflash = random_models(name, DEV, DTYPE, toy=_smoke)
     target.setup_cache(ctx + 256)
-    res = {"model": name, "floor_ms": _floor_ms(target, ctx),
+    res = {"model": name, "floor_ms": floor_ms(target, ctx, bw),
            "variants": engine_variants(target, taps=tuple(sorted({*eagle.tap_layers, *dflash.tap_layers})), ctx=ctx),
            "attention": attention_table(target, ctx, bw), "gemv": gemv_table(target, bw)}
     del target, eagle, dflash
@@ -79,7 +79,8 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool, rounds: bool = F
     diagnostics: the eager AR step, and for the anchor model the kernel table, torch.compile, the stock
     transformers anchor and whole rounds graph vs eager (`rounds`: whole rounds for this model too)."""
     target, eagle, dflash = random_models(name, DEV, DTYPE, toy=_smoke)
-    prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=(32, 128), context=ctx, graphs=True)
+    prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=(32, 128), context=ctx, graphs=True,
+                          bandwidth=bw)
     res: dict[str, Any] = {"model": name, "layers": target.config.num_hidden_layers, "floor_ms": prof.floor,
                            "ar_graph_gpu_ms": prof.ar_step,
                            "ar_graph_wall_ms": prof.meta["ar_step_wall_ms"], "profile": prof.to_json(),
@@ -98,7 +99,6 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool, rounds: bool = F
         res["attention"] = attention_table(target, ctx, bw)
     if anchor:
         res["gemv"] = gemv_table(target, bw)
-    if anchor:
         graphs_on(dflash)
         res["dflash_round_wall_ms"] = wall(lambda: dflash.draft(ids[:1], ctx))
         res.update(hf_anchor(shape_config(name, "target", _smoke), shape_config(name, "dflash", _smoke), ctx))
@@ -119,19 +119,19 @@ GEMV kernel for the layers' products)."""
 
 def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str, dict[str, Any]]:
     """AR step, 16-token chain verify and 33-node tree verify (graph replays, GPU ms) and the AR step's
-    kernel count under each of `VARIANTS`; the engine's defaults are restored afterwards."""
+    kernel count under each of `VARIANTS`; the engine's settings are restored afterwards."""
     ids = torch.randint(0, 1000, (33,), device=DEV)
-    parents = torch.tensor([-1] + list(range(15)) + [0] * 17)
-    mask = ancestor_mask(parents[1:]).to(DEV)
-    pos = ctx + torch.tensor([0] + list(range(1, 16)) + [1] * 17, device=DEV)
+    parents, depths = _tree(32, 15)  # the profile's 33-node DDTree shape (root + 32 nodes)
+    mask = ancestor_mask(parents).to(DEV)
+    pos = ctx + torch.cat([torch.zeros(1, dtype=torch.long), depths]).to(DEV)
     passes = {"ar": lambda: target(ids[:1], ctx, logits="all"),
               "verify16": lambda: target(ids[:16], ctx, None, None, taps, logits="all"),
               "tree33": lambda: target(ids[:33], ctx, pos, mask, taps, logits="all")}
     out: dict[str, dict[str, Any]] = {}
-    default = decode_attention.ENABLED, gemv.ENABLED
+    default = decode_attention.ENABLED, gemv.ENABLED, layers.layers_compiled()
     try:
         for name, (kernel, compiled, products) in VARIANTS.items():
-            if products and decode_attention.triton is None:
+            if products and gemv.triton is None:
                 continue
             decode_attention.ENABLED, gemv.ENABLED = kernel, products
             layers.compile_fixed_passes(compiled)
@@ -156,8 +156,8 @@ def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str
             target.static = False
             out[name] = row
     finally:
-        decode_attention.ENABLED, gemv.ENABLED = default
-        layers.compile_fixed_passes(False)
+        decode_attention.ENABLED, gemv.ENABLED = default[:2]
+        layers.compile_fixed_passes(default[2])
         target.drop_graphs()
         graphs_on(target, enabled=False)
     return out
@@ -182,23 +182,24 @@ def attention_table(target: Target, ctx: int, bw: float) -> dict[str, dict[str, 
     v = torch.randn_like(k)
     kv_bytes = 2 * k[:, :ctx].numel() * k.element_size()
     out = {}
-    default = decode_attention.MAX_SPLITS
-    for t in (1, 16, 33):
-        q = torch.randn(cfg.num_attention_heads, t, cfg.head_dim, device=DEV, dtype=DTYPE)
-        mask = torch.zeros(t, slots, dtype=torch.bool, device=DEV)
-        mask[:, :ctx] = True
-        mask[:, ctx:ctx + t] = torch.ones(t, t, dtype=torch.bool, device=DEV).tril_()
-        enabled = decode_attention.ENABLED
-        decode_attention.ENABLED = False
-        row = {"sdpa_us": graph_us(lambda: layers.attention(q, k, v, mask, fixed_shape=True)),
-               "kv_read_us": 1e6 * kv_bytes / bw}
-        decode_attention.ENABLED = enabled
-        if decode_attention.usable(q, k, mask):
-            for splits in (8, 16, 32, 64):
-                decode_attention.MAX_SPLITS = splits
-                row[f"kernel_{splits}_us"] = graph_us(lambda: decode_attention.masked_attention(q, k, v, mask))
-            decode_attention.MAX_SPLITS = default
-        out[str(t)] = row
+    default = decode_attention.ENABLED, decode_attention.MAX_SPLITS
+    try:
+        for t in (1, 16, 33):
+            q = torch.randn(cfg.num_attention_heads, t, cfg.head_dim, device=DEV, dtype=DTYPE)
+            mask = torch.zeros(t, slots, dtype=torch.bool, device=DEV)
+            mask[:, :ctx] = True
+            mask[:, ctx:ctx + t] = torch.ones(t, t, dtype=torch.bool, device=DEV).tril_()
+            decode_attention.ENABLED = False
+            row = {"sdpa_us": graph_us(lambda: layers.attention(q, k, v, mask, fixed_shape=True)),
+                   "kv_read_us": 1e6 * kv_bytes / bw}
+            decode_attention.ENABLED = default[0]
+            if decode_attention.usable(q, k, mask):
+                for splits in (8, 16, 32, 64):
+                    decode_attention.MAX_SPLITS = splits
+                    row[f"kernel_{splits}_us"] = graph_us(lambda: decode_attention.masked_attention(q, k, v, mask))
+            out[str(t)] = row
+    finally:
+        decode_attention.ENABLED, decode_attention.MAX_SPLITS = default
     return out
 
 
@@ -218,7 +219,7 @@ def gemv_table(target: Target, bw: float) -> dict[str, dict[str, float]]:
             x = torch.randn(m, w.shape[1], device=DEV, dtype=w.dtype)
             us = graph_us(lambda: [torch.nn.functional.linear(x, c) for c in copies], calls=len(copies))
             row = {"us": us, "bandwidth_share": w.numel() * w.element_size() / (us / 1e6) / bw, "shape": list(w.shape)}
-            if decode_attention.triton is not None and DEV.type == "cuda":
+            if gemv.triton is not None and DEV.type == "cuda":
                 row["kernel_us"] = graph_us(lambda: [gemv.gemv(x, c) for c in copies], calls=len(copies))
                 row["kernel_share"] = w.numel() * w.element_size() / (row["kernel_us"] / 1e6) / bw
             out[f"{name}@{m}"] = row
@@ -363,7 +364,7 @@ def summary_table(results: list[dict[str, Any]]) -> str:
     def cell(fn: Callable[[dict[str, Any]], str], r: dict[str, Any]) -> str:
         try:
             return fn(r)
-        except (KeyError, TypeError, ZeroDivisionError, ValueError):
+        except KeyError:  # not measured for this model
             return "-"
 
     def variant(name: str) -> Callable[[dict[str, Any]], str]:
@@ -462,8 +463,8 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     bw = copy_bandwidth(DEV)
     results = []
+    layers.compile_fixed_passes(args.compile)
     for i, m in enumerate(args.models.split(",")):
-        layers.compile_fixed_passes(args.compile)
         if args.options_only:
             results.append(options_only(m, args.ctx, bw))
         else:

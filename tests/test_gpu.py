@@ -64,11 +64,12 @@ def test_cuda_bf16_diverges_only_at_near_ties(worlds, world, record_property):
 def engine(request):
     """The fixed-shape passes' options: the decode attention kernel (the default), SDPA, the kernel with
     torch.compile'd layer stages, and those with the opt-in GEMV kernel."""
+    before = decode_attention.ENABLED, gemv.ENABLED
     decode_attention.ENABLED = request.param != "sdpa"
     layers.compile_fixed_passes(request.param.startswith("compiled"))
     gemv.ENABLED = request.param.endswith("gemv")
     yield request.param
-    decode_attention.ENABLED, gemv.ENABLED = True, False
+    decode_attention.ENABLED, gemv.ENABLED = before
     layers.compile_fixed_passes(False)
 
 
@@ -115,11 +116,11 @@ def test_decode_attention_kernel_matches_sdpa_at_real_shapes(dtype):
         mask[:, ctx:ctx + t] = (block | torch.eye(t, dtype=torch.bool, device="cuda")).tril()
         assert decode_attention.usable(q, k, mask)
         got = decode_attention.masked_attention(q, k, v, mask)
-        decode_attention.ENABLED = False
+        enabled, decode_attention.ENABLED = decode_attention.ENABLED, False
         try:
             want = layers.attention(q, k.nan_to_num(), v, mask, fixed_shape=True)
         finally:
-            decode_attention.ENABLED = True
+            decode_attention.ENABLED = enabled
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 

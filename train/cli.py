@@ -119,9 +119,7 @@ class RouterCLI(LightningCLI):
         """Every run folder gets its typed manifest, not only fit's."""
         self._write_manifest(self._run_dir(), {})
 
-    def after_test(self) -> None:
-        """Every run folder gets its typed manifest, not only fit's."""
-        self._write_manifest(self._run_dir(), {})
+    after_test = after_validate
 
     def after_predict(self) -> None:
         """Write ``predictions.parquet`` (row id into the dataset, predicted and logged gain) into the run dir."""

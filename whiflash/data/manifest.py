@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from whiflash.decoding.stats import TAU_DEFINITION
-from whiflash.folders import ROUTER_DATASET
+from whiflash.folders import MANIFEST, ROUTER_DATASET
 from whiflash.io import atomic_write_json
 from whiflash.pairs import Pair, tree_budget_for
 
@@ -33,7 +33,7 @@ __all__ = [
 KIND = ROUTER_DATASET
 """Value of the manifest's ``kind`` field; manifests written before it existed lack it and are still read."""
 SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
+MANIFEST_NAME = MANIFEST
 FEATURE = "final_hidden_state_postnorm"
 """What the ``hidden`` column holds: the target's final post-norm hidden state at the last committed position."""
 ADVANCE_RULE = "the slot with the larger tau advances (ties: slot 1); greedy decoding"

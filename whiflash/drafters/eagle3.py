@@ -20,6 +20,11 @@ from whiflash.runtime.config import rope_from_config
 from whiflash.runtime.layers import Attention, RMSNorm, Rotary, SwiGLU
 
 
+def default_layer_ids(target_layers: int) -> list[int]:
+    """SpecForge's tap layers when a checkpoint names none: `[1, L//2 - 1, L - 4]` (output-of-layer ids)."""
+    return [1, target_layers // 2 - 1, target_layers - 4]
+
+
 def normalise_config(cfg: dict[str, Any], target_layers: int) -> dict[str, Any]:
     """Flatten the speculators layout and resolve defaults, so the module sees one schema."""
     cfg = dict(cfg)
@@ -33,8 +38,7 @@ def normalise_config(cfg: dict[str, Any], target_layers: int) -> dict[str, Any]:
     elif nested is not None and hf_index_ids:
         taps = [i - 1 for i in hf_index_ids]
     else:
-        n = target_layers
-        taps = [1, n // 2 - 1, n - 4]
+        taps = default_layer_ids(target_layers)
     cfg["tap_layers"] = taps
     cfg.setdefault("draft_vocab_size", cfg.get("vocab_size"))
     if cfg.get("target_hidden_size") is None:
@@ -139,7 +143,7 @@ class Eagle3Drafter(Drafter):
         if mask is None and x.shape[0] > 1:  # the rows are the last keys: a causal block after a visible prefix
             mask = torch.ones(x.shape[0], keys.shape[1], dtype=torch.bool, device=x.device).tril_(keys.shape[1] - x.shape[0])
         h = residual + layer.self_attn.attend(x, self.rope, positions, keys, values, mask, fixed_shape)
-        h = h + layer.mlp(layer.post_attention_layernorm(h), fixed_shape)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = self.lm_head(self.norm(h) if self.cfg.get("norm_output", True) else h)
         return h, logits
 

@@ -6,8 +6,8 @@ On the H200, cuBLAS reaches 97-102 % of copy bandwidth on the wide products (gat
 `BLOCK_N` output features and streams their weight rows along K, so each weight byte is read once,
 coalesced, by a grid that fills the GPU; rows of `x` (up to 16) are padded to the tensor-core tile.
 
-It is off by default (`WHIFLASH_GEMV=1` or `gemv.ENABLED = True` turns it on for fixed-shape passes
-on the GPU) until measurements show where it beats cuBLAS: `scripts/profile_shapes.py` times both per
+It is off by default (`WHIFLASH_GEMV=1` or `gemv.ENABLED = True` turns it on for the layers' products
+of at most `MAX_ROWS` rows on the GPU) until measurements show where it beats cuBLAS: `scripts/profile_shapes.py` times both per
 weight shape. Like the decode attention kernel it is a `torch.library` custom op, and the CPU tests run
 it under Triton's interpreter.
 """
@@ -25,7 +25,7 @@ if triton is not None:
     import triton.language as tl
 
 ENABLED = os.environ.get("WHIFLASH_GEMV", "0") == "1"
-"""Route few-row products of fixed-shape passes through the kernel (off by default)."""
+"""Route the layers' few-row products through the kernel (off by default)."""
 
 MAX_ROWS = 16
 """Most rows of `x` the kernel takes (a verify pass of 16 tokens); more rows go to cuBLAS."""
@@ -89,8 +89,8 @@ def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return _gemv_op(flat, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
 
 
-def linear(x: Tensor, layer: torch.nn.Linear, fixed_shape: bool) -> Tensor:
-    """`layer(x)`: through the kernel in fixed-shape passes where `usable`, else `F.linear` (cuBLAS)."""
-    if fixed_shape and usable(x, layer.weight):
+def linear(x: Tensor, layer: torch.nn.Linear) -> Tensor:
+    """`layer(x)`: through the kernel where `usable` (few rows on the GPU, turned on), else `F.linear`."""
+    if usable(x, layer.weight):
         return gemv(x, layer.weight, layer.bias)
     return F.linear(x, layer.weight, layer.bias)

@@ -71,9 +71,9 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
         stacked(self, "gate_up", {"gate_proj": hidden, "up_proj": hidden})
 
-    def forward(self, x: Tensor, fixed_shape: bool = False) -> Tensor:
-        gate, up = gemv.linear(x, self.gate_up, fixed_shape).split(self.hidden, dim=-1)
-        return gemv.linear(F.silu(gate) * up, self.down_proj, fixed_shape)
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = gemv.linear(x, self.gate_up).split(self.hidden, dim=-1)
+        return gemv.linear(F.silu(gate) * up, self.down_proj)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> Tensor:
@@ -228,13 +228,13 @@ class Attention(nn.Module):
             q = self.q_norm(q)
         return rotate(q.transpose(0, 1), angles)
 
-    def output(self, attn: Tensor, fixed_shape: bool = False) -> Tensor:
+    def output(self, attn: Tensor) -> Tensor:
         """`o_proj` of an attention result `[n_heads, T, head_dim]` -> `[T, dim_out]`."""
-        return gemv.linear(attn.transpose(0, 1).reshape(attn.shape[1], -1), self.o_proj, fixed_shape)
+        return gemv.linear(attn.transpose(0, 1).reshape(attn.shape[1], -1), self.o_proj)
 
-    def project(self, x: Tensor, angles: Tensor, fixed_shape: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    def project(self, x: Tensor, angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q `[n_heads, T, hd]`, K and V `[n_kv, T, hd]` of rows `x` (normed and rotated by `angles`)."""
-        q, k, v = gemv.linear(x, self.qkv, fixed_shape).split(self.sizes, dim=-1)
+        q, k, v = gemv.linear(x, self.qkv).split(self.sizes, dim=-1)
         return self._queries(q, angles), *self._keys_values(k, v, angles)
 
     def kv(self, x: Tensor, rope: Rotary, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -246,7 +246,7 @@ class Attention(nn.Module):
                fixed_shape: bool) -> Tensor:
         """Queries of rows `x` against `keys, values [n_kv, S, head_dim]` (mask `[T, S]` or None: all visible)."""
         q = self._queries(self.q(x), rope.angles(positions, x.dtype))
-        return self.output(attention(q, keys, values, mask, fixed_shape), fixed_shape)
+        return self.output(attention(q, keys, values, mask, fixed_shape))
 
 
 class DecoderLayer(nn.Module):
@@ -265,31 +265,31 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = SwiGLU(hidden, intermediate, mlp_bias)
 
-    def pre(self, x: Tensor, angles: Tensor, fixed_shape: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    def pre(self, x: Tensor, angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q, K, V of the residual stream `x [T, hidden]` (`Attention.project` of its norm)."""
-        return self.self_attn.project(self.input_layernorm(x), angles, fixed_shape)
+        return self.self_attn.project(self.input_layernorm(x), angles)
 
-    def post(self, x: Tensor, attn: Tensor, fixed_shape: bool = False) -> Tensor:
+    def post(self, x: Tensor, attn: Tensor) -> Tensor:
         """The layer's output from its input `x` and its attention result `attn [n_heads, T, hd]`."""
-        x = x + self.self_attn.output(attn, fixed_shape)
-        return x + self.mlp(self.post_attention_layernorm(x), fixed_shape)
+        x = x + self.self_attn.output(attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
     def forward(self, x: Tensor, angles: Tensor, cache: KVCache, index: int, rows: Rows,
                 mask: Tensor | None) -> Tensor:
         """Rows `x [T, hidden]` rotated by `angles` (`Rotary.angles`) write their K/V into `cache` layer
         `index` at `rows`, attend under `mask`, and come out of the layer."""
         pre, post = (_compiled_pre, _compiled_post) if rows.fixed and _compiled_pre is not None else (_pre, _post)
-        q, k, v = pre(self, x, angles, rows.fixed)
+        q, k, v = pre(self, x, angles)
         keys, values = cache.write(index, k, v, rows)
-        return post(self, x, attention(q, keys, values, mask, rows.fixed), rows.fixed)
+        return post(self, x, attention(q, keys, values, mask, rows.fixed))
 
 
-def _pre(layer: DecoderLayer, x: Tensor, angles: Tensor, fixed_shape: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return layer.pre(x, angles, fixed_shape)
+def _pre(layer: DecoderLayer, x: Tensor, angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return layer.pre(x, angles)
 
 
-def _post(layer: DecoderLayer, x: Tensor, attn: Tensor, fixed_shape: bool) -> Tensor:
-    return layer.post(x, attn, fixed_shape)
+def _post(layer: DecoderLayer, x: Tensor, attn: Tensor) -> Tensor:
+    return layer.post(x, attn)
 
 
 _compiled_pre = _compiled_post = None

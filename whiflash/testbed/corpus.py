@@ -62,7 +62,7 @@ class Document:
     id: str
     """Unique id, e.g. ``code:json/decoder.py`` or ``math:123``."""
     category: str
-    """``code``, ``math`` or ``prose``."""
+    """``code``, ``math``, ``prose`` or ``agentic``."""
     group: str
     """Split unit: documents of one group always land in the same split."""
     text: str

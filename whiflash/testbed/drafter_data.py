@@ -17,6 +17,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from whiflash.drafters.dflash import fallback_layer_ids
+from whiflash.drafters.eagle3 import default_layer_ids
+
 from .presets import CATEGORIES, ResponsesConfig
 from .prompts import held_out_prompts
 
@@ -130,9 +133,9 @@ def released_taps(kind: str, num_layers: int) -> list[int]:
     1 to ``N - 3`` and rounded, which gives ``[1, 9, 17, 25, 33]`` for Qwen3-8B's 36 layers.
     """
     if kind == "eagle3":
-        return [1, num_layers // 2 - 1, num_layers - 4]
+        return default_layer_ids(num_layers)
     if kind == "dflash":
-        return [round(1 + i * (num_layers - 4) / 4) for i in range(5)]
+        return fallback_layer_ids(num_layers, 5)
     raise ValueError(f"released_taps: unknown drafter kind {kind!r}; expected 'eagle3' or 'dflash'")
 
 
@@ -141,7 +144,7 @@ def tap_layers(kind: str, num_layers: int) -> list[int]:
     (real-depth testbeds); else taps spread evenly with the last layer, the most informative tap a
     shallow target has (3 for EAGLE-3, ``min(5, N)`` for DFlash)."""
     taps = released_taps(kind, num_layers)
-    if taps[0] >= 0 and all(a < b for a, b in zip(taps, taps[1:])) and taps[-1] < num_layers:
+    if taps[0] >= 0 and all(a < b for a, b in zip(taps, taps[1:])):  # the last is N - 4 or N - 3
         return taps
     return even_layers(num_layers, 3 if kind == "eagle3" else min(5, num_layers))
 

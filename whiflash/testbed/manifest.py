@@ -22,7 +22,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from whiflash.folders import TESTBED, check_folder
+from whiflash.folders import MANIFEST, TESTBED, check_folder
 from whiflash.io import atomic_write_json
 from whiflash.versions import package_versions
 
@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 LOG_ENTRIES = 200
 """Build-log entries a manifest keeps (about 25 runs of the 8 stages)."""
 
-MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 """Bump when a stage's on-disk output changes meaning, so old builds are not reused."""
 
