@@ -69,7 +69,7 @@ class BenchConfig:
                              "models on a busy machine).")
     cuda_graphs: bool = _h(False, "Replay CUDA graphs for the fixed-shape passes (CUDA only).")
     compile_layers: bool = _h(False, "With --cuda-graphs: torch.compile the decoder layers' stages inside the graphs "
-                              "(fused norms, rotations and residuals; compiled once per pass width, ~15 s each).")
+                              "(fused norms, rotations and residuals; compiled once per pass width, a few seconds each).")
     warmup_tokens: int = _h(32, "New tokens of each method's untimed warm-up decode.")
     bootstrap: int = _h(1000, "Bootstrap resamples for the speedup interval.")
     out: str = _h("runs/eval", "Parent folder of the run folder <timestamp>_<name>.")

@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend
 
 import whiflash
 from whiflash.runtime import ModelConfig, Target, layers
-from profile_shapes import randomise  # scripts/ is on sys.path when this runs as a script
+from whiflash.eval.shapes import randomise
 
 SMALL = dict(model_type="qwen3", vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
              num_attention_heads=8, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
@@ -32,8 +32,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="prompts per variant, each of a length not used before")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.device("meta"):
-        target = randomise(Target(ModelConfig.from_dict(SMALL)))
+        target = Target(ModelConfig.from_dict(SMALL))
+    target = randomise(target, device, dtype)
     g = torch.Generator().manual_seed(0)
     engine_backends = list(layers.VARYING_SHAPE_BACKENDS)
     variants = {"cuDNN allowed": (engine_backends + [SDPBackend.CUDNN_ATTENTION], False),
