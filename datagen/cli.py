@@ -29,6 +29,7 @@ from whiflash import distributed
 from whiflash.data import RouterDatasetManifest, ShardEntry, shard_entry, write_manifest, write_shard
 from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, read_source, resolve_source
 from whiflash.datagen.record import record_prompt
+from whiflash.decoding import prompt_room
 from whiflash.decoding.routed import OracleDrafter
 from whiflash.folders import DATAGEN, DATAGEN_RECORD, TESTBED, check_folder, require_kind
 from whiflash.hub import local_or_hub
@@ -251,6 +252,7 @@ def _tokenizer(target_path: str):
 
 
 def _encode(tokenizer, item: PromptItem, max_tokens: int) -> list[int]:
+    """The prompt's ids, its last `max_tokens` (a long agent transcript keeps its most recent steps)."""
     if item.input_ids is not None:
         ids = list(item.input_ids)
     elif tokenizer is None:
@@ -264,9 +266,10 @@ def _record_chunk(model, recorder: OracleDrafter, tokenizer, chunk: list[PromptI
                   max_new_tokens: int, on_prompt: Callable[[dict[str, np.ndarray]], None]) -> dict[str, np.ndarray]:
     """The rows of one shard's prompts; `on_prompt` sees each prompt's columns as it finishes (progress)."""
     stop = [tokenizer.eos_token_id] if tokenizer is not None and tokenizer.eos_token_id is not None else None
+    keep = min(max_prompt_tokens, prompt_room(model, max_new_tokens, recorder.max_nodes))
     parts = []
     for item in chunk:
-        cols = record_prompt(model, recorder, _encode(tokenizer, item, max_prompt_tokens), max_new_tokens, stop)
+        cols = record_prompt(model, recorder, _encode(tokenizer, item, keep), max_new_tokens, stop)
         on_prompt(cols)
         if cols:
             n = len(cols["round"])

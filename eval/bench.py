@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 import whiflash
 from whiflash import distributed
+from whiflash.decoding import prompt_room
 from whiflash.decoding.stats import TAU_DEFINITION
 from whiflash.io import atomic_write_text
 from whiflash.prompts import encode_chat
@@ -142,7 +143,7 @@ class Runner:
         else:
             ids = encode_chat(self.tokenizer, sample.turns[: turn + 1], replies[:turn],
                               enable_thinking=self.cfg.enable_thinking)
-        limit = self.target.config.max_position_embeddings - self.cfg.max_new_tokens - 2 * self.max_nodes() - 2
+        limit = prompt_room(self.target, self.cfg.max_new_tokens, self.max_nodes())
         keep = min(limit, self.cfg.max_prompt_tokens or limit)
         if keep < 1:
             raise ValueError(f"--max-new-tokens {self.cfg.max_new_tokens} leaves no room for a prompt in the target's "

@@ -272,3 +272,17 @@ def test_testbed_sources_without_brackets_and_clear_errors(micro, tmp_path, monk
     with pytest.raises(FolderKindError, match=rf"--out {micro}: is a testbed build"):
         cli("--testbed", str(micro), "--prompts", "testbed:train", "--out", str(micro), *fast)
     assert (micro / "manifest.json").read_bytes() == testbed_manifest
+
+
+def test_prompts_longer_than_the_target_allows_keep_their_last_tokens(micro, tmp_path):
+    from whiflash.decoding import prompt_room
+
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"id": "long", "category": "agentic", "input_ids": [7 + i % 900 for i in range(1020)]}))
+    out = datagen(out=tmp_path / "d", prompts=[str(prompts)], target=str(micro / "target"),
+                  eagle3=str(micro / "eagle3"), dflash=str(micro / "dflash"), max_new_tokens=8, device="cpu")
+    rows = pq.read_table(sorted(out.glob("shard-*.parquet"))[0]).to_pandas()
+    target = whiflash.load_target(micro / "target")  # 1024 positions: 1020 + 8 did not fit, the prompt is cut
+    recorder = OracleDrafter(Pair.parse("df-e3"), eagle3=whiflash.load_drafter("eagle3", micro / "eagle3", target),
+                             dflash=whiflash.load_drafter("dflash", micro / "dflash", target))
+    assert len(rows) > 0 and rows["position"].min() == prompt_room(target, 8, recorder.max_nodes)

@@ -126,6 +126,28 @@ def test_code_prompts_take_further_cuts_when_documents_run_out(micro: Path) -> N
     assert held_out_prompts(micro, "code", len(docs)) == prompts[:len(docs)]  # the first pass is unchanged
     math_docs = list(read_corpus(micro / "corpus", "test", "math"))
     assert len(held_out_prompts(micro, "math", 2 * len(math_docs))) == len(math_docs)  # one cut per problem
+    prose = {d["id"]: d["text"] for d in read_corpus(micro / "corpus", "test", "prose")}
+    first = held_out_prompts(micro, "prose", len(prose))
+    more = held_out_prompts(micro, "prose", 2 * len(prose))
+    assert more[:len(first)] == first and len(more) > len(first)  # later passes cut at other sentence ends
+    assert len({p.id for p in more}) == len(more)
+    for p in more[len(first):]:
+        doc, offset = p.id.rsplit("@", 1)
+        assert prose[doc][:int(offset)] == p.prompt and p.prompt[-1] in ".:;!?"
+
+
+def test_responses_continue_prompts_of_the_configured_split(micro: Path, tmp_path: Path) -> None:
+    from whiflash.testbed.corpus import read_corpus
+    from whiflash.testbed.drafter_data import generate_responses
+    from whiflash.testbed.presets import ResponsesConfig
+
+    stats = generate_responses(micro, ResponsesConfig(prompts_per_category=2, split="validation", max_new_tokens=3,
+                                                       max_prompt_tokens=32), tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "responses.jsonl").open()]
+    held = {r["id"] for cat in CATEGORIES for r in read_corpus(micro / "corpus", "validation", cat)}
+    assert len(rows) == 2 * len(CATEGORIES) and all(r["id"].rsplit("@", 1)[0] in held for r in rows)
+    assert {s["split"] for s in stats["per_category"].values()} == {"validation"}
+    assert _manifest(micro)["stages"]["responses"]["per_category"]["math"]["split"] == "train"  # micro's default
 
 
 def test_packed_target_features_equal_one_pass_per_sequence(micro: Path, monkeypatch) -> None:

@@ -55,6 +55,11 @@ def build(out: str | Path, config: TestbedConfig, until: str | None = None) -> d
     """
     if until is not None and until not in STAGES:
         raise ValueError(f"until={until!r}: expected one of {', '.join(STAGES)}")
+    from .corpus import SPLITS
+
+    if config.responses.split not in SPLITS[:2]:  # checked before hours of training, not after
+        raise ValueError(f"responses.split={config.responses.split!r}: expected 'train' or 'validation' "
+                         "(the test split is held out for evaluation)")
     out = Path(out)
     threads = torch.get_num_threads()
     if config.num_threads:

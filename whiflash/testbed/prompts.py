@@ -10,8 +10,9 @@ Each category is cut where a user of that kind of model would stop typing:
   steps are context; the continuation is prose, then a JSON call and its result).
 
 Choice is seeded and deterministic. A document gives one prompt per pass; further passes (new cuts
-of the same documents) are made only when a split has fewer usable documents than prompts asked for,
-which is how drafter training gets thousands of code prefixes out of a few hundred source files.
+of the same documents: another header, another sentence end) are made only when a split has fewer
+usable documents than prompts asked for, which is how drafter training gets thousands of code
+prefixes out of a few hundred source files.
 """
 
 from __future__ import annotations
@@ -43,8 +44,13 @@ class Prompt:
     """What followed in the document (for inspection; never used by acceptance measurements)."""
 
 
-def cut_prompt(category: str, text: str, rng: random.Random, max_chars: int = 600) -> tuple[str, str] | None:
-    """Split one document into (prompt, reference), or None when it has no sensible cut."""
+def cut_prompt(category: str, text: str, rng: random.Random, max_chars: int = 600,
+               varied: bool = False) -> tuple[str, str] | None:
+    """Split one document into (prompt, reference), or None when it has no sensible cut.
+
+    ``varied`` (later passes over a split's documents) cuts prose after a random sentence end within
+    ``max_chars`` instead of the first that fits a third of the text, so a docstring gives several prompts.
+    """
     if category == "math":
         i = text.find("\nAnswer:")
         if i < 0:
@@ -73,6 +79,12 @@ def cut_prompt(category: str, text: str, rng: random.Random, max_chars: int = 60
     if category == "prose":
         if len(text) < 80:
             return None
+        if varied:
+            ends = [m.end() for m in re.finditer(r"[.:;!?]\s", text[:max_chars]) if 40 <= m.end() <= len(text) - 40]
+            if not ends:
+                return None
+            prompt = text[:rng.choice(ends)].rstrip()
+            return prompt, text[len(prompt):]
         limit = min(max(60, len(text) // 3), max_chars)
         # End after the first sentence that fits, else at the last space before the limit.
         m = None
@@ -101,12 +113,12 @@ def held_out_prompts(testbed_dir: str | Path, category: str, n: int, split: str 
     rng.shuffle(docs)
     out: list[Prompt] = []
     seen: set[str] = set()
-    for _ in range(max_passes):
+    for n_pass in range(max_passes):
         grown = len(out)
         for doc in docs:
             if len(out) >= n:
                 return out
-            cut = cut_prompt(category, doc["text"], rng, max_chars)
+            cut = cut_prompt(category, doc["text"], rng, max_chars, varied=n_pass > 0)
             if cut is None:
                 continue
             prompt, reference = cut
