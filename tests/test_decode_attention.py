@@ -132,7 +132,9 @@ def test_gemv_kernel_matches_linear_and_decodes_alike(tmp_path) -> None:
                 want = x.double() @ w.double().T + (b.double() if bias else 0)
                 err = (gemv.gemv(x, w, b).double() - want).abs().max().item()
                 assert err < tol * k ** 0.5, (dtype, rows, n, k, err)
-        assert not gemv.usable(torch.randn(17, 8), torch.randn(4, 8))
+        assert not gemv.usable(torch.randn(17, 8), torch.randn(4, 8))  # more rows than its tile
+        assert not gemv.usable(torch.randn(1, 8), torch.randn(16, 8))  # a widening product stays with cuBLAS
+        assert gemv.usable(torch.randn(1, 8), torch.randn(8, 8)) and gemv.usable(torch.randn(2, 16), torch.randn(8, 16))
 
         root = Path({str(tmp_path)!r})
         target_dir = make_target(root / "target", "llama", crafted=True, mix=0.1, seed=5)
