@@ -33,7 +33,7 @@ from whiflash.decoding import prompt_room
 from whiflash.decoding.routed import OracleDrafter
 from whiflash.folders import DATAGEN, DATAGEN_RECORD, TESTBED, check_folder, require_kind
 from whiflash.hub import local_or_hub
-from whiflash.io import atomic_write_json
+from whiflash.io import atomic_write_json, checkpoint_stamp
 from whiflash.pairs import Pair
 from whiflash.prompts import encode_chat
 from whiflash.runtime.weights import read_json
@@ -130,6 +130,7 @@ def datagen(
     digest = prompts_sha256(items)
     # the record holds resolved paths, not spellings, and the prompts' content, not only where they came from
     _pin(out / DATAGEN_RECORD, resuming, {**args, "kind": DATAGEN, **resolved, "prompts_sha256": digest,
+                                          **{f"{k}_files": checkpoint_stamp(v) for k, v in resolved.items()},
                                           "testbed": str(Path(testbed).resolve()) if testbed else None,
                                           "prompts": [resolve_source(s) for s in sources]})
 
@@ -215,6 +216,8 @@ def _pin(saved: Path, resuming: bool, record: dict[str, Any]) -> None:
         atomic_write_json(saved, record, sort_keys=True)
         return
     pinned = read_json(saved, "the arguments a datagen run pinned")
+    # runs pinned before checkpoint stamps existed resume on their paths alone
+    record = {k: v for k, v in record.items() if k in pinned or not k.endswith("_files")}
     differ = sorted(k for k in pinned.keys() | record.keys() if pinned.get(k) != record.get(k))
     if differ:
         flags = inspect.signature(datagen).parameters

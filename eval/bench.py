@@ -22,7 +22,7 @@ import whiflash
 from whiflash import distributed
 from whiflash.decoding import prompt_room
 from whiflash.decoding.stats import TAU_DEFINITION
-from whiflash.io import atomic_write_text
+from whiflash.io import atomic_write_text, checkpoint_stamp
 from whiflash.prompts import encode_chat
 from whiflash.runtime import decode_attention
 from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
@@ -228,6 +228,9 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
     hardware = check_devices(distributed.gather(device_info(runner.cfg.device)), cfg.allow_mixed_devices)
     # a sharded run resumes only with the same N: each rank's sample file holds its own share
     config = asdict(cfg) | ({"world_size": ranks.world} if ranks.world > 1 else {})
+    # a checkpoint retrained in the same folder starts a new run instead of finishing the old one's rows
+    config["checkpoint_files"] = {k: checkpoint_stamp(v) for k, v in
+                                  {**runner.paths, "neural_router": cfg.whiflash_neural_router_path}.items()}
     run, resumed = distributed.broadcast(prepare_run_dir(cfg.out, cfg.run_name(), config) if ranks.is_main else None)
     if config_dump is not None and not resumed and ranks.is_main:
         atomic_write_text(run / "config.yaml", config_dump)

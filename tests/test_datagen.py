@@ -84,6 +84,25 @@ def test_resume_reuses_finished_shards_and_refuses_other_arguments(worlds, tmp_p
         _run(world, out, prompt_file, max_prompts=2)
 
 
+def test_resume_refuses_a_checkpoint_rewritten_in_place(worlds, tmp_path, prompt_file):
+    import shutil
+
+    world = worlds["llama-mixed"]
+    dflash = shutil.copytree(world.dflash_dir, tmp_path / "dflash")
+    run = lambda: datagen(out=tmp_path / "data", prompts=[str(prompt_file)], target=str(world.target_dir),  # noqa: E731
+                          eagle3=str(world.eagle_dir), dflash=str(dflash), max_new_tokens=8, shard_size=3,
+                          max_prompts=3, device="cpu")
+    out = run()
+    shard = out / "shard-00000.parquet"
+    before = shard.read_bytes()
+    (out / "manifest.json").unlink()  # killed before the manifest
+    weights = next(dflash.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes())  # retrained (here: rewritten) under the same path
+    with pytest.raises(ValueError, match=r"other arguments .*dflash_files '[0-9a-f]{16}' -> '[0-9a-f]{16}'"):
+        run()
+    assert shard.read_bytes() == before  # the finished shard is kept for a resume with the old checkpoint
+
+
 def test_bad_input_names_the_problem_and_leaves_the_folder_usable(worlds, tmp_path, prompt_file):
     world = worlds["qwen3-mixed"]
     out = tmp_path / "data"

@@ -195,6 +195,9 @@ def test_resume_skips_done_rows(micro: Path, tmp_path: Path, monkeypatch: pytest
     assert len(again) == 4 and len({(r["sample"], r["method"]) for r in again}) == 4
     assert _bench(tmp_path, *args[:-3], "--name", "r", "--no-plots", "--seed", "1") == 0  # other config: new folder
     assert len(sorted(tmp_path.glob("*_r"))) == 2
+    monkeypatch.setattr("whiflash.eval.bench.checkpoint_stamp", lambda path: "rewritten")  # a retrained checkpoint
+    assert _bench(tmp_path, *args) == 0
+    assert len(sorted(tmp_path.glob("*_r"))) == 3  # in the same folders: a new run, not the old one's rows
 
 
 # ---------------------------------------------------------------- datasets

@@ -1,4 +1,4 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of one.
+"""Atomic file writes (a reader sees the old file or the new one, never half of one) and checkpoint stamps.
 
 Every writer in the toolkit (dataset shards and manifests, router exports, testbed manifests)
 goes through here, so a killed run never leaves a truncated file under its final name, and a
@@ -7,6 +7,7 @@ resumed run can trust the files it finds (docs/design.md, "The router dataset").
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "atomic_write_text"]
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "checkpoint_stamp"]
 
 
 @contextmanager
@@ -54,3 +55,19 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 def atomic_write_json(path: str | Path, obj: Any, *, sort_keys: bool = False) -> Path:
     """Write ``obj`` as indented JSON with a final newline to ``path`` atomically; returns ``path``."""
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=sort_keys) + "\n")
+
+
+def checkpoint_stamp(name: str | Path | None) -> str | None:
+    """What a local checkpoint holds now, cheaply: a hash of every file's relative name, size and modification
+    time (a Hub id or None is returned as is). Resumable jobs pin it beside the path, so a checkpoint retrained
+    or replaced in the same folder is not mixed into rows made with the old one; reading the bytes of an 8B
+    model on every start would cost more than the check is worth."""
+    path = Path(name) if name is not None else None
+    if path is None or not path.exists():
+        return None if name is None else str(name)
+    files = sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file())
+    digest = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        digest.update(f"{f.relative_to(path) if f != path else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
