@@ -18,12 +18,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from whiflash.folders import check_folder
 from whiflash.io import atomic_write_json
 
 from .config import BenchConfig
 from .datasets import load_samples, select
 from .metrics import aggregate, summarize_rows
-from .outputs import prepare_run_dir, write_manifest, write_results
+from .outputs import check_output_file, prepare_run_dir, write_manifest, write_results
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     if method not in ("whiflash-entropy", "whiflash-neural"):
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
     values = values or list(DEFAULT_THRESHOLDS)
+    check_output_file(output)
     testbed = Path(cfg.testbed) if cfg.testbed else None
     bench_ids = {s.id for s in load_samples(cfg.dataset, testbed=testbed, max_samples=cfg.max_samples, seed=cfg.seed)}
     if exclude_run:
@@ -111,6 +113,8 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
     if not latency_profile:
         raise ValueError("--replay needs --latency-profile FILE (from `whiflash-eval profile` on this device)")
     values = values or list(DEFAULT_THRESHOLDS)
+    check_folder(Path(cfg.out), None, "--out")
+    check_output_file(output)
     result = replay_thresholds(data, latency_profile, method, values, cfg.whiflash_neural_router_path,
                                lazy=not cfg.whiflash_no_lazy_catchup)
     config = {"calibrate_method": method, "values": values, "replay": str(data), "latency_profile": latency_profile,

@@ -28,10 +28,16 @@ from whiflash.versions import package_versions
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SampleLog", "csv_text", "latex_table", "markdown_table", "prepare_run_dir", "write_manifest",
+__all__ = ["SampleLog", "check_output_file", "csv_text", "latex_table", "markdown_table", "prepare_run_dir", "write_manifest",
            "write_results"]
 
 CONFIG_FILE = "config.json"
+
+
+def check_output_file(path: str | Path | None, flag: str = "--output") -> None:
+    """Refuse, before any work, an `--output` that cannot take a file (a folder there)."""
+    if path is not None and Path(path).is_dir():
+        raise ValueError(f"{flag} {path}: is a folder; expected the path of a JSON file to write")
 
 
 def prepare_run_dir(out: str | Path, name: str, config: dict[str, Any], resume: bool = True) -> tuple[Path, bool]:

@@ -21,6 +21,7 @@ import torch
 import whiflash
 from whiflash.drafters import Commit, DFlashDrafter, Drafter, Eagle3Drafter
 from whiflash.drafters.trees import ancestor_mask
+from whiflash.folders import check_folder
 from whiflash.router import NeuralRouter
 from whiflash.routers import EntropyRouter, NeuralPolicy
 from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
@@ -28,7 +29,7 @@ from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
 from .config import BACKLOGS, ProfileConfig
 from .latency import LatencyProfile
 from .methods import model_paths
-from .outputs import device_info, prepare_run_dir, write_manifest
+from .outputs import check_output_file, device_info, prepare_run_dir, write_manifest
 from .timing import copy_bandwidth, device_ms, sync, wall_ms
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,8 @@ def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path
     backlogs = _ints(cfg.backlogs, "--backlogs")
     if cfg.context < 1 or cfg.repeats < 1:
         raise ValueError(f"--context and --repeats: expected integers >= 1, got {cfg.context} and {cfg.repeats}")
+    check_folder(Path(cfg.out), None, "--out")  # where the results go is checked before minutes of profiling
+    check_output_file(cfg.output)
     target, eagle, dflash, models = _load(cfg)
     if dflash is not None and not budgets:
         budgets = [dflash.block_size - 1]  # DDTree's default budget

@@ -82,7 +82,10 @@ def test_profile_file_round_trip_and_queries(tmp_path: Path) -> None:
         LatencyProfile.read(tmp_path / "other.json")
 
 
-def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from whiflash.folders import FolderKindError
+
     out = tmp_path / "p.json"
     assert main(["profile", "--preset", "qwen3-8b", "--random-weights", "--toy-widths", "--device", "cpu",
                  "--dtype", "float32", "--context", "40", "--repeats", "2", "--backlogs", "1,8",
@@ -102,6 +105,13 @@ def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytes
     with pytest.raises(ValueError, match="--context 50000: the target has 40960 positions"):
         main(["profile", "--preset", "qwen3-8b", "--random-weights", "--toy-widths", "--device", "cpu",
               "--context", "50000", "--repeats", "1", "--out", str(tmp_path)])
+    loaded = []
+    monkeypatch.setattr("whiflash.eval.profile._load", lambda cfg: loaded.append(cfg))  # nothing may be profiled
+    with pytest.raises(FolderKindError, match=rf"--out {run}: is a whiflash-eval run"):
+        main(["profile", "--preset", "qwen3-8b", "--random-weights", "--out", str(run)])
+    with pytest.raises(ValueError, match=rf"--output {tmp_path}: is a folder; expected the path of a JSON file"):
+        main(["profile", "--preset", "qwen3-8b", "--random-weights", "--out", str(tmp_path), "--output", str(tmp_path)])
+    assert not loaded
 
 
 # ---------------------------------------------------------------- calibrate --replay
@@ -168,6 +178,9 @@ def test_calibrate_replay_neural_and_refusals(router_data: Path, tmp_path: Path)
         assert d["sweep"]["-100.0"] == pytest.approx(d["fixed"]["slot0"])
     with pytest.raises(ValueError, match="--replay needs --latency-profile"):
         main(["calibrate", "--replay", str(router_data), "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match=rf"--output {tmp_path}: is a folder"):  # before the replay, not after
+        main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--output", str(tmp_path),
+              "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="needs --whiflash-neural-router-path"):
         main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--calibrate-method",
               "whiflash-neural", "--out", str(tmp_path)])
