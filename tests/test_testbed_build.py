@@ -148,6 +148,10 @@ def test_responses_continue_prompts_of_the_configured_split(micro: Path, tmp_pat
     assert len(rows) == 2 * len(CATEGORIES) and all(r["id"].rsplit("@", 1)[0] in held for r in rows)
     assert {s["split"] for s in stats["per_category"].values()} == {"validation"}
     assert _manifest(micro)["stages"]["responses"]["per_category"]["math"]["split"] == "train"  # micro's default
+    stats = generate_responses(micro, ResponsesConfig(prompts_per_category=1, split={"prose": "validation"},
+                                                       max_new_tokens=2, max_prompt_tokens=32), tmp_path)
+    assert {c: s["split"] for c, s in stats["per_category"].items()} == {c: "validation" if c == "prose" else "train"
+                                                                          for c in CATEGORIES}
 
 
 def test_packed_target_features_equal_one_pass_per_sequence(micro: Path, monkeypatch) -> None:

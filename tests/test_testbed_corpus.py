@@ -114,8 +114,9 @@ def test_build_refuses_an_unknown_stage_before_writing(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match=r"until='taget': expected one of corpus, tokenizer"):
         build(tmp_path / "tb", get_preset("micro"), until="taget")
-    with pytest.raises(ValueError, match=r"responses.split='test': expected 'train' or 'validation'"):
-        build(tmp_path / "tb", apply_overrides(get_preset("micro"), ["responses.split=test"]))
+    for bad in ("test", '{"prose": "test"}', '{"poetry": "validation"}'):
+        with pytest.raises(ValueError, match=r"responses.split=.*: expected 'train' or 'validation', or a mapping"):
+            build(tmp_path / "tb", apply_overrides(get_preset("micro"), [f"responses.split={bad}"]))
     assert not (tmp_path / "tb").exists()
 
 

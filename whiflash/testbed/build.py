@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from .manifest import FORMAT_VERSION, Manifest, fingerprint
-from .presets import TestbedConfig
+from .presets import CATEGORIES, TestbedConfig
 
 __all__ = ["build", "default_dir", "STAGES", "DRAFTER_TRAINING_VERSION"]
 
@@ -57,9 +57,11 @@ def build(out: str | Path, config: TestbedConfig, until: str | None = None) -> d
         raise ValueError(f"until={until!r}: expected one of {', '.join(STAGES)}")
     from .corpus import SPLITS
 
-    if config.responses.split not in SPLITS[:2]:  # checked before hours of training, not after
-        raise ValueError(f"responses.split={config.responses.split!r}: expected 'train' or 'validation' "
-                         "(the test split is held out for evaluation)")
+    split = config.responses.split  # checked before hours of training, not after
+    named = split if isinstance(split, dict) else {"every category": split}
+    if set(named) - {*CATEGORIES, "every category"} or any(s not in SPLITS[:2] for s in named.values()):
+        raise ValueError(f"responses.split={split!r}: expected 'train' or 'validation', or a mapping of categories "
+                         f"({', '.join(CATEGORIES)}) to them (the test split is held out for evaluation)")
     out = Path(out)
     threads = torch.get_num_threads()
     if config.num_threads:

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 @torch.no_grad()
 def generate_responses(root: Path, cfg: ResponsesConfig, out_dir: Path, *,
                        device: str = "cpu", seed: int = 0) -> dict:
-    """Greedy continuations of ``cfg.split`` prompts of every category -> ``responses.jsonl``."""
+    """Greedy continuations of prompts of every category (from ``cfg.split_of(category)``) -> ``responses.jsonl``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(root / "target"))
@@ -41,7 +41,7 @@ def generate_responses(root: Path, cfg: ResponsesConfig, out_dir: Path, *,
     rows: list[dict] = []
     stats: dict[str, dict[str, float]] = {}
     for cat in CATEGORIES:
-        prompts = held_out_prompts(root, cat, cfg.prompts_per_category, split=cfg.split, seed=seed)
+        prompts = held_out_prompts(root, cat, cfg.prompts_per_category, split=cfg.split_of(cat), seed=seed)
         ids = [tok(p.prompt, add_special_tokens=False)["input_ids"][-cfg.max_prompt_tokens:] for p in prompts]
         n_tokens = 0
         for i in tqdm(range(0, len(ids), cfg.batch_size), desc=f"responses {cat}", leave=False):
@@ -57,7 +57,7 @@ def generate_responses(root: Path, cfg: ResponsesConfig, out_dir: Path, *,
                     resp = resp[:resp.index(eos) + 1]  # keep the eos: drafters learn to predict it
                 rows.append({"id": prompts[i + j].id, "category": cat, "prompt_ids": x, "response_ids": resp})
                 n_tokens += len(resp)
-        stats[cat] = {"split": cfg.split, "prompts": len(ids), "response_tokens": n_tokens}
+        stats[cat] = {"split": cfg.split_of(cat), "prompts": len(ids), "response_tokens": n_tokens}
     with open(out_dir / "responses.jsonl", "w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")

@@ -110,11 +110,16 @@ class ResponsesConfig:
 
     prompts_per_category: int = 64
     """Prefixes per category to continue."""
-    split: str = "train"
-    """Corpus split the prefixes come from. A target that has seen its training text many times over
+    split: str | dict[str, str] = "train"
+    """Corpus split the prefixes come from, for every category or per category (``{"prose": "validation"}``;
+    categories not named take ``train``). A target that has seen its training text many times over
     continues those prefixes from memory, confidently, and drafters trained on that learn a regime
     held-out prompts never show; ``validation`` (text the target never trained on) is what real
     drafters are distilled on: responses to prompts the target has not memorized."""
+
+    def split_of(self, category: str) -> str:
+        """The split whose prefixes ``category`` is continued from."""
+        return self.split if isinstance(self.split, str) else self.split.get(category, "train")
     max_new_tokens: int = 96
     """Greedy continuation length (short: small targets fall into repetition loops on code)."""
     max_prompt_tokens: int = 128
