@@ -42,6 +42,13 @@ def test_stop_tokens_cut_the_output(worlds):
         assert out == cut
 
 
+def test_decoding_records_no_autograd_graph(worlds):
+    target, drafters = worlds["qwen3-mixed"].load()
+    seen = []
+    whiflash.generate(target, drafters["eagle3"], PROMPTS[1], 8, on_round=lambda r: seen.append(torch.is_grad_enabled()))
+    assert seen and not any(seen)  # the whole loop (routers, accept, bookkeeping) runs without autograd
+
+
 def test_ddtree_accepts_paths_that_are_not_slot_prefixes(worlds, monkeypatch, tmp_path):
     """With an unconfident drafter, siblings interleave with the main path, so compaction really moves K/V."""
     import whiflash.decoding.loop as gen

@@ -60,13 +60,13 @@ def _check_arguments(target: Target, max_new_tokens: int, temperature: float,
         raise ValueError(f"stop_token_ids: {bad} are not token ids of the target's vocabulary (0..{vocab - 1})")
 
 
-@torch.no_grad()
 def prompt_room(target: Target, max_new_tokens: int, max_nodes: int = 0) -> int:
     """Most prompt tokens that leave `max_new_tokens` and a round's drafted nodes (`max_nodes` per drafter, two
     drafters at most) inside the target's positions; callers keep a prompt's last this-many tokens."""
     return target.config.max_position_embeddings - max_new_tokens - 2 * max_nodes - 2
 
 
+@torch.no_grad()
 def generate(
     target: Target,
     drafter: Drafter | None,
