@@ -53,6 +53,30 @@ def test_device_builder_is_prefix_closed_and_equals_the_heap(kind, budget):
         assert (tree.tokens[:n].tolist(), tree.parents[:n].tolist(), tree.depths[:n].tolist()) == (tokens, parents, depths)
 
 
+def test_device_builder_stays_a_short_graph():
+    """The builder is replayed as one CUDA graph a DDTree round, its kernels run back to back: with a vocabulary
+    of at least the budget (no validity to track) it is ~6 kernels a depth (257 before, 2026-12-01)."""
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: collections.Counter = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    views = {"view", "unsqueeze", "select", "slice", "expand", "_unsafe_view", "alias"}
+    with Count() as count:
+        tree = tree_proposal(_logits("random", 0, depth=15, vocab=512), 32)
+    check_tree(tree)
+    kernels = sum(n for op, n in count.ops.items() if op not in views)
+    assert kernels <= 110 and count.ops["sort"] <= 2 * 14 + 1, count.ops
+
+
 def test_budget_above_the_candidates_pads_with_root_children():
     """3 depths over a 4-token vocabulary: 84 prefixes exist; a budget of 100 stays well formed."""
     top_logp, top_ids = torch.log_softmax(_logits("gap40", 0, depth=3, vocab=4), -1).topk(4, -1)

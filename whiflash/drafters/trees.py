@@ -14,7 +14,9 @@ in float64, depth by depth in the same order by both builders, so they agree bit
 Two builders give the same tree under that rule: `build_tree`, the reference heap on the host
 (upstream's best-first search), and `build_tree_device`, fixed-shape tensor ops (a per-depth beam
 of the `B` best prefixes, then the global first `B`) that stay on the GPU, so a DDTree round needs
-no host round trip of its own. Both emit nodes in rank order, so parents precede children.
+no host round trip of its own. Both emit nodes in rank order, so parents precede children. The device
+builder is replayed as one CUDA graph whose ~100 kernels run back to back (two sorts a depth, ancestors by
+pointer jumping), so its op count is its cost: `tests/test_trees.py` bounds it.
 """
 from __future__ import annotations
 
@@ -64,9 +66,12 @@ def ancestor_mask(parents: Tensor) -> Tensor:
     return vis
 
 
-def _first(score: Tensor, valid: Tensor, n: int) -> Tensor:
-    """Indices of the first `n` entries ordered by (valid first, score descending, index ascending)."""
+def _first(score: Tensor, valid: Tensor | None, n: int) -> Tensor:
+    """Indices of the first `n` entries ordered by (valid first, score descending, index ascending); `valid`
+    None: every entry is valid."""
     order = torch.sort(score, descending=True, stable=True).indices
+    if valid is None:
+        return order[:n]
     return order[torch.sort((~valid[order]).to(torch.uint8), stable=True).indices][:n]
 
 
@@ -86,33 +91,44 @@ def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int) -> Proposa
     depth_max, k = top_logp.shape
     dev = top_logp.device
     logp = top_logp.double()  # float64 sums: the same scores as the reference, bit for bit
+    # With at least `budget` tokens a depth (any real vocabulary) every beam slot holds a real prefix, so
+    # no validity is tracked: one sort a depth fewer and about half the kernels of the graph this becomes.
+    full = k >= budget
     slot = torch.arange(budget, device=dev)
-    ranks = [slot.clamp_max(k - 1)]  # depth 1: the beam is simply ranks 0 .. budget-1
-    valid = [slot < k]
-    scores = [torch.where(valid[0], logp[0, ranks[0]], float("-inf"))]
-    parent_slot = [torch.zeros(budget, dtype=torch.long, device=dev)]
+    first_ranks = slot.clamp_max(k - 1)  # depth 1: the beam is simply ranks 0 .. budget-1
+    valid = [None if full else slot < k]
+    scores = [logp[0, first_ranks] if full else torch.where(valid[0], logp[0, first_ranks], float("-inf"))]
+    picks = []
     for d in range(1, depth_max):
         cand = (scores[-1][:, None] + logp[d][None, :]).flatten()
-        ok = valid[-1][:, None].expand(budget, k).flatten()
+        ok = None if full else valid[-1][:, None].expand(budget, k).flatten()
         pick = _first(cand, ok, budget).sort().values  # back to rank-path order for the next depth
         scores.append(cand[pick])
-        valid.append(ok[pick])
-        parent_slot.append(pick // k)
-        ranks.append(pick % k)
-    chosen = _first(torch.stack(scores).flatten(), torch.stack(valid).flatten(), budget)
+        valid.append(None if full else ok[pick])
+        picks.append(pick)
+    steps = torch.stack(picks) if picks else slot.new_zeros(0, budget)
+    parent_slot = torch.cat([slot.new_zeros(1, budget), steps // k])
+    ranks = torch.cat([first_ranks[None], steps % k])
+    real_all = None if full else torch.stack(valid)
+    chosen = _first(torch.stack(scores).flatten(), None if full else real_all.flatten(), budget)
     depth0, local = chosen // budget, chosen % budget  # depth index (0-based) and beam slot
-    real = torch.stack(valid)[depth0, local]
     node_of = torch.zeros(depth_max, budget, dtype=torch.long, device=dev)
     node_of[depth0, local] = torch.arange(1, budget + 1, device=dev)
-    par = node_of[(depth0 - 1).clamp_min(0), torch.stack(parent_slot)[depth0, local]]
-    parents = torch.where(real & (depth0 > 0), par, 0)
-    depth0 = torch.where(real, depth0, 0)
-    tokens = torch.where(real, top_ids[depth0, torch.stack(ranks)[depth0, local]], top_ids[0, 0])
-    ext = torch.cat([parents.new_zeros(1), parents])
+    parents = torch.where(depth0 > 0, node_of[(depth0 - 1).clamp_min(0), parent_slot[depth0, local]], 0)
+    if not full:
+        real = real_all[depth0, local]
+        parents = torch.where(real, parents, 0)
+        depth0 = torch.where(real, depth0, 0)
+    tokens = top_ids[depth0, ranks[depth0, local]]
+    if not full:
+        tokens = torch.where(real, tokens, top_ids[0, 0])
+    # ancestors by pointer jumping: after j doublings the mask holds every ancestor closer than 2^(j+1)
+    up = torch.cat([parents.new_zeros(1), parents])  # each node's parent; the root is its own
     eye = torch.eye(budget + 1, dtype=torch.bool, device=dev)
-    mask = eye
-    for _ in range(depth_max):  # each pass adds one more generation of ancestors
-        mask = eye | mask[ext]
+    mask = eye | eye[up]
+    for _ in range(depth_max.bit_length() - 1):
+        up = up[up]
+        mask = mask | mask[up]
     return Proposal(tokens=tokens, parents=parents, depths=depth0 + 1, tree_mask=mask)
 
 
