@@ -111,3 +111,27 @@ def test_held_out_transcripts_quote_only_held_out_prose() -> None:
                 assert not found & foreign, (d.id, found & foreign)
                 quoted += len(found & by_split[split])
     assert quoted > 100
+
+
+def test_code_excerpts_come_from_the_transcripts_own_split() -> None:
+    """With `agent_code_excerpts`, thoughts end with library code of their own split (off: no code at all)."""
+    from whiflash.testbed.agentgen import _CODE_INTROS
+    from whiflash.testbed.corpus import _snippets, assign_split, collect_documents
+    from whiflash.testbed.presets import apply_overrides, get_preset
+
+    cfg = apply_overrides(get_preset("micro"), ["corpus.agent_code_excerpts=1.0"]).corpus
+    docs = list(collect_documents(cfg))
+    by_split: dict[str, set[str]] = {}
+    for d in docs:
+        if d.category == "code":
+            by_split.setdefault(assign_split(d.group, cfg), set()).update(_snippets(d.text))
+    shown = 0
+    for d in (d for d in docs if d.category == "agentic"):
+        split = assign_split(d.group, cfg)
+        for block in d.text.split("\nThought: ")[1:-1]:  # every step's thought, up to its call
+            snippet = block.split("\nCall: ")[0].split("\n", 2)[2]
+            assert snippet in by_split[split], (d.id, snippet)
+            shown += 1
+    assert shown > 1000
+    plain = [d for d in collect_documents(get_preset("micro").corpus) if d.category == "agentic"]
+    assert not any(intro in d.text for d in plain for intro in _CODE_INTROS)

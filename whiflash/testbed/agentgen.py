@@ -25,6 +25,9 @@ Background sentences come from a pool per transcript (``pool_of``): the corpus h
 the docstring sentences of its own split, so held-out transcripts quote held-out prose and stay as
 uncertain as the prose category for a target that has learned the templates around them (without a
 pool the sentences come from the tools' module documentation, a small set a deep target memorises).
+Optionally (``code_share``, off in every preset) a share of the thoughts ends with a few lines of its
+split's library code (``code_of``): held-out code stays uncertain even for a deep target and is the
+autoregressive drafter's ground (docs/testbed.md), a regime a strong target's greedy thoughts lack.
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ _THOUGHTS = (
 )
 _BACKGROUND = ("Some background first:", "From what I remember of the documentation:", "Worth keeping in mind:",
                "A related note:", "For context:", "I also recall this:")
+_CODE_INTROS = ("A similar piece of library code:", "For comparison, code that does something related:",
+                "This is how related code in the library reads:")
 _OPENERS = ("Next I need", "Now I want", "The next step is", "I still need", "Then I have to", "After that I need")
 
 
@@ -199,7 +204,8 @@ def _ask(tool: Tool, args: dict[str, Any]) -> str:
     return f"{tool.name} with " + ", ".join(f"{k}={_fmt(v)}" for k, v in args.items())
 
 
-def _thought(rng: random.Random, tool: Tool, first: bool, pool: Sequence[str]) -> str:
+def _thought(rng: random.Random, tool: Tool, first: bool, pool: Sequence[str], code: Sequence[str] = (),
+             code_share: float = 0.0) -> str:
     parts = [f"{'First I need' if first else rng.choice(_OPENERS)} {tool.name}. Its documentation says: "
              f"{tool.summary}"]
     if pool:
@@ -210,12 +216,17 @@ def _thought(rng: random.Random, tool: Tool, first: bool, pool: Sequence[str]) -
         if extra and rng.random() < 0.6:
             parts.append(f"The {module} documentation also notes: {rng.choice(extra)}")
     parts += rng.sample(_THOUGHTS, rng.randint(1, 2))
-    return " ".join(parts)
+    text = " ".join(parts)
+    if code and code_share > 0 and rng.random() < code_share:  # draws nothing when off: corpora stay the same
+        text += f"\n{rng.choice(_CODE_INTROS)}\n{rng.choice(code)}"
+    return text
 
 
-def generate_transcript(rng: random.Random, pool: Sequence[str] = ()) -> str:
+def generate_transcript(rng: random.Random, pool: Sequence[str] = (), code: Sequence[str] = (),
+                        code_share: float = 0.0) -> str:
     """One transcript: a tool list, a task, 2-4 thought/call/result steps, arithmetic, an answer; thoughts
-    quote background sentences from ``pool`` when given."""
+    quote background sentences from ``pool`` when given, and a share ``code_share`` of them end with a snippet
+    from ``code``."""
     offered = tools()
     chosen = rng.sample(offered, rng.randint(2, min(4, len(offered))))
     values = [t.make_args(rng) for t in chosen]
@@ -228,7 +239,7 @@ def generate_transcript(rng: random.Random, pool: Sequence[str] = ()) -> str:
     lines += [_fmt({"name": t.name, "parameters": t.params, "description": t.summary}) for t in listed]
     lines.append("User: Use " + ", then ".join(_ask(t, a) for t, a in zip(chosen, args)) + ". Summarise the results.")
     for i, (tool, a, res) in enumerate(zip(chosen, args, results)):
-        lines.append(f"Thought: {_thought(rng, tool, i == 0, pool)}")
+        lines.append(f"Thought: {_thought(rng, tool, i == 0, pool, code, code_share)}")
         lines.append("Call: " + _fmt({"name": tool.name, "arguments": a}))
         lines.append(f"Result: {_fmt(res)}")
     numbers = [r for r in results if isinstance(r, int) and not isinstance(r, bool)]
@@ -240,9 +251,10 @@ def generate_transcript(rng: random.Random, pool: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def generate_transcripts(n: int, seed: int, pool_of: Callable[[int], Sequence[str]] | None = None) -> Iterator[str]:
+def generate_transcripts(n: int, seed: int, pool_of: Callable[[int], Sequence[str]] | None = None,
+                         code_of: Callable[[int], Sequence[str]] | None = None, code_share: float = 0.0) -> Iterator[str]:
     """``n`` transcripts, deterministic for a seed (and an interpreter version); transcript ``i`` quotes
-    background sentences from ``pool_of(i)`` when given."""
+    background sentences from ``pool_of(i)`` and code snippets from ``code_of(i)`` when given."""
     rng = random.Random(f"agentic:{seed}")
     for i in range(n):
-        yield generate_transcript(rng, pool_of(i) if pool_of else ())
+        yield generate_transcript(rng, pool_of(i) if pool_of else (), code_of(i) if code_of else (), code_share)

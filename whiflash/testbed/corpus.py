@@ -25,6 +25,7 @@ import json
 import logging
 import platform
 import sysconfig
+import textwrap
 import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -126,11 +127,30 @@ def _background(text: str) -> list[str]:
             and not any(c in s for c in "{}[]=`")]
 
 
+def _snippets(source: str, lines: int = 6, most: int = 8) -> list[str]:
+    """Up to ``most`` snippets of a source file an agent could show: a ``def`` line and the code after it
+    (at most ``lines`` lines in all, stopping at a blank line; functions that open with a docstring are
+    skipped), dedented."""
+    rows = source.splitlines()
+    out = []
+    for i, row in enumerate(rows):
+        if row.lstrip().startswith("def ") and len(out) < most:
+            block = []
+            for line in rows[i : i + lines]:
+                if not line.strip():
+                    break
+                block.append(line)
+            if len(block) >= 3 and block[1].lstrip()[:1] not in ("'", '"'):  # code, not a docstring
+                out.append(textwrap.dedent("\n".join(block)))
+    return out
+
+
 def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[Document]:
     """All documents of the corpus in a deterministic order (before splitting)."""
     root = root or stdlib_root()
     n_files = 0
     pools: dict[str, list[str]] = {}  # split -> background sentences of its prose (agent transcripts quote them)
+    code_pools: dict[str, list[str]] = {}  # split -> snippets of its code (when cfg.agent_code_excerpts > 0)
 
     def prose(doc: Document) -> Document:
         pools.setdefault(assign_split(doc.group, cfg), []).extend(_background(doc.text))
@@ -140,6 +160,8 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[D
         n_files += 1
         group = f"stdlib/{rel}"
         yield Document(f"code:{rel}", "code", group, _clean(source))
+        if cfg.agent_code_excerpts > 0:
+            code_pools.setdefault(assign_split(group, cfg), []).extend(_snippets(_clean(source)))
         for i, doc in enumerate(_docstrings(source)):
             if len(doc) >= cfg.min_docstring_chars:
                 yield prose(Document(f"prose:{rel}:{i}", "prose", group, _clean(doc)))
@@ -152,7 +174,9 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[D
     # A transcript quotes the prose of its own split: held-out transcripts never quote training prose and
     # training transcripts never leak held-out prose.
     for i, text in enumerate(generate_transcripts(cfg.agent_transcripts, cfg.seed,
-                                                  lambda i: pools.get(assign_split(f"agentic/{i}", cfg), []))):
+                                                  lambda i: pools.get(assign_split(f"agentic/{i}", cfg), []),
+                                                  lambda i: code_pools.get(assign_split(f"agentic/{i}", cfg), []),
+                                                  cfg.agent_code_excerpts)):
         yield Document(f"agentic:{i}", "agentic", f"agentic/{i}", _clean(text))
     log.info("collected %d standard-library files from %s", n_files, root)
 

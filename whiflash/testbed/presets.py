@@ -34,6 +34,8 @@ class CorpusConfig:
     """Number of generated arithmetic word problems (all splits together)."""
     agent_transcripts: int = 8_000
     """Number of generated agent transcripts (prose + JSON tool calls; all splits together)."""
+    agent_code_excerpts: float = 0.0
+    """Share of agent thoughts that end with a few lines of their split's standard-library code (0: none)."""
     validation_fraction: float = 0.05
     """Share of document groups (source files, topics, problems) assigned to validation."""
     test_fraction: float = 0.05
