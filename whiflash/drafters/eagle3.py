@@ -155,8 +155,9 @@ class Eagle3Drafter(Drafter):
         """KV-only prefill of the backlog: K/V for every row, the full layer only for the last.
 
         Returns the last row's pre-norm output and logits (they start the next draft). Fixed
-        shapes: `catch_up_passes`, the last zero-padded; padded rows write slots past the context
-        that drafting overwrites before reading them.
+        shapes: `catch_up_passes`, K/V only but for the last, which is zero-padded and also runs its
+        last row through the layer and head; padded rows write slots past the context that drafting
+        overwrites before reading them.
         """
         commit = self.take_backlog()
         if commit is None:
@@ -170,6 +171,9 @@ class Eagle3Drafter(Drafter):
             for s in passes:
                 m = min(c, n - s)
                 slots = self._cols[start + s : start + s + c]
+                if s + c < n:  # not the last pass: only its K/V are read later, so no attention, MLP or head
+                    self.run_fixed(f"context{c}", self._context, taps[s : s + c], tokens[s : s + c], slots)
+                    continue
                 mask = (self._cols < start + s + m)[None]
                 self._last = self.run_fixed(f"catch_up{c}", self._catch_up, pad_rows(taps[s : s + c], c),
                                             pad_rows(tokens[s : s + c], c), slots, self._cols[m - 1 : m], mask)
@@ -183,6 +187,11 @@ class Eagle3Drafter(Drafter):
         else:
             self._last = self._finish(x[-1:], residual[-1:], positions[-1:], end)
         return self._last
+
+    def _context(self, taps: Tensor, tokens: Tensor, slots: Tensor) -> None:
+        """Fixed-shape K/V-only pass: the rows' K/V at `slots` (a long backlog's passes before the last)."""
+        x, _ = self._rows(self.fuse(taps), tokens)
+        self._write(x, slots, Rows(slots=slots))
 
     def _catch_up(self, taps: Tensor, tokens: Tensor, slots: Tensor, last: Tensor, mask: Tensor
                   ) -> tuple[Tensor, Tensor]:
