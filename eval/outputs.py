@@ -28,8 +28,8 @@ from whiflash.versions import package_versions
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SampleLog", "check_output_file", "csv_text", "latex_table", "markdown_table", "prepare_run_dir", "write_manifest",
-           "write_results"]
+__all__ = ["SampleLog", "check_output_file", "csv_text", "latex_table", "markdown_table", "prepare_run_dir",
+           "write_manifest", "write_results"]
 
 CONFIG_FILE = "config.json"
 

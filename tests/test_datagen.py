@@ -297,7 +297,8 @@ def test_prompts_longer_than_the_target_allows_keep_their_last_tokens(micro, tmp
     from whiflash.decoding import prompt_room
 
     prompts = tmp_path / "long.jsonl"
-    prompts.write_text(json.dumps({"id": "long", "category": "agentic", "input_ids": [7 + i % 900 for i in range(1020)]}))
+    ids = [7 + i % 900 for i in range(1020)]
+    prompts.write_text(json.dumps({"id": "long", "category": "agentic", "input_ids": ids}))
     out = datagen(out=tmp_path / "d", prompts=[str(prompts)], target=str(micro / "target"),
                   eagle3=str(micro / "eagle3"), dflash=str(micro / "dflash"), max_new_tokens=8, device="cpu")
     rows = pq.read_table(sorted(out.glob("shard-*.parquet"))[0]).to_pandas()

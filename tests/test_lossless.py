@@ -45,7 +45,8 @@ def test_stop_tokens_cut_the_output(worlds):
 def test_decoding_records_no_autograd_graph(worlds):
     target, drafters = worlds["qwen3-mixed"].load()
     seen = []
-    whiflash.generate(target, drafters["eagle3"], PROMPTS[1], 8, on_round=lambda r: seen.append(torch.is_grad_enabled()))
+    whiflash.generate(target, drafters["eagle3"], PROMPTS[1], 8,
+                      on_round=lambda r: seen.append(torch.is_grad_enabled()))
     assert seen and not any(seen)  # the whole loop (routers, accept, bookkeeping) runs without autograd
 
 

@@ -8,8 +8,8 @@ coalesced, by a grid that fills the GPU; rows of `x` (up to 16) are padded to th
 
 It is off by default (`WHIFLASH_GEMV=1` or `gemv.ENABLED = True` turns it on for the layers' products
 of at most `MAX_ROWS` rows on the GPU that do not widen their input, the shapes where it beat cuBLAS):
-`scripts/bench_gemv.py` and `scripts/profile_shapes.py` time both per weight shape. Like the decode attention kernel it is a `torch.library` custom op, and the CPU tests run
-it under Triton's interpreter.
+`scripts/bench_gemv.py` and `scripts/profile_shapes.py` time both per weight shape. Like the decode
+attention kernel it is a `torch.library` custom op, and the CPU tests run it under Triton's interpreter.
 """
 from __future__ import annotations
 

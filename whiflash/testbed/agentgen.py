@@ -252,7 +252,8 @@ def generate_transcript(rng: random.Random, pool: Sequence[str] = (), code: Sequ
 
 
 def generate_transcripts(n: int, seed: int, pool_of: Callable[[int], Sequence[str]] | None = None,
-                         code_of: Callable[[int], Sequence[str]] | None = None, code_share: float = 0.0) -> Iterator[str]:
+                         code_of: Callable[[int], Sequence[str]] | None = None,
+                         code_share: float = 0.0) -> Iterator[str]:
     """``n`` transcripts, deterministic for a seed (and an interpreter version); transcript ``i`` quotes
     background sentences from ``pool_of(i)`` and code snippets from ``code_of(i)`` when given."""
     rng = random.Random(f"agentic:{seed}")
