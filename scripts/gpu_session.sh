@@ -4,8 +4,9 @@
 #   probe   time a few optimiser steps of the preset's target (ms/step, the target stage's estimate) before
 #           spending a build on it;
 #   build   the `small` testbed (prints stage times and the per-category tau table; resumable: UNTIL=STAGE
-#           stops after a stage, so a build can be split over two device commands on one warm machine;
-#           SET="section.field=value ..." overrides preset fields);
+#           stops after a stage, so a build splits over device commands on one warm machine: UNTIL=responses
+#           (~400 s), UNTIL=dflash (~390 s), then the rest with the next steps; SET="section.field=value ..."
+#           overrides preset fields, JSON values without spaces);
 #   bench   end-to-end tokens/s and speedup of every method on it, eager and CUDA graphs side by side
 #           (adds WhiFlash-Neural when the `router` step has left a router in TESTBED_DIR/router);
 #   router  whiflash-datagen on training-split prompts + whiflash-train fit for the pair PAIR (default df-e3),
@@ -75,7 +76,7 @@ PY
       ;;
     build)
       overrides=(); for kv in ${SET:-}; do overrides+=("$kv"); done
-      timeout "${BUILD_TIMEOUT:-460}" python3 - "$TB" "$PRESET" "${UNTIL:-}" "${overrides[@]}" 2>&1 <<'PY' | tee -a "$LOG/build.log" | quiet | tail -34
+      timeout "${BUILD_TIMEOUT:-570}" python3 - "$TB" "$PRESET" "${UNTIL:-}" "${overrides[@]}" 2>&1 <<'PY' | tee -a "$LOG/build.log" | quiet | tail -34
 import sys
 from pathlib import Path
 
