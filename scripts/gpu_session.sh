@@ -85,7 +85,8 @@ from whiflash.testbed.__main__ import build
 # the function behind `python -m whiflash.testbed build`
 build(sys.argv[2], Path(sys.argv[1]), until=sys.argv[3] or None, set=sys.argv[4:])
 PY
-      cp "$TB/manifest.json" "$LOG/${PRESET}_manifest.json" 2>/dev/null ;;
+      cp "$TB/manifest.json" "$LOG/${PRESET}_manifest.json" 2>/dev/null
+      cp -r "$TB/tokenizer" "$LOG/${PRESET}_tokenizer" 2>/dev/null ;;  # to read the eval's token ids back here
     router)
       timeout 300 python3 - "$TB" "$PAIR" "$ROUTER" 2>&1 <<'PY' | tee "$LOG/router_$PAIR.log" | quiet | tail -30
 import shutil
