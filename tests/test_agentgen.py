@@ -89,6 +89,17 @@ def test_thoughts_quote_their_own_pool() -> None:
         assert f"{own} sentence" in text and f"{other} sentence" not in text
 
 
+def _by_split(docs: list, cfg, category: str, pieces) -> dict[str, set[str]]:
+    """What agent transcripts of each split may quote: `pieces(text)` of that split's `category` documents."""
+    from whiflash.testbed.corpus import assign_split
+
+    out: dict[str, set[str]] = {}
+    for d in docs:
+        if d.category == category:
+            out.setdefault(assign_split(d.group, cfg), set()).update(pieces(d.text))
+    return out
+
+
 def test_held_out_transcripts_quote_only_held_out_prose() -> None:
     """A transcript quotes prose of its own split: none leaks held-out docstrings into training or back."""
     from whiflash.testbed.agentgen import sentences
@@ -97,10 +108,7 @@ def test_held_out_transcripts_quote_only_held_out_prose() -> None:
 
     cfg = get_preset("micro").corpus
     docs = list(collect_documents(cfg))
-    by_split: dict[str, set[str]] = {}
-    for d in docs:
-        if d.category == "prose":
-            by_split.setdefault(assign_split(d.group, cfg), set()).update(_background(d.text))
+    by_split = _by_split(docs, cfg, "prose", _background)
     quoted = 0
     for d in (d for d in docs if d.category == "agentic"):
         split = assign_split(d.group, cfg)
@@ -121,10 +129,7 @@ def test_code_excerpts_come_from_the_transcripts_own_split() -> None:
 
     cfg = apply_overrides(get_preset("micro"), ["corpus.agent_code_excerpts=1.0"]).corpus
     docs = list(collect_documents(cfg))
-    by_split: dict[str, set[str]] = {}
-    for d in docs:
-        if d.category == "code":
-            by_split.setdefault(assign_split(d.group, cfg), set()).update(_snippets(d.text))
+    by_split = _by_split(docs, cfg, "code", _snippets)
     shown = 0
     for d in (d for d in docs if d.category == "agentic"):
         split = assign_split(d.group, cfg)

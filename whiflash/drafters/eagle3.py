@@ -169,11 +169,11 @@ class Eagle3Drafter(Drafter):
         if self.fixed_shapes and not self.full_prefill:
             c, passes = self.catch_up_passes(n)
             for s in passes:
-                m = min(c, n - s)
                 slots = self._cols[start + s : start + s + c]
                 if s + c < n:  # not the last pass: only its K/V are read later, so no attention, MLP or head
                     self.run_fixed(f"context{c}", self._context, taps[s : s + c], tokens[s : s + c], slots)
                     continue
+                m = n - s  # rows of the last pass; the rest of its `c` is padding
                 mask = (self._cols < start + s + m)[None]
                 self._last = self.run_fixed(f"catch_up{c}", self._catch_up, pad_rows(taps[s : s + c], c),
                                             pad_rows(tokens[s : s + c], c), slots, self._cols[m - 1 : m], mask)
@@ -188,17 +188,18 @@ class Eagle3Drafter(Drafter):
             self._last = self._finish(x[-1:], residual[-1:], positions[-1:], end)
         return self._last
 
-    def _context(self, taps: Tensor, tokens: Tensor, slots: Tensor) -> None:
-        """Fixed-shape K/V-only pass: the rows' K/V at `slots` (a long backlog's passes before the last)."""
-        x, _ = self._rows(self.fuse(taps), tokens)
+    def _context(self, taps: Tensor, tokens: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """Fixed-shape K/V-only pass: the rows' K/V at `slots` (a long backlog's passes before the last);
+        returns the rows' attention input and residual."""
+        x, residual = self._rows(self.fuse(taps), tokens)
         self._write(x, slots, Rows(slots=slots))
+        return x, residual
 
     def _catch_up(self, taps: Tensor, tokens: Tensor, slots: Tensor, last: Tensor, mask: Tensor
                   ) -> tuple[Tensor, Tensor]:
         """Fixed-shape catch-up pass: K/V of every row at `slots`, then row `last` ([1] index) through
         attention (keys under `mask [1, L]`), MLP and head."""
-        x, residual = self._rows(self.fuse(taps), tokens)
-        self._write(x, slots, Rows(slots=slots))
+        x, residual = self._context(taps, tokens, slots)
         return self._finish(x[last], residual[last], slots[last], None, mask)
 
     def _step(self, h: Tensor, token: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
