@@ -20,6 +20,7 @@
 #   tests   the CUDA tests (lossless in fp32 / near-ties in bf16, graphs == eager, transformers parity);
 #   profile real-shape latency (scripts/profile_shapes.py; PROFILE_MODELS, default Qwen3-8B, Qwen3-4B and
 #           Llama-3.1-8B, 3.5 min; `qwen3-8b,TESTBED_DIR` puts the testbed's cost ratios beside Qwen3-8B's;
+#           PROFILE_FLAGS adds the script's flags, e.g. --no-diagnostics (ratios only, ~1 min a model);
 #           --smoke at toy widths when there is no GPU).
 # Usage: scripts/gpu_session.sh LOG_DIR TESTBED_DIR [STEP...]   (default steps: build bench tests)
 # With a built testbed, `bench profile` is the whole of docs/engine.md's H200 figures in under 7 minutes.
@@ -134,7 +135,7 @@ PY
     profile)
       smoke=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || smoke=(--smoke --ctx 64)
       models=(); [ -n "${PROFILE_MODELS:-}" ] && models=(--models "$PROFILE_MODELS")
-      timeout "${PROFILE_TIMEOUT:-300}" python3 scripts/profile_shapes.py "${smoke[@]}" "${models[@]}" --json "$LOG/profile.json" 2>&1 \
+      timeout "${PROFILE_TIMEOUT:-300}" python3 scripts/profile_shapes.py "${smoke[@]}" "${models[@]}" ${PROFILE_FLAGS:-} --json "$LOG/profile.json" 2>&1 \
         | tee "$LOG/profile.log" | quiet | tail -40 ;;
     *) echo "unknown step $step (probe, build, router, bench, eval, compare, tests, profile)"; exit 2 ;;
   esac
