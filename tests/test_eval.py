@@ -203,6 +203,25 @@ def test_resume_skips_done_rows(micro: Path, tmp_path: Path, monkeypatch: pytest
 # ---------------------------------------------------------------- datasets
 
 
+def test_warm_up_reaches_members_only_routed_methods_use(micro: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A routed method may route its whole warm-up to one member; the other is warmed up alone, so no
+    CUDA graph of it is captured inside a timed sample (DDTree + EAGLE-3 without a standalone EAGLE-3)."""
+    calls: list[str] = []
+    real = whiflash.generate
+
+    def spy(target, drafter, ids, max_new_tokens, **kw):
+        calls.append("ar" if drafter is None else "routed" if hasattr(drafter, "members") else drafter.kind)
+        return real(target, drafter, ids, max_new_tokens, **kw)
+
+    monkeypatch.setattr(whiflash, "generate", spy)
+    args = ["--testbed", str(micro), "--max-samples", "1", "--methods", "ar,ddtree,whiflash-entropy",
+            "--whiflash-drafters", "ddt-e3", "--name", "w", "--no-plots"]
+    assert _bench(tmp_path, *args) == 0
+    assert len(calls) == 4 + 3  # warm-ups, then one timed decode per method
+    assert sorted(calls[:4]) == ["ar", "ddtree", "eagle3", "routed"]  # DDTree once: its standalone method does
+
+
 def _write(path: Path, records: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
