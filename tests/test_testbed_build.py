@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
 from whiflash.testbed.build import STAGES, build
@@ -200,6 +201,13 @@ def test_cli_build_reuses_and_prints_summary(micro: Path, capsys) -> None:
     main(["build", "--preset", "micro", "--out", str(micro), "--quiet", "true"])
     text = capsys.readouterr().out
     assert "reused" in text and "math" in text and "built" not in text
+    steps = get_preset("micro").target.max_steps
+    for sets in (["--set", f"target.max_steps={steps}"],  # one override: plain --set (was a parser error)
+                 ["--set+", f"target.max_steps={steps}", "--set+", "corpus.seed=0"]):
+        main(["build", "--preset", "micro", "--out", str(micro), "--quiet", "true", *sets])
+        assert "built" not in capsys.readouterr().out  # the preset's own values: every stage reused
+    with pytest.raises(Exception, match="target.max_stepz"):
+        main(["build", "--preset", "micro", "--out", str(micro), "--quiet", "true", "--set", "target.max_stepz=1"])
 
 
 def test_steps_alone_bound_training(micro: Path) -> None:

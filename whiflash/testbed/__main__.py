@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 
-def build(preset: str = "tiny", out: Path | None = None, set: list[str] | None = None, device: str | None = None,
+def build(preset: str = "tiny", out: Path | None = None, set: list[str] | str | None = None, device: str | None = None,
           until: str | None = None, quiet: bool = False) -> None:
     """Build (or resume) a testbed and print a summary table.
 
@@ -16,7 +16,8 @@ def build(preset: str = "tiny", out: Path | None = None, set: list[str] | None =
         out: Output folder (re-running with the same folder reuses finished stages); default
             ``$WHIFLASH_TESTBED_DIR/<preset>`` or ``~/.cache/whiflash/testbed/<preset>``.
         preset: ``micro`` (tests), ``tiny`` (CPU demo), ``small`` (one GPU).
-        set: Overrides ``section.field=value``, e.g. ``target.max_steps=50``.
+        set: Overrides ``section.field=value``, e.g. ``target.max_steps=50``: one with ``--set``, several
+            with ``--set+`` each.
         device: Override the preset's device (``cpu`` / ``cuda``).
         until: Stop after this stage (corpus, tokenizer, tokens, target, responses, eagle3, dflash, acceptance).
         quiet: Log warnings only.
@@ -28,7 +29,7 @@ def build(preset: str = "tiny", out: Path | None = None, set: list[str] | None =
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("lightning").setLevel(logging.WARNING)  # its own handler already prints; no duplicates
-    config = apply_overrides(get_preset(preset), list(set or []))
+    config = apply_overrides(get_preset(preset), [set] if isinstance(set, str) else list(set or []))
     if device:
         config.device = device
     manifest = run_build(out or default_dir(preset), config, until=until)

@@ -269,7 +269,7 @@ def _small() -> TestbedConfig:
     # drafters' 5 layers and block 16 (taps [1, 9, 17, 25, 33]), EAGLE-3 one layer drafting 7 steps
     # (taps [1, 17, 32]). At batch 1 a decode step is launch/latency-bound, so the cost ratios
     # (verify / AR step, drafter round / AR step) follow depth, not width (scripts/profile_shapes.py).
-    # Stage time ~14 minutes (822 s measured, 2026-12-01); the build resumes per stage, so it splits over
+    # Stage time ~14 minutes (864 s measured, 2026-12-01); the build resumes per stage, so it splits over
     # device commands.
     # The target sees the standard library's ~0.5M tokens of prose ~10 times and continues training-split
     # docstrings from memory; drafters trained on those continuations reached tau 1.6 on held-out prose
