@@ -112,7 +112,7 @@ def test_fixed_shape_decoding_with_the_kernel_equals_the_eager_path(tmp_path) ->
 
 @needs_triton
 def test_gemv_kernel_matches_linear_and_decodes_alike(tmp_path) -> None:
-    """The opt-in GEMV kernel: products of 1-16 rows (bias or not, widths not multiples of its blocks)
+    """The GEMV kernel: products of 1-16 rows (bias or not, widths not multiples of its blocks)
     against float64, then whole fixed-shape decodes with it on against eager decodes with it off."""
     out = _interpreted(f"""
         import json

@@ -63,7 +63,7 @@ def test_cuda_bf16_diverges_only_at_near_ties(worlds, world, record_property):
 @pytest.fixture(params=["decode-kernel", "sdpa", "compiled", "compiled+gemv"])
 def engine(request):
     """The fixed-shape passes' options: the decode attention kernel (the default), SDPA, the kernel with
-    torch.compile'd layer stages, and those with the opt-in GEMV kernel."""
+    torch.compile'd layer stages, and those with the GEMV kernel (on by default)."""
     before = decode_attention.ENABLED, gemv.ENABLED
     decode_attention.ENABLED = request.param != "sdpa"
     layers.compile_fixed_passes(request.param.startswith("compiled"))

@@ -195,6 +195,19 @@ def test_changed_stage_config_rebuilds_only_downstream(micro: Path) -> None:
         build(micro, get_preset("micro"))  # restore the session's drafter for any later test
 
 
+def test_cpu_thread_count_is_part_of_the_training_fingerprints(micro: Path, tmp_path: Path) -> None:
+    """Threads set the order of CPU float reductions, so a build with other threads retrains, not reuses."""
+    import shutil
+
+    copy = tmp_path / "tb"
+    shutil.copytree(micro, copy)
+    cfg = get_preset("micro")
+    cfg.num_threads = 2
+    m = build(copy, cfg, until="target")
+    actions = {e["stage"]: e["action"] for e in m["log"][-4:]}
+    assert actions == {"corpus": "reused", "tokenizer": "reused", "tokens": "reused", "target": "built"}
+
+
 def test_cli_build_reuses_and_prints_summary(micro: Path, capsys) -> None:
     from whiflash.testbed.__main__ import main
 

@@ -80,6 +80,9 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
     # Each stage's fingerprint = its config + the output hashes of what it reads (see manifest.py).
     sha: dict[str, str] = {}
     dev = {"device": config.device, "precision": config.precision}
+    # On the CPU the thread count sets the order of float reductions, so what a training stage writes
+    # depends on it: part of those stages' fingerprints (GPU builds' fingerprints are unchanged).
+    cpu = (f"threads={torch.get_num_threads()}",) if config.device == "cpu" else ()
 
     def run(name: str, parts: tuple, fn) -> dict[str, Any] | None:
         if STAGES.index(name) > last:
@@ -116,7 +119,7 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
         figures["test"] = evaluate_target(model, out / "tokens", config.target.seq_len, config.target.eval_windows)
         return figures
 
-    if run("target", (config.target, dev, sha.get("tokens"), sha["tokenizer"]), _target) is None:
+    if run("target", (config.target, dev, *cpu, sha.get("tokens"), sha["tokenizer"]), _target) is None:
         return _finish(man, t_start)
 
     from whiflash.runtime.model import TAP_CONVENTION
@@ -131,9 +134,9 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
                                         seed=config.corpus.seed)) is None:
         return _finish(man, t_start)
     drafter_code = (TAP_CONVENTION, DRAFTER_TRAINING_VERSION)
-    run("eagle3", (config.eagle3, dev, sha["responses"], sha["target"], *drafter_code),
+    run("eagle3", (config.eagle3, dev, *cpu, sha["responses"], sha["target"], *drafter_code),
         lambda d: train_eagle3(out, config.eagle3, d, seed=seed, **dev))
-    run("dflash", (config.dflash, dev, sha["responses"], sha["target"], *drafter_code),
+    run("dflash", (config.dflash, dev, *cpu, sha["responses"], sha["target"], *drafter_code),
         lambda d: train_dflash(out, config.dflash, d, seed=seed, **dev))
 
     from .acceptance import measure_acceptance

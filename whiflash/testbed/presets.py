@@ -1,7 +1,7 @@
 """Testbed build configurations: one dataclass per stage and the named presets.
 
 ``micro`` is for the test suite (tens of seconds on a 2-core CPU), ``tiny`` is the CPU
-default used by the demo (~7 minutes on 2 idle cores), ``small`` is sized for one H200
+default used by the demo (~5 minutes on 2 idle cores), ``small`` is sized for one H200
 (bf16 autocast, ~14 minutes of stages, a target of Qwen3-8B's depth). Step counts alone bound
 training; ``max_minutes`` only stops a build that runs too long, with a message. Stage
 fingerprints are computed from these dataclasses, so changing a field rebuilds exactly the stages
@@ -244,15 +244,16 @@ def _micro() -> TestbedConfig:
 
 
 def _tiny() -> TestbedConfig:
-    # ~3.3 minutes of target training on 2 idle CPU cores (bf16 autocast halves the step time there);
+    # ~2 minutes of target training on 2 idle CPU cores (bf16 autocast halves the step time there);
     # math templates are learned to low entropy, code and prose stay uncertain. Steps alone bound
-    # every stage (no time caps), so two builds give the same testbed on any load. The build takes
-    # ~6.6 minutes of stages; 340/100/140 steps fit 5 minutes but left a target too weak for the world
-    # to mean anything (math loss 1.46, DFlash's math advantage gone; 2026-11-30).
+    # every stage (no time caps), so two builds give the same testbed on any load. Two threads: ~4.6
+    # minutes of stages against 6.2 with one (2026-12-01); 340/100/140 steps with one thread fit 5
+    # minutes but left a target too weak for the world to mean anything (math loss 1.46, 2026-11-30).
+    # On a machine whose cores are busy with other work, --set num_threads=1 (two threads thrash there).
     return TestbedConfig(
         name="tiny",
         precision="bf16-mixed",
-        num_threads=1,
+        num_threads=2,
         corpus=CorpusConfig(agent_transcripts=6_000),
         tokenizer=TokenizerConfig(vocab_size=2048),
         target=TargetConfig(batch_size=8, max_steps=480, val_every=240),
@@ -277,9 +278,9 @@ def _small() -> TestbedConfig:
     # from the target's continuations of those for prose and agentic. Code and math keep the training
     # split: validation has too few source files for 1536 code prompts (702; code tau fell 2.93 -> 2.38),
     # and a deep target does not recite code or generated problems the way it recites docstrings.
-    # Half the agent thoughts end with a few lines of library code: the one regime where this target
-    # stays uncertain and EAGLE-3 leads, inside transcripts whose templated spans DFlash drafts whole
-    # (agentic oracle headroom was x1.02 without them).
+    # Half the agent thoughts end with a few lines of library code, the regime where this target stays
+    # uncertain, inside transcripts whose templated spans DFlash drafts whole: agentic oracle headroom
+    # x1.02 without them, x1.09 / x1.19 with them on two samples of 10 prompts (2026-12-01).
     return TestbedConfig(
         name="small",
         device="cuda",
