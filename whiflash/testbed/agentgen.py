@@ -25,9 +25,9 @@ Background sentences come from a pool per transcript (``pool_of``): the corpus h
 the docstring sentences of its own split, so held-out transcripts quote held-out prose and stay as
 uncertain as the prose category for a target that has learned the templates around them (without a
 pool the sentences come from the tools' module documentation, a small set a deep target memorises).
-Optionally (``code_share``, off in every preset) a share of the thoughts ends with a few lines of its
-split's library code (``code_of``): held-out code stays uncertain even for a deep target and is the
-autoregressive drafter's ground (docs/testbed.md), a regime a strong target's greedy thoughts lack.
+Optionally (``code_share``: half the thoughts in ``small``, none in the other presets) a thought ends
+with a few lines of its split's library code (``code_of``): held-out code stays uncertain even for a
+deep target, a regime a strong target's greedy thoughts otherwise lack (docs/testbed.md).
 """
 
 from __future__ import annotations

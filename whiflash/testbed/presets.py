@@ -118,16 +118,16 @@ class ResponsesConfig:
     continues those prefixes from memory, confidently, and drafters trained on that learn a regime
     held-out prompts never show; ``validation`` (text the target never trained on) is what real
     drafters are distilled on: responses to prompts the target has not memorized."""
-
-    def split_of(self, category: str) -> str:
-        """The split whose prefixes ``category`` is continued from."""
-        return self.split if isinstance(self.split, str) else self.split.get(category, "train")
     max_new_tokens: int = 96
     """Greedy continuation length (short: small targets fall into repetition loops on code)."""
     max_prompt_tokens: int = 128
     """Prefixes are cut to at most this many tokens."""
     batch_size: int = 16
     """Sequences generated at once."""
+
+    def split_of(self, category: str) -> str:
+        """The split whose prefixes ``category`` is continued from."""
+        return self.split if isinstance(self.split, str) else self.split.get(category, "train")
 
 
 @dataclass
