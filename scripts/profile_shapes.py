@@ -34,7 +34,8 @@ import torch
 
 import whiflash
 from whiflash.eval.latency import LatencyProfile
-from whiflash.eval.profile import _tree, floor_ms, profile_models
+from whiflash.drafters.base import Commit
+from whiflash.eval.profile import _catch_up, _tree, floor_ms, profile_models
 from whiflash.eval.shapes import random_drafter, random_models, shape_config
 from whiflash.eval.timing import copy_bandwidth, device_ms, wall_ms
 from whiflash.drafters.trees import ancestor_mask
@@ -99,6 +100,7 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool, rounds: bool = F
         res["attention"] = attention_table(target, ctx, bw)
     if anchor:
         res["gemv"] = gemv_table(target, bw)
+        res["catchup_kernels"] = catchup_kernels(target, eagle, dflash, ctx)
         graphs_on(dflash)
         res["dflash_round_wall_ms"] = wall(lambda: dflash.draft(ids[:1], ctx))
         res.update(hf_anchor(shape_config(name, "target", _smoke), shape_config(name, "dflash", _smoke), ctx))
@@ -115,6 +117,8 @@ VARIANTS = {"sdpa": (False, False, False), "decode-kernel": (True, False, False)
             "decode-kernel+compile": (True, True, False), "decode-kernel+compile+gemv": (True, True, True)}
 """Engine options compared side by side: (decode attention kernel, torch.compile'd layer stages, the
 GEMV kernel for the layers' products)."""
+BEST = "decode-kernel+compile+gemv"
+"""The variant with every option on: the AR step the summary holds against the floor."""
 
 
 def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str, dict[str, Any]]:
@@ -145,6 +149,9 @@ def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str
                 row["setup_s"] = time.perf_counter() - t0
                 for key, fn in passes.items():
                     row[f"{key}_ms"] = gpu_ms(fn)
+                # one step from an idle GPU, call to result: what a round pays on top of the GPU time for
+                # launching the graph (its CPU launch cost grows with the kernel count)
+                row["ar_idle_wall_ms"] = wall(passes["ar"])
                 graphs_on(target, enabled=False)
                 target.static = True
                 k = kernel_table(passes["ar"])
@@ -194,6 +201,7 @@ def attention_table(target: Target, ctx: int, bw: float) -> dict[str, dict[str, 
                    "kv_read_us": 1e6 * kv_bytes / bw}
             decode_attention.ENABLED = default[0]
             if decode_attention.usable(q, k, mask):
+                row["kernel_us"] = graph_us(lambda: decode_attention.masked_attention(q, k, v, mask))  # its default
                 for splits in (8, 16, 32, 64):
                     decode_attention.MAX_SPLITS = splits
                     row[f"kernel_{splits}_us"] = graph_us(lambda: decode_attention.masked_attention(q, k, v, mask))
@@ -301,6 +309,24 @@ def kernel_table(fn: Callable[[], Any], top: int = 12) -> dict[str, Any] | None:
             "top": [(e.key[:70], e.count, e.self_device_time_total / 1e3) for e in rows[:top]]}
 
 
+def catchup_kernels(target: Target, eagle, dflash, ctx: int) -> dict[str, Any]:
+    """Kernels of one catch-up as the engine runs it (graph replays and their input copies) per drafter
+    at backlogs 4 and 64: what the catch-up rows of the summary spend their time on."""
+    taps = tuple(sorted({*eagle.tap_layers, *dflash.tap_layers}))
+    out: dict[str, Any] = {}
+    for kind, d in (("eagle3", eagle), ("dflash", dflash)):
+        graphs_on(target, d)
+        d.reset(target, target.max_len)
+        for n in (4, 64):
+            feats = torch.randn(n, len(taps), target.config.hidden_size, device=DEV, dtype=DTYPE)
+            backlog = Commit(feats, torch.randint(0, 1000, (n,), device=DEV), ctx - n, taps)
+            call = lambda: _catch_up(d, backlog)  # noqa: E731
+            call()  # captures the graphs
+            out[f"{kind}@{n}"] = kernel_table(call)
+    graphs_on(target, eagle, dflash, enabled=False)
+    return out
+
+
 def full_loop(target: Target, eagle, dflash, ddtree, ctx: int) -> dict[str, dict[str, float]]:
     """Whole rounds (random weights: tau ~ 1, every component still runs), graph vs eager.
 
@@ -392,11 +418,12 @@ def summary_table(results: list[dict[str, Any]]) -> str:
         ("AR step, SDPA", variant("sdpa")),
         ("AR step, decode kernel", variant("decode-kernel")),
         ("AR step, + compiled stages", variant("decode-kernel+compile")),
+        ("AR step, + GEMV kernel", variant(BEST)),
         ("verify 16 / AR, defaults", lambda r: f"{get(r, 'profile', 'ms', 'verify', '16') / r['ar_graph_gpu_ms']:.2f}"),
-        ("verify 16 / AR, compiled", lambda r: f"{get(r, 'variants', 'decode-kernel+compile', 'verify16_ms') / get(r, 'variants', 'decode-kernel+compile', 'ar_ms'):.2f}"),
-        ("attention 1 row, us: SDPA / kernel", lambda r: f"{get(r, 'attention', '1', 'sdpa_us'):.1f} / {get(r, 'attention', '1', 'kernel_16_us'):.1f}"),
-        ("kernels per AR step: SDPA / compiled",
-         lambda r: f"{get(r, 'variants', 'sdpa', 'ar_kernels') or '-'} / {get(r, 'variants', 'decode-kernel+compile', 'ar_kernels') or '-'}"),
+        ("verify 16 / AR, compiled + GEMV", lambda r: f"{get(r, 'variants', BEST, 'verify16_ms') / get(r, 'variants', BEST, 'ar_ms'):.2f}"),
+        ("attention 1 row, us: SDPA / kernel", lambda r: f"{get(r, 'attention', '1', 'sdpa_us'):.1f} / {get(r, 'attention', '1', 'kernel_us'):.1f}"),
+        ("kernels per step: SDPA / all options",
+         lambda r: f"{get(r, 'variants', 'sdpa', 'ar_kernels') or '-'} / {get(r, 'variants', BEST, 'ar_kernels') or '-'}"),
         ("round outside GPU kernels", outside),
         ("EAGLE-3 step / target layer", eagle_step),
         ("catch-up / round, EAGLE-3 n<=16", catchup("eagle3", True)),
@@ -414,20 +441,23 @@ def summary_table(results: list[dict[str, Any]]) -> str:
 def print_options(results: list[dict[str, Any]], ctx: int) -> None:
     """The engine-option tables: variants and attention per model, weight products of the first."""
     for r in (r for r in results if "variants" in r):
-        print(f"\n{r['model']} engine options, graph replays (GPU ms; floor {r['floor_ms']:.3f}):")
-        print(f"  {'variant':<28}{'AR step':>9}{'x floor':>8}{'verify16':>9}{'/AR':>6}{'tree33':>8}{'kernels':>8}{'setup s':>8}")
+        print(f"\n{r['model']} engine options, graph replays (GPU ms; floor {r['floor_ms']:.3f}; AR idle: wall ms of "
+              "one step from an idle GPU):")
+        print(f"  {'variant':<28}{'AR step':>9}{'x floor':>8}{'verify16':>9}{'/AR':>6}{'tree33':>8}{'kernels':>8}{'setup s':>8}"
+              f"{'AR idle':>9}")
         for name, row in r["variants"].items():
             if "error" in row:
                 print(f"  {name:<28}failed: {row['error']}")
                 continue
             print(f"  {name:<28}{row['ar_ms']:>9.3f}{row['ar_ms'] / r['floor_ms']:>8.2f}{row['verify16_ms']:>9.3f}"
                   f"{row['verify16_ms'] / row['ar_ms']:>6.2f}{row['tree33_ms']:>8.3f}{row['ar_kernels'] or '-':>8}"
-                  f"{row['setup_s']:>8.1f}")
+                  f"{row['setup_s']:>8.1f}{row.get('ar_idle_wall_ms', float('nan')):>9.3f}")
         print(f"\n{r['model']} attention, one layer, context {ctx} (GPU us, graph replays): rows -> SDPA; "
-              "decode kernel with at most 8 / 16 / 32 / 64 key splits; live K/V read at copy bandwidth")
+              "decode kernel as set; with at most 8 / 16 / 32 / 64 key splits; live K/V read at copy bandwidth")
         for t, row in r["attention"].items():
             kern = " / ".join(f"{row.get(f'kernel_{n}_us', float('nan')):6.1f}" for n in (8, 16, 32, 64))
-            print(f"  {t:>3}: {row['sdpa_us']:7.1f};  {kern};  {row['kv_read_us']:6.1f}")
+            print(f"  {t:>3}: {row['sdpa_us']:7.1f};  {row.get('kernel_us', float('nan')):6.1f};  {kern};  "
+                  f"{row['kv_read_us']:6.1f}")
     a = results[0]
     if "gemv" in a:
         print(f"\n{a['model']} weight products (GPU us, share of copy bandwidth): cuBLAS; GEMV kernel")
@@ -493,6 +523,18 @@ def main() -> None:
               "of kernel time; by name: launches, ms")
         for name, count, ms in k["top"]:
             print(f"  {count:>5} {ms:8.3f}  {name}")
+    for name, row in a.get("variants", {}).items():
+        if row.get("ar_kernel_top"):
+            print(f"\n{a['model']} AR step kernels, {name} (fixed-shape pass, eager): {row['ar_kernels']} launches; "
+                  "top names: launches, ms")
+            for kname, count, ms in row["ar_kernel_top"]:
+                print(f"  {count:>5} {ms:8.3f}  {kname}")
+    for key, k in (a.get("catchup_kernels") or {}).items():
+        if k:
+            print(f"\n{a['model']} catch-up {key} kernels (graph replay + input copies): {k['kernels']} launches, "
+                  f"{k['gpu_ms']:.3f} ms of kernel time; top names: launches, ms")
+            for kname, count, ms in k["top"]:
+                print(f"  {count:>5} {ms:8.3f}  {kname}")
     print("\ncatch-up (KV-only prefill, fixed-shape passes) by backlog n, GPU ms and share of that drafter's round "
           "(its draft + verify GPU time): model: n -> eagle3 / dflash")
     for r in results:

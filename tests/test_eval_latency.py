@@ -217,7 +217,8 @@ def test_profile_summary_reads_each_figure_from_its_table() -> None:
     spec.loader.exec_module(script)
     variant = {"ar_ms": 6.0, "verify16_ms": 6.6, "ar_kernels": 600}
     result = {"model": "m", "layers": 4, "floor_ms": 3.0, "ar_graph_gpu_ms": 8.0,
-              "variants": {"sdpa": variant, "decode-kernel": variant, "decode-kernel+compile": variant},
+              "variants": {"sdpa": variant, "decode-kernel": variant, "decode-kernel+compile": variant,
+                           "decode-kernel+compile+gemv": dict(variant, ar_ms=4.5, ar_kernels=400)},
               "loop": {"ar": {"outside_kernels": 0.1, "graph_round_ms": 8.0}, "eagle3": {"outside_kernels": 0.2}},
               "profile": {"widths": {"eagle3": 5},
                           "ms": {"ar_step": 8.0, "verify": {"16": 8.8}, "draft": {"eagle3": 4.0},
@@ -226,7 +227,8 @@ def test_profile_summary_reads_each_figure_from_its_table() -> None:
     table = script.summary_table([result])
     lines = {line[:38].strip(): line[38:].strip() for line in table.splitlines()[2:]}
     assert lines["AR step, defaults, ms (x floor)"] == "8.00 = 2.67x"
-    assert lines["verify 16 / AR, defaults"] == "1.10" and lines["verify 16 / AR, compiled"] == "1.10"
+    assert lines["verify 16 / AR, defaults"] == "1.10" and lines["verify 16 / AR, compiled + GEMV"] == "1.47"
+    assert lines["AR step, + GEMV kernel"] == "4.50 = 1.50x" and lines["kernels per step: SDPA / all options"] == "600 / 400"
     assert lines["round outside GPU kernels"] == "10.0%-20.0%"
     assert lines["EAGLE-3 step / target layer"] == "0.50"  # 4 ms / 4 steps against 8 ms / 4 layers
     assert lines["catch-up / round, EAGLE-3 n=64"] == "10.0%" and lines["catch-up / round, DFlash n<=16"] == "3.0%"

@@ -78,6 +78,7 @@ class Drafter(nn.Module, FixedShapePasses):
         self._target: tuple[Any, ...] = ()  # a tuple, so nn.Module does not adopt the target as a submodule
         self.kv_len = 0  # committed positions whose K/V this drafter holds
         self.static, self.graphs = False, None  # fixed-shape drafting passes (implied by CUDA graphs)
+        self._tap_index: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
 
     @property
     def target(self) -> Any:
@@ -128,8 +129,14 @@ class Drafter(nn.Module, FixedShapePasses):
 
     def select_taps(self, commit: Commit) -> Tensor:
         """`[n, len(self.tap_layers) * H]`: this drafter's layers, concatenated low to high as in training."""
-        index = [commit.taps.index(layer) for layer in self.tap_layers]
-        return commit.feats[:, index].flatten(1)
+        index = tuple(commit.taps.index(layer) for layer in self.tap_layers)
+        if index == tuple(range(index[0], index[0] + len(index))):  # a run of the committed taps: a view
+            return commit.feats[:, index[0] : index[0] + len(index)].flatten(1)
+        # a device index made once: indexing with a Python list copies it to the device on every call
+        key = (index, commit.feats.device)
+        if key not in self._tap_index:
+            self._tap_index[key] = torch.tensor(index, device=commit.feats.device)
+        return commit.feats.index_select(1, self._tap_index[key]).flatten(1)
 
     @property
     def catch_up_rows(self) -> int:

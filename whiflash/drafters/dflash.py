@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from whiflash.drafters.base import Drafter, Proposal, pad_rows
 from whiflash.drafters.trees import tree_proposal
+from whiflash.runtime import gemv
 from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import rope_from_config
 from whiflash.runtime.layers import DecoderLayer, RMSNorm, Rotary
@@ -120,7 +121,7 @@ class DFlashDrafter(Drafter):
 
     def _context(self, taps: Tensor, positions: Tensor, rows: Rows) -> None:
         """K/V of context rows (`hidden_norm(fc(taps))` through each layer's projections) at `rows`."""
-        ctx = self.hidden_norm(self.fc(taps))
+        ctx = self.hidden_norm(gemv.linear(taps, self.fc))
         for i, layer in enumerate(self.layers):
             self.cache.write(i, *layer.self_attn.kv(ctx, self.rope, positions), rows)
 

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from whiflash.drafters.base import Drafter, Proposal, pad_rows
+from whiflash.runtime import gemv
 from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import rope_from_config
 from whiflash.runtime.layers import Attention, RMSNorm, Rotary, SwiGLU
@@ -119,7 +120,7 @@ class Eagle3Drafter(Drafter):
         if self.cfg.get("fc_norm"):
             chunks = taps.chunk(len(self.fc_norm), dim=-1)
             taps = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
-        return self.fc(taps)
+        return gemv.linear(taps, self.fc)
 
     def _rows(self, feature: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """Attention input `[n, 2H]` and residual `[n, H]` of rows (feature, next token)."""
@@ -142,8 +143,8 @@ class Eagle3Drafter(Drafter):
         fixed_shape = mask is not None  # static passes bring their mask; eager ones see a new key length
         if mask is None and x.shape[0] > 1:  # the rows are the last keys: a causal block after a visible prefix
             mask = torch.ones(x.shape[0], keys.shape[1], dtype=torch.bool, device=x.device).tril_(keys.shape[1] - x.shape[0])
-        h = residual + layer.self_attn.attend(x, self.rope, positions, keys, values, mask, fixed_shape)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = layer.self_attn.attend(x, self.rope, positions, keys, values, mask, fixed_shape, residual=residual)
+        h = layer.mlp(layer.post_attention_layernorm(h), residual=h)
         logits = self.lm_head(self.norm(h) if self.cfg.get("norm_output", True) else h)
         return h, logits
 

@@ -59,8 +59,7 @@ class KVCache:
         rows attend over (eager: slots `< start + n`; fixed shape: the whole layer)."""
         kc, vc = self.k[layer], self.v[layer]
         if rows.fixed:
-            kc.index_copy_(1, rows.slots, k)
-            vc.index_copy_(1, rows.slots, v)
+            write_slots(kc, vc, k, v, rows.slots)
             return kc, vc
         end = rows.start + k.shape[1]
         kc[:, rows.start : end] = k
@@ -72,3 +71,12 @@ class KVCache:
         src, n = keep + start, keep.shape[0]
         self.k[:, :, start : start + n] = self.k[:, :, src]
         self.v[:, :, start : start + n] = self.v[:, :, src]
+
+
+def write_slots(kc: Tensor, vc: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:
+    """Store `k, v [kv_heads, n, head_dim]` at `slots [n]` of one layer's `kc, vc [kv_heads, S, head_dim]`.
+
+    Also called inside compiled layer stages (`layers.compile_fixed_passes`), where inductor turns it
+    into a scatter into the cache fused with the kernel that computes K (or V), instead of two launches."""
+    kc.index_copy_(1, slots, k)
+    vc.index_copy_(1, slots, v)

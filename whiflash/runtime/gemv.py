@@ -8,9 +8,13 @@ coalesced, by a grid that fills the GPU; rows of `x` (up to 16) are padded to th
 
 It runs the layers' products of at most `MAX_ROWS` rows on the GPU that do not widen their input
 (o_proj, down: the shapes where it beat cuBLAS at 1 and 16 rows); `WHIFLASH_GEMV=0` or
-`gemv.ENABLED = False` leaves every product to cuBLAS. `scripts/bench_gemv.py` and
-`scripts/profile_shapes.py` time both per weight shape. Like the decode
-attention kernel it is a `torch.library` custom op, and the CPU tests run it under Triton's interpreter.
+`gemv.ENABLED = False` leaves every product to cuBLAS. The residual add after a product
+(`residual + x W^T`, after o_proj and down) rides along inside it, rounded as the separate add rounds
+(the product to the dtype first), since it is a launch of its own otherwise (~1.5 us at batch 1, 72 per
+Qwen3-8B step). SwiGLU's `silu(gate) * up` does not: every program would compute the whole activation
+again, padded to 16 rows (tried: down went from 27 to ~150 us). `scripts/bench_gemv.py` and
+`scripts/profile_shapes.py` time both per weight shape. Like the decode attention kernel it is a
+`torch.library` custom op, and the CPU tests run it under Triton's interpreter.
 """
 from __future__ import annotations
 
@@ -51,8 +55,8 @@ def usable(x: Tensor, weight: Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _gemv(X, W, B, Y, M, N, K, sx_m, sw_n, sy_m, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+    def _gemv(X, W, B, R, Y, M, N, K, sx_m, sw_n, sr_m, sy_m, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         m = tl.arange(0, BLOCK_M)
         n_ok, m_ok = n < N, m < M
@@ -68,35 +72,57 @@ if triton is not None:
                 acc += tl.dot(x, tl.trans(w))
         if HAS_BIAS:
             acc += tl.load(B + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(Y + m[:, None] * sy_m + n[None, :], acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        out = acc.to(Y.dtype.element_ty)
+        y_ok = m_ok[:, None] & n_ok[None, :]
+        if HAS_RESIDUAL:  # residual + product, the product rounded first (as `x + linear(...)` rounds)
+            r = tl.load(R + m[:, None] * sr_m + n[None, :], mask=y_ok, other=0.0)
+            out = (r.to(tl.float32) + out.to(tl.float32)).to(Y.dtype.element_ty)
+        tl.store(Y + m[:, None] * sy_m + n[None, :], out, mask=y_ok)
 
 
 @torch.library.custom_op("whiflash::gemv", mutates_args=())
-def _gemv_op(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    m, k = x.shape
-    n = weight.shape[0]
+def _gemv_op(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None) -> Tensor:
+    m = x.shape[0]
+    n, k = weight.shape
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    r = residual if residual is not None else y
     _gemv[(triton.cdiv(n, BLOCK_N),)](
-        x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=16, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32)
+        x, weight, bias if bias is not None else weight, r, y, m, n, k, x.stride(0), weight.stride(0), r.stride(0),
+        y.stride(0), HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, BLOCK_M=16,
+        BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32)
     return y
 
 
 @_gemv_op.register_fake
-def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+def _(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None) -> Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
-def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """`F.linear(x, weight, bias)` by the kernel, for `x [..., K]` of at most `MAX_ROWS` rows."""
-    flat = x.reshape(-1, x.shape[-1])
-    if flat.stride(-1) != 1:
-        flat = flat.contiguous()
-    return _gemv_op(flat, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+def _rows(t: Tensor | None) -> Tensor | None:
+    """`t [..., K]` as a `[rows, K]` matrix with unit stride along K."""
+    if t is None:
+        return None
+    flat = t.reshape(-1, t.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
-def linear(x: Tensor, layer: torch.nn.Linear) -> Tensor:
-    """`layer(x)`: through the kernel where `usable` (few rows on the GPU, turned on), else `F.linear`."""
-    if usable(x, layer.weight):
-        return gemv(x, layer.weight, layer.bias)
-    return F.linear(x, layer.weight, layer.bias)
+def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    """`residual + F.linear(x, weight, bias)` (no residual: no add) by the kernel, for `x [..., K]` of at most
+    `MAX_ROWS` rows."""
+    y = _gemv_op(_rows(x), weight, bias, _rows(residual))
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def product(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    """`F.linear(x, weight, bias)` (plus `residual`): through the kernel where `usable` (few rows on the GPU,
+    turned on), else `F.linear`."""
+    if usable(x, weight):
+        return gemv(x, weight, bias, residual)
+    y = F.linear(x, weight, bias)
+    return y if residual is None else residual + y
+
+
+def linear(x: Tensor, layer: torch.nn.Linear, residual: Tensor | None = None) -> Tensor:
+    """`layer(x)` (plus `residual`), by `product`."""
+    return product(x, layer.weight, layer.bias, residual)
+

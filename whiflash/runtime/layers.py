@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from whiflash.runtime import decode_attention, gemv
-from whiflash.runtime.cache import KVCache, Rows
+from whiflash.runtime.cache import KVCache, Rows, write_slots
 
 VARYING_SHAPE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """SDPA kernels for passes whose shapes change from call to call (eager decoding, prefill).
@@ -71,9 +71,10 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
         stacked(self, "gate_up", {"gate_proj": hidden, "up_proj": hidden})
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """The MLP of `x`, plus `residual` when given (added inside the down projection's kernel on the GPU)."""
         gate, up = gemv.linear(x, self.gate_up).split(self.hidden, dim=-1)
-        return gemv.linear(F.silu(gate) * up, self.down_proj)
+        return gemv.linear(F.silu(gate) * up, self.down_proj, residual)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> Tensor:
@@ -201,7 +202,7 @@ class Attention(nn.Module):
     def _project(self, x: Tensor, start: int, end: int) -> Tensor:
         """Rows `start:end` of the stacked projection of `x` (one GEMM over that slice of the weight)."""
         bias = self.qkv.bias[start:end] if self.qkv.bias is not None else None
-        return F.linear(x, self.qkv.weight[start:end], bias)
+        return gemv.product(x, self.qkv.weight[start:end], bias)
 
     def q(self, x: Tensor) -> Tensor:
         """Query projection `[..., n_heads * head_dim]` (before norm and rotation)."""
@@ -228,9 +229,9 @@ class Attention(nn.Module):
             q = self.q_norm(q)
         return rotate(q.transpose(0, 1), angles)
 
-    def output(self, attn: Tensor) -> Tensor:
-        """`o_proj` of an attention result `[n_heads, T, head_dim]` -> `[T, dim_out]`."""
-        return gemv.linear(attn.transpose(0, 1).reshape(attn.shape[1], -1), self.o_proj)
+    def output(self, attn: Tensor, residual: Tensor | None = None) -> Tensor:
+        """`o_proj` of an attention result `[n_heads, T, head_dim]` -> `[T, dim_out]` (plus `residual`)."""
+        return gemv.linear(attn.transpose(0, 1).reshape(attn.shape[1], -1), self.o_proj, residual)
 
     def project(self, x: Tensor, angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q `[n_heads, T, hd]`, K and V `[n_kv, T, hd]` of rows `x` (normed and rotated by `angles`)."""
@@ -243,18 +244,19 @@ class Attention(nn.Module):
         return self._keys_values(k, v, rope.angles(positions, x.dtype))
 
     def attend(self, x: Tensor, rope: Rotary, positions: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
-               fixed_shape: bool) -> Tensor:
-        """Queries of rows `x` against `keys, values [n_kv, S, head_dim]` (mask `[T, S]` or None: all visible)."""
+               fixed_shape: bool, residual: Tensor | None = None) -> Tensor:
+        """Queries of rows `x` against `keys, values [n_kv, S, head_dim]` (mask `[T, S]` or None: all visible),
+        through `o_proj` (plus `residual`)."""
         q = self._queries(self.q(x), rope.angles(positions, x.dtype))
-        return self.output(attention(q, keys, values, mask, fixed_shape))
+        return self.output(attention(q, keys, values, mask, fixed_shape), residual)
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm transformer layer (Qwen3 / Llama; also every DFlash draft layer): attention, then SwiGLU.
 
     A pass is `pre` (norm, Q/K/V, rotation), the cache write and attention, then `post` (output
-    projection, residuals, MLP). `pre` and `post` touch no cache, so `compile_fixed_passes` can compile
-    them once per row count for every layer of every model.
+    projection, residuals, MLP). `compile_fixed_passes` compiles `pre` with the cache write (the layer's
+    cache tensors are arguments) and `post`, once per row count and cache size for every layer.
     """
 
     def __init__(self, hidden: int, intermediate: int, n_heads: int, n_kv: int, head_dim: int, eps: float = 1e-6,
@@ -271,21 +273,29 @@ class DecoderLayer(nn.Module):
 
     def post(self, x: Tensor, attn: Tensor) -> Tensor:
         """The layer's output from its input `x` and its attention result `attn [n_heads, T, hd]`."""
-        x = x + self.self_attn.output(attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn.output(attn, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
     def forward(self, x: Tensor, angles: Tensor, cache: KVCache, index: int, rows: Rows,
                 mask: Tensor | None) -> Tensor:
         """Rows `x [T, hidden]` rotated by `angles` (`Rotary.angles`) write their K/V into `cache` layer
         `index` at `rows`, attend under `mask`, and come out of the layer."""
-        pre, post = (_compiled_pre, _compiled_post) if rows.fixed and _compiled_pre is not None else (_pre, _post)
-        q, k, v = pre(self, x, angles)
-        keys, values = cache.write(index, k, v, rows)
-        return post(self, x, attention(q, keys, values, mask, rows.fixed))
+        if not rows.fixed:
+            q, k, v = self.pre(x, angles)
+            keys, values = cache.write(index, k, v, rows)
+            return self.post(x, attention(q, keys, values, mask, False))
+        pre, post = (_compiled_pre, _compiled_post) if _compiled_pre is not None else (_pre, _post)
+        keys, values = cache.k[index], cache.v[index]
+        q = pre(self, x, angles, keys, values, rows.slots)
+        return post(self, x, attention(q, keys, values, mask, True))
 
 
-def _pre(layer: DecoderLayer, x: Tensor, angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    return layer.pre(x, angles)
+def _pre(layer: DecoderLayer, x: Tensor, angles: Tensor, keys: Tensor, values: Tensor, slots: Tensor) -> Tensor:
+    """A fixed-shape pass's `pre` stage and cache write: the queries of `x`, its K/V stored at `slots` of the
+    layer's `keys, values` (compiled, the write is fused into the kernels that compute K and V)."""
+    q, k, v = layer.pre(x, angles)
+    write_slots(keys, values, k, v, slots)
+    return q
 
 
 def _post(layer: DecoderLayer, x: Tensor, attn: Tensor) -> Tensor:
@@ -296,16 +306,19 @@ _compiled_pre = _compiled_post = None
 
 
 def compile_fixed_passes(enabled: bool = True, backend: str = "inductor") -> None:
-    """Run the cache-free stages of every decoder layer (`DecoderLayer.pre` / `post`) of fixed-shape
-    passes through `torch.compile`, which fuses their norms, rotations, casts and residual adds into a
-    few kernels (the target's and DFlash's layers; eager passes and the prefill stay as they are).
+    """Run the stages of every decoder layer of fixed-shape passes around attention through
+    `torch.compile`: `pre` (`DecoderLayer.pre` and the K/V write into the cache) and `post`, whose norms,
+    rotations, casts, cache writes and residual adds it fuses into a few kernels (the target's and
+    DFlash's layers; eager passes and the prefill stay as they are).
 
-    Compiled once per row count, whatever the layer or model: the layer is an argument, whose
-    parameters dynamo treats as inputs, and the stages never see the cache (its length would be a shape
-    to specialise on, its writes mutations). `dynamic=False` keeps every shape static, and the
-    recompile limit is raised to `RECOMPILE_LIMIT` so that a run's few widths (decode step, verify,
-    tree, drafter block) never fall back to eager. Compilation happens on a pass's first call, which
-    CUDA graph capture runs as a warm-up before capturing.
+    Compiled once per row count and cache size, whatever the layer: the layer is an argument, whose
+    parameters dynamo treats as inputs, and so are the layer's cache tensors (views of one cache
+    differ only in their storage offset, which is not guarded; inductor writes them in place). Caches
+    are sized once per run (they only grow, and the eval sizes them for its longest sample first), so a
+    run's variants are its few widths (decode step, verify, tree, drafter block) times its two caches
+    (target, DFlash). `dynamic=False` keeps every shape static, and the recompile limit is raised to
+    `RECOMPILE_LIMIT` so that none falls back to eager. Compilation happens on a pass's first call,
+    which CUDA graph capture runs as a warm-up before capturing.
     """
     global _compiled_pre, _compiled_post
     if not enabled:
@@ -331,4 +344,4 @@ def layers_compiled() -> bool:
 
 
 RECOMPILE_LIMIT = 64
-"""Compiled variants allowed per stage: one per pass row count (and dtype) a process uses."""
+"""Compiled variants allowed per stage: one per pass row count and cache size (and dtype) a process uses."""
