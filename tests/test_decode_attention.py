@@ -177,10 +177,11 @@ def test_kernel_is_only_used_where_it_can_run() -> None:
                                        torch.ones(decode_attention.MAX_QUERIES + 1, 50, dtype=torch.bool))
 
 
-def test_compiled_layer_stages_decode_alike_and_compile_once_per_width(worlds) -> None:
-    """torch.compile'd `pre`/`post` stages (backend aot_eager: dynamo's capture and AOT autograd's
-    graphs, without code generation) give the same tokens, and compile once per pass width and cache for
-    all layers of the target and of DFlash (a layer's cache tensors are arguments of `pre`)."""
+def test_compiled_layer_stages_decode_alike_and_compile_once_per_width(worlds, caplog) -> None:
+    """torch.compile'd `pre`/`post` stages and drafter passes (backend aot_eager: dynamo's capture and AOT
+    autograd's graphs, without code generation) give the same tokens, every pass compiles (none falls back
+    to its uncompiled form), and the layer stages compile once per pass width and cache for all layers of
+    the target and of DFlash (a layer's cache tensors are arguments of `pre`)."""
     from torch._dynamo.utils import counters
 
     target, drafters = worlds["qwen3-mixed"].load()
@@ -200,10 +201,12 @@ def test_compiled_layer_stages_decode_alike_and_compile_once_per_width(worlds) -
             m.static = False
     for kind in eager:
         assert fixed[kind][0] == eager[kind][0] and fixed[kind][1].taus == eager[kind][1].taus, kind
+    assert "torch.compile failed" not in caplog.text
     # widths: EAGLE-3 verify 5, DFlash verify/block 8, DDTree verify 13 -> `pre` for the 3 target widths and
     # DFlash's block over its own cache, `post` for the 3 widths: 7, not one per layer (2 target layers +
-    # DFlash's)
-    assert 0 < counters["stats"]["unique_graphs"] <= 7, dict(counters["stats"])
+    # DFlash's); then the drafters' own passes: EAGLE-3's steps and catch-up, the context pass of the DFlash
+    # and DDTree drafters (two instances), and no more
+    assert 0 < counters["stats"]["unique_graphs"] <= 13, dict(counters["stats"])
 
 
 def test_compile_refuses_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:

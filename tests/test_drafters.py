@@ -220,7 +220,7 @@ def test_fixed_shape_catch_up_writes_what_the_eager_one_does(worlds, kind):
     feats = target.forward(ids, 0, taps=taps, logits="none").feats
     passes: list[str] = []
     run_fixed = drafter.run_fixed
-    drafter.run_fixed = lambda key, fn, *a: passes.append(key) or run_fixed(key, fn, *a)
+    drafter.run_fixed = lambda key, fn, *a, **kw: passes.append(key) or run_fixed(key, fn, *a, **kw)
     long = ["context"] * 2 + ["catch_up"] if kind == "eagle3" else ["context"] * 3  # the head runs once, at the end
     for n, expected, kinds in ((1, [c], None), (c, [c], None), (c + 1, [4 * c], None), (4 * c, [4 * c], None),
                                (9 * c + 2, [4 * c] * 3, long)):

@@ -90,7 +90,7 @@ class DFlashDrafter(Drafter):
         if self.cache.ensure(len(self.layers), a.nkv, slots, a.hd, w.device, w.dtype, grow_only=True):
             self._cols = torch.arange(self.cache.slots, device=w.device)
             self.drop_graphs()  # captured graphs point at the old cache
-        self.rope.ensure(self.cache.slots + 1, w.device)
+        self.rope.ensure(self.cache.slots + 1, w.device, w.dtype)
         self._masks = torch.full((self.block_size - 1,), self.mask_token_id, dtype=torch.long, device=w.device)
 
     @property
@@ -116,7 +116,7 @@ class DFlashDrafter(Drafter):
             c, passes = self.catch_up_passes(n)
             for s in passes:
                 slots = self._cols[start + s : start + s + c]
-                self.run_fixed(f"context{c}", self._context_fixed, pad_rows(taps[s : s + c], c), slots)
+                self.run_fixed(f"context{c}", self._context_fixed, pad_rows(taps[s : s + c], c), slots, compile=True)
         self.kv_len = start + n
 
     def _context(self, taps: Tensor, positions: Tensor, rows: Rows) -> None:

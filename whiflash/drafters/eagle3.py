@@ -108,7 +108,7 @@ class Eagle3Drafter(Drafter):
         if self.cache.ensure(1, a.nkv, slots, a.hd, w.device, w.dtype, grow_only=True):
             self._cols = torch.arange(self.cache.slots, device=w.device)
             self.drop_graphs()  # captured graphs point at the old cache
-        self.rope.ensure(self.cache.slots + 1, w.device)
+        self.rope.ensure(self.cache.slots + 1, w.device, w.dtype)
 
     def embed(self, ids: Tensor) -> Tensor:
         return self.embed_tokens(ids) if self.embed_tokens is not None else self.target.embed(ids)
@@ -172,12 +172,14 @@ class Eagle3Drafter(Drafter):
             for s in passes:
                 slots = self._cols[start + s : start + s + c]
                 if s + c < n:  # not the last pass: only its K/V are read later, so no attention, MLP or head
-                    self.run_fixed(f"context{c}", self._context, taps[s : s + c], tokens[s : s + c], slots)
+                    self.run_fixed(f"context{c}", self._context, taps[s : s + c], tokens[s : s + c], slots,
+                                   compile=True)
                     continue
                 m = n - s  # rows of the last pass; the rest of its `c` is padding
                 mask = (self._cols < start + s + m)[None]
                 self._last = self.run_fixed(f"catch_up{c}", self._catch_up, pad_rows(taps[s : s + c], c),
-                                            pad_rows(tokens[s : s + c], c), slots, self._cols[m - 1 : m], mask)
+                                            pad_rows(tokens[s : s + c], c), slots, self._cols[m - 1 : m], mask,
+                                            compile=True)
             return self._last
         positions = self._cols[start:end]
         x, residual = self._rows(self.fuse(taps), tokens)
@@ -218,7 +220,7 @@ class Eagle3Drafter(Drafter):
         h, logits = self._last
         tokens = [self._to_target(logits[-1].argmax(-1, keepdim=True))]
         if self.fixed_shapes and self.num_steps > 1:  # every step in one pass: one graph replay per round
-            rest = self.run_fixed("steps", self._steps, h, tokens[0], self._cols[pos : pos + 1])
+            rest = self.run_fixed("steps", self._steps, h, tokens[0], self._cols[pos : pos + 1], compile=True)
             return Proposal(tokens=torch.cat([tokens[0], rest]))
         for step in range(1, self.num_steps):
             p = pos + step - 1  # speculative slots: overwritten by the next catch-up

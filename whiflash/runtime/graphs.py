@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from whiflash.runtime import layers
+
 
 class Graphed:
     """A captured `fn(*tensors)`; replay with new input values of the same shapes."""
@@ -74,8 +76,16 @@ class FixedShapePasses:
         if self.graphs:
             self.graphs = {}
 
-    def run_fixed(self, key: Hashable, fn: Callable[..., Any], *inputs: Tensor) -> Any:
-        """Run a fixed-shape pass: directly, or as the CUDA graph `key` (captured on first use)."""
+    def run_fixed(self, key: Hashable, fn: Callable[..., Any], *inputs: Tensor, compile: bool = False) -> Any:
+        """Run a fixed-shape pass: directly, or as the CUDA graph `key` (captured on first use).
+
+        `compile`: the whole pass goes through torch.compile while `layers.compile_fixed_passes` is on (the
+        drafters' own passes, whose layers are not the target's `DecoderLayer`s), compiled once per key."""
+        if compile and layers.layers_compiled():
+            compiled = self.__dict__.setdefault("_compiled_passes", {})
+            if key not in compiled:
+                compiled[key] = layers.compile_pass(fn)
+            fn = compiled[key]
         if self.graphs is None:
             return fn(*inputs)
         if key not in self.graphs:

@@ -1,8 +1,10 @@
 """Building blocks shared by the target runtime and the drafters: RMSNorm, SwiGLU, RoPE, attention."""
 from __future__ import annotations
 
+import logging
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,6 +14,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from whiflash.runtime import decode_attention, gemv
 from whiflash.runtime.cache import KVCache, Rows, write_slots
+
+log = logging.getLogger(__name__)
 
 VARYING_SHAPE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """SDPA kernels for passes whose shapes change from call to call (eager decoding, prefill).
@@ -110,19 +114,20 @@ class Rotary:
         self.cos = self.sin = None  # built by `ensure` once the device and cache length are known
         self._cast: dict[torch.dtype, Tensor] = {}
 
-    def ensure(self, n: int, device: torch.device | str) -> None:
-        """Make the tables cover positions `< n` on `device` (called when a cache is sized)."""
+    def ensure(self, n: int, device: torch.device | str, dtype: torch.dtype | None = None) -> None:
+        """Make the tables cover positions `< n` on `device` (called when a cache is sized), and build the
+        `dtype` table now rather than inside a compiled pass (whose guards would see it appear and recompile)."""
         device = torch.device(device)
-        if self.cos is not None:
-            if n <= self.cos.shape[0] and self.cos.device == device:
-                return
-            n = max(n, self.cos.shape[0])
-        cpu = torch.device("cpu")  # also correct when called under a `torch.device("meta")` context
-        inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling).to(cpu)
-        freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=cpu), inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos, self.sin = emb.cos().to(device), emb.sin().to(device)
-        self._cast = {}
+        if self.cos is None or n > self.cos.shape[0] or self.cos.device != device:
+            n = max(n, self.cos.shape[0]) if self.cos is not None else n
+            cpu = torch.device("cpu")  # also correct when called under a `torch.device("meta")` context
+            inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling).to(cpu)
+            freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=cpu), inv_freq)
+            emb = torch.cat([freqs, freqs], dim=-1)
+            self.cos, self.sin = emb.cos().to(device), emb.sin().to(device)
+            self._cast = {}
+        if dtype is not None:
+            self.table(dtype)
 
     def table(self, dtype: torch.dtype) -> Tensor:
         """`[n, 2, head_dim]`: cos and sign-folded sin rounded to `dtype` (as transformers rounds them).
@@ -303,6 +308,7 @@ def _post(layer: DecoderLayer, x: Tensor, attn: Tensor) -> Tensor:
 
 
 _compiled_pre = _compiled_post = None
+_backend = "inductor"
 
 
 def compile_fixed_passes(enabled: bool = True, backend: str = "inductor") -> None:
@@ -320,7 +326,7 @@ def compile_fixed_passes(enabled: bool = True, backend: str = "inductor") -> Non
     `RECOMPILE_LIMIT` so that none falls back to eager. Compilation happens on a pass's first call,
     which CUDA graph capture runs as a warm-up before capturing.
     """
-    global _compiled_pre, _compiled_post
+    global _compiled_pre, _compiled_post, _backend
     if not enabled:
         _compiled_pre = _compiled_post = None
         return
@@ -334,8 +340,31 @@ def compile_fixed_passes(enabled: bool = True, backend: str = "inductor") -> Non
                            "(pip install -e \".[gpu]\"); run without it")
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
+    _backend = backend
     _compiled_pre = torch.compile(_pre, backend=backend, dynamic=False, fullgraph=True)
     _compiled_post = torch.compile(_post, backend=backend, dynamic=False, fullgraph=True)
+
+
+def compile_pass(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A drafter's whole fixed-shape pass (`FixedShapePasses.run_fixed(..., compile=True)`) through
+    torch.compile as `compile_fixed_passes` set it up: its one layer or K/V projections, norms, rotations,
+    cache writes and head glue fused like the target's stages. Should compiling fail (an op dynamo cannot
+    trace on this torch), the pass warns once and runs uncompiled: the option is an optimisation only."""
+    compiled = torch.compile(fn, backend=_backend, dynamic=False, fullgraph=True)
+    state = {"fn": compiled}
+
+    def run(*args: Any) -> Any:
+        if state["fn"] is fn:
+            return fn(*args)
+        try:
+            return state["fn"](*args)
+        except Exception as exc:  # noqa: BLE001 - report and fall back; a real error recurs uncompiled
+            log.warning("torch.compile failed on %s (%s: %s); it runs uncompiled", getattr(fn, "__qualname__", fn),
+                        type(exc).__name__, str(exc)[:300])
+            state["fn"] = fn
+            return fn(*args)
+
+    return run
 
 
 def layers_compiled() -> bool:

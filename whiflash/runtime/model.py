@@ -96,7 +96,7 @@ class Target(nn.Module, FixedShapePasses):
         if not self.cache.ensure(cfg.num_hidden_layers, cfg.num_key_value_heads, max_len, cfg.head_dim, self.device,
                                  self.dtype, grow_only=True):
             return
-        self.rope.ensure(max_len + 1, self.device)
+        self.rope.ensure(max_len + 1, self.device, self.dtype)
         self.max_len = max_len
         self._cols = torch.arange(max_len, device=self.device)
         self.drop_graphs()  # captured graphs point at the old cache
