@@ -216,3 +216,17 @@ def test_compile_refuses_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(RuntimeError, match="--compile-layers: torch.compile does not run"):
         layers.compile_fixed_passes(True)
     assert not layers.layers_compiled()
+
+
+def test_a_pass_that_does_not_compile_warns_once_and_runs_uncompiled(caplog) -> None:
+    layers.compile_fixed_passes(True, backend="aot_eager")
+    try:
+        def data_dependent(x: torch.Tensor) -> torch.Tensor:  # a host read: no single graph
+            return x * 2 if x.sum().item() > 0 else x
+
+        run = layers.compile_pass(data_dependent)
+        x = torch.ones(3)
+        assert torch.equal(run(x), x * 2) and torch.equal(run(-x), -x)
+    finally:
+        layers.compile_fixed_passes(False)
+    assert caplog.text.count("torch.compile failed on") == 1, caplog.text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo
 
 import whiflash
 from whiflash.routers import ScriptedRouter
@@ -63,8 +64,11 @@ def test_cuda_bf16_diverges_only_at_near_ties(worlds, world, record_property):
 @pytest.fixture(params=["decode-kernel", "sdpa", "compiled", "compiled+gemv"])
 def engine(request):
     """The fixed-shape passes' options: the decode attention kernel (the default), SDPA, the kernel with
-    torch.compile'd layer stages, and those with the GEMV kernel (on by default)."""
+    torch.compile'd layer stages, and those with the GEMV kernel (on by default). Compiled code starts afresh
+    for every test: a run compiles for its one target and drafters, this file for a dozen worlds and dtypes,
+    whose variants together would pass dynamo's recompile limit."""
     before = decode_attention.ENABLED, gemv.ENABLED
+    torch._dynamo.reset()
     decode_attention.ENABLED = request.param != "sdpa"
     layers.compile_fixed_passes(request.param.startswith("compiled"))
     gemv.ENABLED = request.param.endswith("gemv")

@@ -341,15 +341,15 @@ def compile_fixed_passes(enabled: bool = True, backend: str = "inductor") -> Non
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
     _backend = backend
-    _compiled_pre = torch.compile(_pre, backend=backend, dynamic=False, fullgraph=True)
-    _compiled_post = torch.compile(_post, backend=backend, dynamic=False, fullgraph=True)
+    _compiled_pre, _compiled_post = compile_pass(_pre), compile_pass(_post)
 
 
 def compile_pass(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A drafter's whole fixed-shape pass (`FixedShapePasses.run_fixed(..., compile=True)`) through
-    torch.compile as `compile_fixed_passes` set it up: its one layer or K/V projections, norms, rotations,
-    cache writes and head glue fused like the target's stages. Should compiling fail (an op dynamo cannot
-    trace on this torch), the pass warns once and runs uncompiled: the option is an optimisation only."""
+    """`fn` through torch.compile as `compile_fixed_passes` set it up (`dynamic=False`, one graph): the
+    layer stages, and a drafter's whole fixed-shape pass (`FixedShapePasses.run_fixed(..., compile=True)`:
+    its one layer or K/V projections, norms, rotations, cache writes and head glue fused like the target's
+    stages). Should compiling fail (an op dynamo cannot trace on this torch, the recompile limit), `fn`
+    warns once and runs uncompiled from then on: the option is an optimisation only."""
     compiled = torch.compile(fn, backend=_backend, dynamic=False, fullgraph=True)
     state = {"fn": compiled}
 
@@ -372,5 +372,7 @@ def layers_compiled() -> bool:
     return _compiled_pre is not None
 
 
-RECOMPILE_LIMIT = 64
-"""Compiled variants allowed per stage: one per pass row count and cache size (and dtype) a process uses."""
+RECOMPILE_LIMIT = 256
+"""Compiled variants allowed per stage: one per pass row count and cache size (and dtype) a process uses. A run
+needs about ten; past the limit a `fullgraph` compile fails, so it is set well above (the GPU test file, a
+dozen worlds in one process, reached 64 before it reset dynamo between tests)."""
