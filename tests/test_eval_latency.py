@@ -228,7 +228,7 @@ def test_profile_summary_reads_each_figure_from_its_table() -> None:
     lines = {line[:38].strip(): line[38:].strip() for line in table.splitlines()[2:]}
     assert lines["AR step, defaults, ms (x floor)"] == "8.00 = 2.67x"
     assert lines["verify 16 / AR, defaults"] == "1.10" and lines["verify 16 / AR, compiled + GEMV"] == "1.47"
-    assert lines["AR step, + GEMV kernel"] == "4.50 = 1.50x" and lines["kernels per step: SDPA / all options"] == "600 / 400"
+    assert lines["AR step, compiled + GEMV"] == "4.50 = 1.50x" and lines["kernels per step: SDPA / all options"] == "600 / 400"
     assert lines["round outside GPU kernels"] == "10.0%-20.0%"
     assert lines["EAGLE-3 step / target layer"] == "0.50"  # 4 ms / 4 steps against 8 ms / 4 layers
     assert lines["catch-up / round, EAGLE-3 n=64"] == "10.0%" and lines["catch-up / round, DFlash n<=16"] == "3.0%"
