@@ -32,10 +32,16 @@ def test_logits_and_taps_match_transformers(worlds, name):
     torch.testing.assert_close(out.logits, expected.logits[0], atol=2e-5, rtol=1e-5)
     for j, layer in enumerate(taps):  # "output of layer i" is HF hidden_states[i + 1]
         torch.testing.assert_close(out.feats[:, j], expected.hidden_states[layer + 1][0], atol=2e-5, rtol=1e-5)
-    # the fixed-shape pass (what CUDA graphs capture) taps the same tensors
+    # the fixed-shape pass (what CUDA graphs capture) taps the same tensors, run as two passes (the first
+    # layers, then the rest: two graphs on a GPU) with taps on both sides of the split
     ours.static = True
     ours(ids[:15], 0)
+    passes, run_fixed = [], ours.run_fixed
+    ours.run_fixed = lambda key, fn, *a, **kw: passes.append((key[-1], kw.get("alias_inputs", False))) or \
+        run_fixed(key, fn, *a, **kw)
     chain = ours(ids[15:], 15, taps=taps)
+    del ours.run_fixed
+    assert passes == [("head", False), ("tail", True)]
     for j, layer in enumerate(taps):
         torch.testing.assert_close(chain.feats[:, j], expected.hidden_states[layer + 1][0, 15:], atol=2e-5, rtol=1e-5)
     ours.static = False

@@ -4,7 +4,9 @@
 stream, captures one call, and from then on `graphed(*inputs)` is a handful of `copy_` kernels
 and one graph replay: no Python per layer and no kernel launches to pay for. Outputs are the
 graph's own static tensors, overwritten by the next replay; callers consume (or copy) them
-before replaying again. Static inputs must keep their shapes; values change freely.
+before replaying again. Static inputs must keep their shapes; values change freely. A graph whose
+inputs are another graph's outputs (`alias=True`: the target's pass is two graphs, `Target._fixed`)
+reads them in place instead.
 
 `FixedShapePasses` is the one runner the target and the drafters share: it chooses between the
 eager path and fixed shapes, and keeps one captured graph per pass key.
@@ -23,8 +25,9 @@ from whiflash.runtime import layers
 class Graphed:
     """A captured `fn(*tensors)`; replay with new input values of the same shapes."""
 
-    def __init__(self, fn: Callable[..., Any], *example_inputs: Tensor, warmup: int = 2) -> None:
-        self.inputs = [x.clone() for x in example_inputs]
+    def __init__(self, fn: Callable[..., Any], *example_inputs: Tensor, warmup: int = 2, alias: bool = False) -> None:
+        # alias: the inputs are themselves static (another graph's outputs), read in place, never copied
+        self.inputs = list(example_inputs) if alias else [x.clone() for x in example_inputs]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.no_grad():
@@ -39,7 +42,8 @@ class Graphed:
 
     def __call__(self, *inputs: Tensor) -> Any:
         for static, x in zip(self.inputs, inputs):
-            static.copy_(x, non_blocking=True)
+            if static is not x:
+                static.copy_(x, non_blocking=True)
         self.graph.replay()
         return self.outputs
 
@@ -76,11 +80,14 @@ class FixedShapePasses:
         if self.graphs:
             self.graphs = {}
 
-    def run_fixed(self, key: Hashable, fn: Callable[..., Any], *inputs: Tensor, compile: bool = False) -> Any:
+    def run_fixed(self, key: Hashable, fn: Callable[..., Any], *inputs: Tensor, compile: bool = False,
+                  alias_inputs: bool = False) -> Any:
         """Run a fixed-shape pass: directly, or as the CUDA graph `key` (captured on first use).
 
         `compile`: the whole pass goes through torch.compile while `layers.compile_fixed_passes` is on (the
-        drafters' own passes, whose layers are not the target's `DecoderLayer`s), compiled once per key."""
+        drafters' own passes, whose layers are not the target's `DecoderLayer`s), compiled once per key.
+        `alias_inputs`: the inputs are another pass's graph outputs, the same tensors on every call, which
+        the graph reads in place."""
         if compile and layers.layers_compiled():
             compiled = self.__dict__.setdefault("_compiled_passes", {})
             if key not in compiled:
@@ -89,5 +96,5 @@ class FixedShapePasses:
         if self.graphs is None:
             return fn(*inputs)
         if key not in self.graphs:
-            self.graphs[key] = Graphed(fn, *inputs)
+            self.graphs[key] = Graphed(fn, *inputs, alias=alias_inputs)
         return self.graphs[key](*inputs)
