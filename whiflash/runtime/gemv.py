@@ -125,4 +125,3 @@ def product(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Ten
 def linear(x: Tensor, layer: torch.nn.Linear, residual: Tensor | None = None) -> Tensor:
     """`layer(x)` (plus `residual`), by `product`."""
     return product(x, layer.weight, layer.bias, residual)
-
