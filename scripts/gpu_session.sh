@@ -27,6 +27,12 @@
 # With a built testbed, `bench profile` is the whole of docs/engine.md's H200 figures in under 7 minutes.
 # Runs from a checkout without installing it (PYTHONPATH) for every step but `router`, so a machine that
 # has torch, transformers and lightning but not this package's other dependencies can run them.
+# A machine without the rest (datasets, jsonargparse and their wheels) and without an index: fetch the wheels
+# here (`pip download --no-deps datasets dill multiprocess jsonargparse docstring_parser typeshed_client -d .whl`,
+# the pure-Python ones the lent H200 image lacks; `.whl/` is ignored),
+# carry `.whl`, and start the command with
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+#   python3 -m pip install -q --no-deps --no-build-isolation -e .
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${1:?LOG_DIR}
