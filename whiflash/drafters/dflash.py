@@ -134,13 +134,12 @@ class DFlashDrafter(Drafter):
         self.catch_up()
         if self.kv_len != pos:
             raise RuntimeError(f"dflash: drafter holds {self.kv_len} context positions, pending token sits at {pos}")
-        b = self.block_size
-        block = torch.cat([pending.reshape(1), self._masks])
-        positions = self._cols[pos : pos + b]
         if not self.fixed_shapes:
-            return self._block(block, positions, Rows(pos), None)
-        mask = (self._cols < pos + b).expand(b, -1)
-        return self.run_fixed("block", self._block_fixed, block, positions, mask)
+            block = torch.cat([pending.reshape(1), self._masks])
+            return self._block(block, self._cols[pos : pos + self.block_size], Rows(pos), None)
+        # the block, its positions and mask are made inside the pass from the pending token and the first
+        # slot: two one-element inputs, no launches on the host before the replay
+        return self.run_fixed("block", self._block_fixed, pending.reshape(1), self._cols[pos : pos + 1])
 
     def _block(self, block: Tensor, positions: Tensor, rows: Rows, mask: Tensor | None) -> Tensor:
         """The block's pass; its K/V go to scratch slots past the context, overwritten after the round."""
@@ -150,8 +149,11 @@ class DFlashDrafter(Drafter):
             x = layer(x, angles, self.cache, i, rows, mask)
         return self.target.lm_head(self.norm(x[1:])).float()
 
-    def _block_fixed(self, block: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
-        return self._block(block, positions, Rows(slots=positions), mask)
+    def _block_fixed(self, pending: Tensor, first: Tensor) -> Tensor:
+        b = self.block_size
+        positions = first + self._cols[:b]
+        mask = (self._cols < first + b).expand(b, -1)
+        return self._block(torch.cat([pending, self._masks]), positions, Rows(slots=positions), mask)
 
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
         return self.draft(pending, pos, None)
