@@ -33,12 +33,12 @@ from typing import Any, Callable
 import torch
 
 import whiflash
-from whiflash.eval.latency import LatencyProfile
 from whiflash.drafters.base import Commit
+from whiflash.drafters.trees import ancestor_mask
+from whiflash.eval.latency import LatencyProfile
 from whiflash.eval.profile import _catch_up, _tree, floor_ms, profile_models
 from whiflash.eval.shapes import random_drafter, random_models, shape_config
 from whiflash.eval.timing import copy_bandwidth, device_ms, wall_ms
-from whiflash.drafters.trees import ancestor_mask
 from whiflash.runtime import Target, decode_attention, gemv, layers
 from whiflash.runtime.graphs import Graphed
 
