@@ -405,8 +405,10 @@ def summary_table(results: list[dict[str, Any]]) -> str:
         return share
 
     def eagle_step(r: dict[str, Any]) -> str:
+        # the draft times the steps after the first (width - 2 of them): the first step's full pass ends the
+        # catch-up, whose result the draft starts from
         ms = get(r, "profile", "ms")
-        steps = get(r, "profile", "widths", "eagle3") - 1
+        steps = get(r, "profile", "widths", "eagle3") - 2
         return f"{ms['draft']['eagle3'] / steps / (ms['ar_step'] / r['layers']):.2f}"
 
     def outside(r: dict[str, Any]) -> str:

@@ -230,6 +230,7 @@ def test_profile_summary_reads_each_figure_from_its_table() -> None:
     assert lines["verify 16 / AR, defaults"] == "1.10" and lines["verify 16 / AR, compiled + GEMV"] == "1.47"
     assert lines["AR step, compiled + GEMV"] == "4.50 = 1.50x" and lines["kernels per step: SDPA / all options"] == "600 / 400"
     assert lines["round outside GPU kernels"] == "10.0%-20.0%"
-    assert lines["EAGLE-3 step / target layer"] == "0.50"  # 4 ms / 4 steps against 8 ms / 4 layers
+    # width 5: a chain of 4, whose first step ends the catch-up; the draft's 4 ms are 3 steps, a layer 2 ms
+    assert lines["EAGLE-3 step / target layer"] == "0.67"
     assert lines["catch-up / round, EAGLE-3 n=64"] == "10.0%" and lines["catch-up / round, DFlash n<=16"] == "3.0%"
     assert lines["attention 1 row, us: SDPA / kernel"] == "-"  # not measured for this model
