@@ -204,9 +204,10 @@ def test_compiled_layer_stages_decode_alike_and_compile_once_per_width(worlds, c
     assert "torch.compile failed" not in caplog.text
     # widths: EAGLE-3 verify 5, DFlash verify/block 8, DDTree verify 13 -> `pre` for the 3 target widths and
     # DFlash's block over its own cache, `post` for the 3 widths: 7, not one per layer (2 target layers +
-    # DFlash's); then the drafters' own passes: EAGLE-3's steps and catch-up, the context pass of the DFlash
-    # and DDTree drafters (two instances), and no more
-    assert 0 < counters["stats"]["unique_graphs"] <= 13, dict(counters["stats"])
+    # DFlash's); then the drafters' own passes: EAGLE-3's steps and its catch-up at both widths (the prompt
+    # takes a 4x pass), the context pass of the DFlash and DDTree drafters (two types): 12, and none twice
+    # (a rotary table built inside a trace used to cost a recompile)
+    assert 0 < counters["stats"]["unique_graphs"] <= 12, dict(counters["stats"])
 
 
 def test_compile_refuses_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:

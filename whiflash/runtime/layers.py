@@ -351,18 +351,17 @@ def compile_pass(fn: Callable[..., Any]) -> Callable[..., Any]:
     stages). Should compiling fail (an op dynamo cannot trace on this torch, the recompile limit), `fn`
     warns once and runs uncompiled from then on: the option is an optimisation only."""
     compiled = torch.compile(fn, backend=_backend, dynamic=False, fullgraph=True)
-    state = {"fn": compiled}
 
     def run(*args: Any) -> Any:
-        if state["fn"] is fn:
-            return fn(*args)
-        try:
-            return state["fn"](*args)
-        except Exception as exc:  # noqa: BLE001 - report and fall back; a real error recurs uncompiled
-            log.warning("torch.compile failed on %s (%s: %s); it runs uncompiled", getattr(fn, "__qualname__", fn),
-                        type(exc).__name__, str(exc)[:300])
-            state["fn"] = fn
-            return fn(*args)
+        nonlocal compiled
+        if compiled is not fn:
+            try:
+                return compiled(*args)
+            except Exception as exc:  # noqa: BLE001 - report and fall back; a real error recurs uncompiled
+                log.warning("torch.compile failed on %s (%s: %s); it runs uncompiled",
+                            getattr(fn, "__qualname__", fn), type(exc).__name__, str(exc)[:300])
+                compiled = fn
+        return fn(*args)
 
     return run
 
