@@ -40,6 +40,7 @@ from whiflash.eval.profile import _catch_up, _tree, floor_ms, profile_models
 from whiflash.eval.shapes import random_drafter, random_models, shape_config
 from whiflash.eval.timing import copy_bandwidth, device_ms, wall_ms
 from whiflash.runtime import Target, decode_attention, gemv, layers
+from whiflash.runtime import model as runtime_model
 from whiflash.runtime.graphs import Graphed
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -153,6 +154,7 @@ def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str
                 # one step from an idle GPU, call to result: what a round pays on top of the GPU time for
                 # launching the graph (its CPU launch cost grows with the kernel count)
                 row["ar_idle_wall_ms"] = wall(passes["ar"])
+                row["ar_idle_one_graph_ms"] = one_graph_idle(target, passes["ar"])
                 graphs_on(target, enabled=False)
                 target.static = True
                 k = kernel_table(passes["ar"])
@@ -169,6 +171,20 @@ def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str
         target.drop_graphs()
         graphs_on(target, enabled=False)
     return out
+
+
+def one_graph_idle(target: Target, step: Callable[[], Any]) -> float:
+    """`wall` of `step` with the target's passes as one graph (no head graph ahead of the tail): what the
+    head/tail split of `Target._fixed` saves is this minus the two-graph figure."""
+    head = runtime_model.HEAD_LAYERS
+    try:
+        runtime_model.HEAD_LAYERS = 0
+        target.drop_graphs()
+        step()  # capture
+        return wall(step)
+    finally:
+        runtime_model.HEAD_LAYERS = head
+        target.drop_graphs()
 
 
 def graph_us(fn: Callable[[], Any], calls: int = 1) -> float:
@@ -446,16 +462,17 @@ def print_options(results: list[dict[str, Any]], ctx: int) -> None:
     """The engine-option tables: variants and attention per model, weight products of the first."""
     for r in (r for r in results if "variants" in r):
         print(f"\n{r['model']} engine options, graph replays (GPU ms; floor {r['floor_ms']:.3f}; AR idle: wall ms of "
-              "one step from an idle GPU):")
+              "one step from an idle GPU, the target's head and tail graphs / one graph):")
         print(f"  {'variant':<28}{'AR step':>9}{'x floor':>8}{'verify16':>9}{'/AR':>6}{'tree33':>8}{'kernels':>8}{'setup s':>8}"
-              f"{'AR idle':>9}")
+              f"{'AR idle':>9}{'1 graph':>9}")
         for name, row in r["variants"].items():
             if "error" in row:
                 print(f"  {name:<28}failed: {row['error']}")
                 continue
             print(f"  {name:<28}{row['ar_ms']:>9.3f}{row['ar_ms'] / r['floor_ms']:>8.2f}{row['verify16_ms']:>9.3f}"
                   f"{row['verify16_ms'] / row['ar_ms']:>6.2f}{row['tree33_ms']:>8.3f}{row['ar_kernels'] or '-':>8}"
-                  f"{row['setup_s']:>8.1f}{row.get('ar_idle_wall_ms', float('nan')):>9.3f}")
+                  f"{row['setup_s']:>8.1f}{row.get('ar_idle_wall_ms', float('nan')):>9.3f}"
+                  f"{row.get('ar_idle_one_graph_ms', float('nan')):>9.3f}")
         print(f"\n{r['model']} attention, one layer, context {ctx} (GPU us, graph replays): rows -> SDPA; "
               "decode kernel as set; with at most 8 / 16 / 32 / 64 key splits; live K/V read at copy bandwidth")
         for t, row in r["attention"].items():
