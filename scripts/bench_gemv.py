@@ -1,17 +1,19 @@
 """Few-row weight products at a model's shapes: cuBLAS against block-size variants of the GEMV kernel.
 
-Usage: python scripts/bench_gemv.py [--preset qwen3-8b] [--rows 1] [--quick]
+Usage: python scripts/bench_gemv.py [--preset qwen3-8b,qwen3-4b] [--rows 1,16] [--quick]
 
-For the products of one decoder layer (Q/K/V, o_proj, gate/up, down) of a `checkpoints/` preset, times
-`F.linear` (cuBLAS) and `whiflash.runtime.gemv`'s kernel at each (output features per program, weight
-columns per step, warps) setting, each as a CUDA graph of one product per weight copy (8 copies, so the
-L2 cache does not serve the weights), and prints GPU us and the share of copy bandwidth reached: the
-measurement a per-shape kernel choice needs (docs/engine.md).
+For the products of one decoder layer (Q/K/V, o_proj, gate/up, down) of each preset, times `F.linear`
+(cuBLAS) and `whiflash.runtime.gemv`'s kernel at each launch setting (output features per program, weight
+columns per step, K splits, warps, pipeline stages), each as a CUDA graph of one product per weight copy
+(8 copies, so the L2 cache does not serve the weights), and prints GPU us and the share of copy bandwidth
+reached, best settings first: the measurement behind `gemv.CONFIGS` (docs/engine.md).
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -37,47 +39,57 @@ def graph_us(fn, calls: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="qwen3-8b", help="a checkpoints/ preset or a folder with target/config.json")
-    ap.add_argument("--rows", type=int, default=1, help="rows of x (1: decode step; up to 16: verify)")
+    ap.add_argument("--preset", default="qwen3-8b",
+                    help="checkpoints/ presets or folders with target/config.json, comma-separated")
+    ap.add_argument("--rows", default="1,16", help="rows of x, comma-separated (1: decode step; up to 16: verify); "
+                    "settings are ranked by the sum of their times over these")
     ap.add_argument("--quick", action="store_true", help="fewer settings (a one-minute run)")
+    ap.add_argument("--top", type=int, default=3, help="settings printed per shape")
+    ap.add_argument("--json", type=Path, help="write the best setting of every shape where it beat cuBLAS "
+                    "(summed over --rows) here, for WHIFLASH_GEMV_CONFIGS / gemv.load_configs")
     args = ap.parse_args()
-    if not 1 <= args.rows <= gemv.MAX_ROWS:
-        ap.error(f"--rows: expected 1..{gemv.MAX_ROWS} (the kernel's row tile), got {args.rows}")
+    rows = [int(r) for r in args.rows.split(",")]
+    if not all(1 <= r <= gemv.MAX_ROWS for r in rows):
+        ap.error(f"--rows: expected values in 1..{gemv.MAX_ROWS} (the kernel's row tile), got {args.rows}")
     if not torch.cuda.is_available() or gemv.triton is None:
         raise SystemExit("bench_gemv.py needs a CUDA device and Triton")
     bw = copy_bandwidth(torch.device("cuda"))
-    blocks_n, blocks_k, warps = ([8, 16, 32], [256, 512], [4, 8]) if args.quick else ([8, 16, 32, 64], [128, 256, 512],
-                                                                                     [2, 4, 8])
-    print(f"{torch.cuda.get_device_name()}, bf16, {args.preset}, {args.rows} row(s); GPU us (share of copy bandwidth "
-          f"{bw / 1e12:.2f} TB/s)")
-    for name, (n, k) in shapes(args.preset).items():
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(8)]
-        x = torch.randn(args.rows, k, device="cuda", dtype=torch.bfloat16)
-        y = torch.empty(args.rows, n, device="cuda", dtype=torch.bfloat16)
-        share = lambda us: n * k * 2 / (us / 1e6) / bw  # noqa: E731
-        cublas = graph_us(lambda: [F.linear(x, w) for w in ws], len(ws))
-        results = []
-        for bn, bk, nw in itertools.product(blocks_n, blocks_k, warps):
-            def run(bn=bn, bk=bk, nw=nw):
-                for w in ws:
-                    gemv._gemv[(gemv.triton.cdiv(n, bn),)](x, w, w, y, args.rows, n, k, x.stride(0), w.stride(0),
-                                                     y.stride(0), HAS_BIAS=False, BLOCK_M=16, BLOCK_N=bn,
-                                                     BLOCK_K=bk, IEEE=False, num_warps=nw)
-            try:
-                results.append((graph_us(run, len(ws)), bn, bk, nw))
-            except Exception as exc:  # a setting the compiler refuses (registers, shared memory)
-                print(f"  {name} {bn}/{bk}/{nw}: {type(exc).__name__}")
-        if not results:
-            print(f"{name:<8}[{n}, {k}]  cuBLAS {cublas:7.1f} ({share(cublas):.0%})   no kernel setting compiled")
-            continue
-        results.sort()
-        best = results[0]
-        print(f"{name:<8}[{n}, {k}]  cuBLAS {cublas:7.1f} ({share(cublas):.0%})   best kernel {best[0]:7.1f} "
-              f"({share(best[0]):.0%}) at BLOCK_N {best[1]}, BLOCK_K {best[2]}, {best[3]} warps; "
-              f"default {gemv.BLOCK_N}/{gemv.BLOCK_K}: "
-              + next((f"{us:.1f}" for us, bn, bk, nw in results if (bn, bk, nw) == (gemv.BLOCK_N, gemv.BLOCK_K, 4)),
-                     "-"))
-        del ws
+    grid = (([16, 32], [256, 512], [1, 2, 4], [4], [3]) if args.quick else
+            ([16, 32, 64], [256, 512], [1, 2, 4, 8], [4], [3, 4]))
+    print(f"{torch.cuda.get_device_name()}, bf16, rows {rows}; GPU us per product (share of copy bandwidth "
+          f"{bw / 1e12:.2f} TB/s); setting = BLOCK_N/BLOCK_K/SPLIT_K/warps/stages")
+    done: set[tuple[int, int]] = set()
+    best: dict[str, list[int]] = {}
+    for preset in args.preset.split(","):
+        for name, (n, k) in shapes(preset).items():
+            if (n, k) in done:
+                continue
+            done.add((n, k))
+            ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(8)]
+            xs = {r: torch.randn(r, k, device="cuda", dtype=torch.bfloat16) for r in rows}
+            share = lambda us: n * k * 2 / (us / 1e6) / bw  # noqa: E731
+            cublas = [graph_us(lambda x=x: [F.linear(x, w) for w in ws], len(ws)) for x in xs.values()]
+            results = []
+            for setting in itertools.product(*grid):
+                gemv.CONFIGS[(n, k)] = setting
+                try:
+                    us = [graph_us(lambda x=x: [gemv.gemv(x, w) for w in ws], len(ws)) for x in xs.values()]
+                except Exception as exc:  # a setting the compiler refuses (registers, shared memory)
+                    print(f"  {preset} {name} {setting}: {type(exc).__name__}")
+                    continue
+                results.append((sum(us), us, setting))
+            gemv.CONFIGS.pop((n, k), None)
+            results.sort()
+            default = next((us for _, us, st in results if st == gemv.config(n, k)), None)
+            fmt = lambda us: " ".join(f"{u:6.1f} ({share(u):.0%})" for u in us)  # noqa: E731
+            print(f"{preset} {name} [{n}, {k}]: cuBLAS {fmt(cublas)}; default {fmt(default) if default else '-'}")
+            for _, us, setting in results[:args.top]:
+                print(f"    {'/'.join(map(str, setting)):<18}{fmt(us)}")
+            if results and results[0][0] < sum(cublas):
+                best[f"{n}x{k}"] = list(results[0][2])
+    if args.json:
+        args.json.write_text(json.dumps(best, indent=1) + "\n")
+        print(f"settings that beat cuBLAS: {args.json}")
 
 
 if __name__ == "__main__":

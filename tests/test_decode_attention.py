@@ -135,9 +135,19 @@ def test_gemv_kernel_matches_linear_and_decodes_alike(tmp_path) -> None:
                 # with the residual add folded in: bit for bit what the separate add gives
                 r = torch.randn(rows, n).to(dtype)
                 assert torch.equal(gemv.gemv(x, w, b, residual=r), r + gemv.gemv(x, w, b)), (dtype, rows, n, k)
+                # K split over 3 programs a strip: as close, the same on every call, counters left at zero
+                gemv.CONFIGS[(n, k)] = (16, 128, 3, 4, 3)
+                split = gemv.gemv(x, w, b, residual=r)
+                assert (split.double() - want - r.double()).abs().max().item() < 2 * tol * k ** 0.5, (dtype, n, k)
+                assert torch.equal(split, gemv.gemv(x, w, b, residual=r))
+                assert not gemv._counters[x.device].any()
+                del gemv.CONFIGS[(n, k)]
         assert not gemv.usable(torch.randn(17, 8), torch.randn(4, 8))  # more rows than its tile
         assert not gemv.usable(torch.randn(1, 8), torch.randn(16, 8))  # a widening product stays with cuBLAS
         assert gemv.usable(torch.randn(1, 8), torch.randn(8, 8)) and gemv.usable(torch.randn(2, 16), torch.randn(8, 16))
+        gemv.CONFIGS[(16, 8)] = (16, 128, 1, 4, 3)  # a widening shape with a measured setting
+        assert gemv.usable(torch.randn(1, 8), torch.randn(16, 8))
+        del gemv.CONFIGS[(16, 8)]
 
         root = Path({str(tmp_path)!r})
         target_dir = make_target(root / "target", "llama", crafted=True, mix=0.1, seed=5)
@@ -231,3 +241,24 @@ def test_a_pass_that_does_not_compile_warns_once_and_runs_uncompiled(caplog) -> 
     finally:
         layers.compile_fixed_passes(False)
     assert caplog.text.count("torch.compile failed on") == 1, caplog.text
+
+
+def test_gemv_settings_file(tmp_path) -> None:
+    """`scripts/bench_gemv.py --json` files load into the setting table; a bad one names itself and the form."""
+    from whiflash.runtime import gemv
+
+    good = tmp_path / "gemv.json"
+    good.write_text('{"24x8": [16, 128, 2, 4, 3]}')
+    try:
+        gemv.load_configs(good)
+        assert gemv.config(24, 8) == (16, 128, 2, 4, 3)
+    finally:
+        gemv.CONFIGS.pop((24, 8), None)
+    for text in ('{"24-8": [16, 128, 2, 4, 3]}', '[1, 2]', '{"24x8": 3}', '{"24x8": [16, 128]}'):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=r"bad\.json: expected a JSON object of \"NxK\""):
+            gemv.load_configs(bad)
+    assert (24, 8) not in gemv.CONFIGS
+    with pytest.raises(ValueError, match="missing.json"):
+        gemv.load_configs(tmp_path / "missing.json")

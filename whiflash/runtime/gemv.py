@@ -6,9 +6,14 @@ On the H200, cuBLAS reaches 97-102 % of copy bandwidth on the wide products (gat
 `BLOCK_N` output features and streams their weight rows along K, so each weight byte is read once,
 coalesced, by a grid that fills the GPU; rows of `x` (up to 16) are padded to the tensor-core tile.
 
+A strip may also be split along K over `SPLIT_K` programs (when the strips alone do not fill the GPU): the
+last program of a strip to finish adds the partial sums in a fixed order, so results do not depend on
+which finishes last. Each weight shape has one launch setting for every row count (`config`), so a product
+rounds alike in a decode step and in a verify pass.
+
 It runs the layers' products of at most `MAX_ROWS` rows on the GPU that do not widen their input
-(o_proj, down: the shapes where it beat cuBLAS at 1 and 16 rows); `WHIFLASH_GEMV=0` or
-`gemv.ENABLED = False` leaves every product to cuBLAS. The residual add after a product
+(o_proj, down) and those of the shapes in `CONFIGS` (measured to beat cuBLAS, Q/K/V among them);
+`WHIFLASH_GEMV=0` or `gemv.ENABLED = False` leaves every product to cuBLAS. The residual add after a product
 (`residual + x W^T`, after o_proj and down) rides along inside it, rounded as the separate add rounds
 (the product to the dtype first), since it is a launch of its own otherwise (~1.5 us at batch 1, 72 per
 Qwen3-8B step). SwiGLU's `silu(gate) * up` does not: every program would compute the whole activation
@@ -18,7 +23,9 @@ again, padded to 16 rows (tried: down went from 27 to ~150 us). `scripts/bench_g
 """
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -40,36 +47,58 @@ BLOCK_N, BLOCK_K = 32, 512
 """Output features per program and weight columns per step: the best of `scripts/bench_gemv.py --quick` on
 every Qwen3-8B product, 1 and 16 rows (H200, 2026-12-01; 4 warps)."""
 
+Setting = tuple[int, int, int, int, int]
+"""A launch setting: (BLOCK_N, BLOCK_K, SPLIT_K, warps, pipeline stages)."""
+
+CONFIGS: dict[tuple[int, int], Setting] = {
+    # Qwen3-8B (and Llama-3.1-8B's attention): Q/K/V, o_proj, down
+    (6144, 4096): (64, 256, 1, 4, 4), (4096, 4096): (32, 256, 1, 4, 4), (4096, 12288): (32, 512, 1, 4, 4),
+    # Qwen3-4B: Q/K/V, o_proj, gate/up, down (its 2,560 output features fill the GPU only split in four)
+    (6144, 2560): (64, 256, 1, 4, 4), (2560, 4096): (32, 256, 4, 4, 3), (19456, 2560): (32, 256, 1, 4, 4),
+    (2560, 9728): (32, 256, 4, 4, 3),
+}
+"""(output features, input features) -> the setting that beat cuBLAS (and the default) on that weight shape,
+1 and 16 rows summed: `scripts/bench_gemv.py --preset qwen3-8b,qwen3-4b --json` on an H200, 2026-12-01 (1 /
+16 rows, us: Q/K/V 14.8 / 15.2 against cuBLAS's 15.6 / 15.9, o_proj 11.9 / 12.3 against 13.3 / 12.6, down
+26.5 / 27.0 against 29.5 / 28.5). A widening product (Q/K/V, gate/up) runs the kernel only where it has one."""
+
+
+def load_configs(path: str | os.PathLike[str]) -> None:
+    """Add the settings of a `scripts/bench_gemv.py --json` file (a GPU of another kind than the one the
+    built-in table was measured on); `WHIFLASH_GEMV_CONFIGS=path` loads one at import."""
+    try:
+        table = {tuple(map(int, key.split("x"))): tuple(map(int, value))
+                 for key, value in json.loads(Path(path).read_text()).items()}
+        if any(len(key) != 2 or len(value) != 5 for key, value in table.items()):
+            raise ValueError("a key without two sizes or a setting without five numbers")
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise ValueError(f"{path}: expected a JSON object of \"NxK\": [BLOCK_N, BLOCK_K, SPLIT_K, warps, stages] "
+                         f"(scripts/bench_gemv.py --json): {exc}") from exc
+    CONFIGS.update(table)
+
+
+def config(n: int, k: int) -> Setting:
+    """The kernel's launch setting for a `[n, k]` weight: the same for every row count, so a product
+    rounds alike in a decode step and in a verify pass."""
+    return CONFIGS.get((n, k), (BLOCK_N, BLOCK_K, 1, 4, 3))
+
 
 def usable(x: Tensor, weight: Tensor) -> bool:
     """True when `linear(x, weight)` runs the kernel here (else cuBLAS)."""
     if not ENABLED or triton is None or not (x.is_cuda or INTERPRET):
         return False
     rows = x.numel() // x.shape[-1]
-    # Only products that do not widen (o_proj, down): there the kernel beat cuBLAS (o_proj 11.6 vs 13.3 us,
-    # down 26.8 vs 30.1 us at Qwen3-8B), while cuBLAS holds 74-95 % of bandwidth on Q/K/V and gate/up.
-    narrow = weight.shape[0] <= weight.shape[1]
+    # Products that do not widen (o_proj, down: the default setting beat cuBLAS on every one measured),
+    # and a widening one where a measured setting did (cuBLAS reaches ~99 % of bandwidth on Qwen3-8B's gate/up).
+    narrow = weight.shape[0] <= weight.shape[1] or tuple(weight.shape) in CONFIGS
     return rows <= MAX_ROWS and narrow and weight.stride(-1) == 1 and x.dtype == weight.dtype
 
 
 if triton is not None:
 
     @triton.jit
-    def _gemv(X, W, B, R, Y, M, N, K, sx_m, sw_n, sr_m, sy_m, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
-        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        m = tl.arange(0, BLOCK_M)
-        n_ok, m_ok = n < N, m < M
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = k < K
-            w = tl.load(W + n[:, None] * sw_n + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(X + m[:, None] * sx_m + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            if IEEE:
-                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-            else:
-                acc += tl.dot(x, tl.trans(w))
+    def _finish(acc, B, R, Y, m, n, m_ok, n_ok, sr_m, sy_m, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+        """Bias, the cast to the output dtype, the residual add and the store of one output tile."""
         if HAS_BIAS:
             acc += tl.load(B + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         out = acc.to(Y.dtype.element_ty)
@@ -79,17 +108,71 @@ if triton is not None:
             out = (r.to(tl.float32) + out.to(tl.float32)).to(Y.dtype.element_ty)
         tl.store(Y + m[:, None] * sy_m + n[None, :], out, mask=y_ok)
 
+    @triton.jit
+    def _gemv(X, W, B, R, Y, P, C, M, N, K, sx_m, sw_n, sr_m, sy_m, HAS_BIAS: tl.constexpr,
+              HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              SPLIT_K: tl.constexpr, IEEE: tl.constexpr):
+        pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = tl.arange(0, BLOCK_M)
+        n_ok, m_ok = n < N, m < M
+        span = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K  # this program's share of K, whole steps
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(pid_k * span, tl.minimum(pid_k * span + span, K), BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = k < K
+            w = tl.load(W + n[:, None] * sw_n + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(X + m[:, None] * sx_m + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if IEEE:
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))
+        if SPLIT_K == 1:
+            _finish(acc, B, R, Y, m, n, m_ok, n_ok, sr_m, sy_m, HAS_BIAS, HAS_RESIDUAL)
+        else:
+            # Split K: every program leaves its partial sums in P [SPLIT_K, M, N] and counts itself in
+            # C[pid_n]; the last of a strip's programs adds the partials in split order (the same sum
+            # whichever program comes last: deterministic), finishes the tile and resets the counter.
+            tile = m[:, None] * N + n[None, :]
+            ok = m_ok[:, None] & n_ok[None, :]
+            tl.store(P + pid_k * M * N + tile, acc, mask=ok)
+            if tl.atomic_add(C + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:
+                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for s in tl.static_range(SPLIT_K):
+                    acc += tl.load(P + s * M * N + tile, mask=ok, other=0.0, cache_modifier=".cg")
+                tl.atomic_xchg(C + pid_n, 0)
+                _finish(acc, B, R, Y, m, n, m_ok, n_ok, sr_m, sy_m, HAS_BIAS, HAS_RESIDUAL)
+
+
+_counters: dict[torch.device, Tensor] = {}
+
+
+def counters(device: torch.device, n: int) -> Tensor:
+    """At least `n` zeroed int32 arrival counters on `device`, shared by every split-K launch (launches on
+    one stream run one after another, and each leaves its counters at zero). Made outside graph capture:
+    `Graphed` warms a pass up before capturing it."""
+    have = _counters.get(device)
+    if have is None or have.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("gemv: split-K counters must be made before CUDA graph capture (run the pass once first)")
+        _counters[device] = have = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return have
+
 
 @torch.library.custom_op("whiflash::gemv", mutates_args=())
 def _gemv_op(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None) -> Tensor:
     m = x.shape[0]
     n, k = weight.shape
+    block_n, block_k, split_k, warps, stages = config(n, k)
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     r = residual if residual is not None else y
-    _gemv[(triton.cdiv(n, BLOCK_N),)](
-        x, weight, bias if bias is not None else weight, r, y, m, n, k, x.stride(0), weight.stride(0), r.stride(0),
-        y.stride(0), HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, BLOCK_M=16,
-        BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32)
+    grid = (triton.cdiv(n, block_n), split_k)
+    partial = torch.empty(split_k, m, n, device=x.device, dtype=torch.float32) if split_k > 1 else y
+    count = counters(x.device, grid[0]) if split_k > 1 else y
+    _gemv[grid](x, weight, bias if bias is not None else weight, r, y, partial, count, m, n, k, x.stride(0),
+                weight.stride(0), r.stride(0), y.stride(0), HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+                BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
+                num_warps=warps, num_stages=stages)
     return y
 
 
@@ -125,3 +208,7 @@ def product(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Ten
 def linear(x: Tensor, layer: torch.nn.Linear, residual: Tensor | None = None) -> Tensor:
     """`layer(x)` (plus `residual`), by `product`."""
     return product(x, layer.weight, layer.bias, residual)
+
+
+if os.environ.get("WHIFLASH_GEMV_CONFIGS"):
+    load_configs(os.environ["WHIFLASH_GEMV_CONFIGS"])
