@@ -255,3 +255,35 @@ def test_stacked_projections_keep_hf_names_and_maths() -> None:
     y = torch.randn(3, 8)
     ref = F.linear(F.silu(F.linear(y, hf["gate_proj.weight"])) * F.linear(y, hf["up_proj.weight"]), hf["down_proj.weight"])
     assert torch.allclose(mlp(y), ref, atol=1e-5)
+
+
+def _held_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Tensors a module keeps outside its parameters and buffers (and in dicts and its rotary tables)."""
+    out: dict[str, torch.Tensor] = {}
+    for owner, obj in (("", module), ("rope.", getattr(module, "rope", None))):
+        for name, value in (vars(obj) if obj is not None else {}).items():
+            if isinstance(value, torch.Tensor):
+                out[owner + name] = value
+            elif isinstance(value, dict):
+                out.update({f"{owner}{name}[{key}]": v for key, v in value.items() if isinstance(v, torch.Tensor)})
+    return out
+
+
+def test_a_new_sequence_keeps_the_tensors_graphs_read(worlds):
+    """A captured CUDA graph reads the tensors its pass takes from the module (column indices, DFlash's mask
+    tokens, rotary tables) in place and does not keep them alive, so a sequence that fits the caches must
+    not make any of them anew (DFlash's mask tokens were, and its block graph read freed memory: an
+    out-of-range embedding index on the GPU)."""
+    target, drafters = worlds["qwen3-mixed"].load()
+    for m in (target, *drafters.values()):
+        m.static = True  # the fixed-shape passes, as graphs would capture them
+    target.setup_cache(128)  # drafters size their caches by the target's: every sequence below fits
+    for drafter in drafters.values():
+        whiflash.generate(target, drafter, [7, 8, 9, 10, 11, 12], 24)
+    before = {name: _held_tensors(m) for name, m in (("target", target), *drafters.items())}
+    for drafter in drafters.values():
+        whiflash.generate(target, drafter, [1, 2, 3], 12)
+    for name, m in (("target", target), *drafters.items()):
+        after = _held_tensors(m)
+        made_anew = [key for key, t in before[name].items() if after.get(key) is not t]
+        assert not made_anew, f"{name}: {made_anew} made anew for a sequence that fits"

@@ -88,10 +88,12 @@ class DFlashDrafter(Drafter):
         slots = max_len + 4 * self.catch_up_rows  # room for the block and a padded catch-up pass
         # grow only: a shorter sequence reuses the cache, and so the graphs captured against it
         if self.cache.ensure(len(self.layers), a.nkv, slots, a.hd, w.device, w.dtype, grow_only=True):
+            # made only with the cache: the block pass's graph reads them in place, so a tensor made anew
+            # per sequence would leave the graph reading freed memory
             self._cols = torch.arange(self.cache.slots, device=w.device)
+            self._masks = torch.full((self.block_size - 1,), self.mask_token_id, dtype=torch.long, device=w.device)
             self.drop_graphs()  # captured graphs point at the old cache
         self.rope.ensure(self.cache.slots + 1, w.device, w.dtype)
-        self._masks = torch.full((self.block_size - 1,), self.mask_token_id, dtype=torch.long, device=w.device)
 
     @property
     def catch_up_rows(self) -> int:
