@@ -140,7 +140,7 @@ def test_gemv_kernel_matches_linear_and_decodes_alike(tmp_path) -> None:
                 split = gemv.gemv(x, w, b, residual=r)
                 assert (split.double() - want - r.double()).abs().max().item() < 2 * tol * k ** 0.5, (dtype, n, k)
                 assert torch.equal(split, gemv.gemv(x, w, b, residual=r))
-                assert not gemv._counters[x.device].any()
+                assert not gemv.counters(x.device, 1).any()
                 del gemv.CONFIGS[(n, k)]
         assert not gemv.usable(torch.randn(17, 8), torch.randn(4, 8))  # more rows than its tile
         assert not gemv.usable(torch.randn(1, 8), torch.randn(16, 8))  # a widening product stays with cuBLAS
@@ -262,3 +262,14 @@ def test_gemv_settings_file(tmp_path) -> None:
     assert (24, 8) not in gemv.CONFIGS
     with pytest.raises(ValueError, match="missing.json"):
         gemv.load_configs(tmp_path / "missing.json")
+
+
+def test_gemv_counters_grow_beside_the_old_ones() -> None:
+    """Split-K counters that must grow are added, never swapped in: captured graphs read the old ones."""
+    from whiflash.runtime import gemv
+
+    cpu = torch.device("cpu")
+    first = gemv.counters(cpu, 1)
+    assert gemv.counters(cpu, first.numel()) is first
+    bigger = gemv.counters(cpu, first.numel() + 1)
+    assert bigger.numel() > first.numel() and any(t is first for t in gemv._counters[cpu])

@@ -144,19 +144,20 @@ if triton is not None:
                 _finish(acc, B, R, Y, m, n, m_ok, n_ok, sr_m, sy_m, HAS_BIAS, HAS_RESIDUAL)
 
 
-_counters: dict[torch.device, Tensor] = {}
+_counters: dict[torch.device, list[Tensor]] = {}
 
 
 def counters(device: torch.device, n: int) -> Tensor:
     """At least `n` zeroed int32 arrival counters on `device`, shared by every split-K launch (launches on
-    one stream run one after another, and each leaves its counters at zero). Made outside graph capture:
-    `Graphed` warms a pass up before capturing it."""
-    have = _counters.get(device)
-    if have is None or have.numel() < n:
+    one stream run one after another, and each leaves its counters at zero). Made outside graph capture
+    (`Graphed` warms a pass up before capturing it); a larger set is added beside the old one, never in
+    its place, since captured graphs keep reading the old one and do not keep it alive."""
+    have = _counters.setdefault(device, [])
+    if not have or have[-1].numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("gemv: split-K counters must be made before CUDA graph capture (run the pass once first)")
-        _counters[device] = have = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return have
+        have.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
+    return have[-1]
 
 
 @torch.library.custom_op("whiflash::gemv", mutates_args=())
