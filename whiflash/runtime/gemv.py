@@ -37,8 +37,8 @@ if triton is not None:
     import triton.language as tl
 
 ENABLED = os.environ.get("WHIFLASH_GEMV", "1") != "0"
-"""Route the layers' few-row products that do not widen through the kernel (on by default since it beat
-cuBLAS on each of them and took Qwen3-8B's compiled AR step from 5.38 to 5.01 ms, H200, 2026-12-01)."""
+"""Route the layers' few-row products through the kernel where `usable` (on by default since it beat cuBLAS
+on o_proj and down and took Qwen3-8B's compiled AR step from 5.38 to 5.01 ms, H200, 2026-12-01)."""
 
 MAX_ROWS = 16
 """Most rows of `x` the kernel takes (a verify pass of 16 tokens); more rows go to cuBLAS."""
