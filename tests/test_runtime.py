@@ -287,3 +287,17 @@ def test_a_new_sequence_keeps_the_tensors_graphs_read(worlds):
         after = _held_tensors(m)
         made_anew = [key for key, t in before[name].items() if after.get(key) is not t]
         assert not made_anew, f"{name}: {made_anew} made anew for a sequence that fits"
+
+
+def test_a_drafter_given_another_target_drops_its_graphs(worlds):
+    """Captured drafter passes read their target's LM head and embeddings in place: a drafter reset with a
+    different target must capture afresh; with the same target its graphs stay."""
+    target, drafters = worlds["qwen3-mixed"].load()
+    other, _ = worlds["qwen3-mixed"].load()
+    for drafter in drafters.values():
+        drafter.reset(target, 64)
+        drafter.graphs = {"captured": object()}  # stands in for a CUDA graph (none on the CPU)
+        drafter.reset(target, 64)
+        assert drafter.graphs, drafter.kind
+        drafter.reset(other, 64)
+        assert drafter.graphs == {}, drafter.kind

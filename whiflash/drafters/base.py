@@ -102,6 +102,8 @@ class Drafter(nn.Module, FixedShapePasses):
 
     def reset(self, target: Any, max_len: int, temperature: float = 0.0) -> None:
         """Start a new sequence: forget the backlog and (re)size the cache for `max_len` positions."""
+        if self._target and self._target[0] is not target:
+            self.drop_graphs()  # captured passes read the old target's weights (LM head, embeddings) in place
         self._target = (target,)
         self.backlog = []
         self.kv_len = 0
