@@ -28,6 +28,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+_cuda_poisoned_by: list[str] = []
+"""The GPU test whose device-side assert left the process's CUDA context unusable (every later CUDA call
+fails with it, so later GPU tests are skipped instead of failing as noise)."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    report = yield
+    if report.failed and call.excinfo is not None and "device-side assert" in str(call.excinfo.value):
+        _cuda_poisoned_by.append(item.nodeid)
+    return report
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _cuda_poisoned_by and "gpu" in item.keywords:
+        pytest.skip(f"CUDA context unusable: {_cuda_poisoned_by[0]} hit a device-side assert (its failure is the finding)")
+
+
 class World:
     """A target folder plus its drafter folders, loaded on demand."""
 
