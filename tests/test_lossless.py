@@ -1,11 +1,15 @@
 """Greedy speculative decoding equals the target's own greedy decoding, token for token."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
+from torch import Tensor
 
 import whiflash
 from whiflash.routers import ScriptedRouter
+from whiflash.testing import emulated_graphs
 
 PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6]]
 LENGTHS = [1, 9, 40]
@@ -99,10 +103,21 @@ def test_bad_arguments(worlds):
             whiflash.generate(target, None, **call)
 
 
+def _decode(target, drafter, prompt: list[int]) -> tuple[list[int], list[int], list[Tensor], list[int]]:
+    """Tokens, taus, the router features of every round (copied when recorded: a later replay must not
+    have changed them) and the catch-up backlogs."""
+    features: list[Tensor] = []
+    out, stats = whiflash.generate(target, drafter, prompt, 40,
+                                   on_round=lambda r: features.extend((r.hidden.clone(), r.logits.clone())))
+    return out, stats.taus, features, stats.backlogs
+
+
 @pytest.mark.parametrize("world", ["qwen3-mixed", "llama-crafted"])
 def test_static_shape_path_gives_the_same_tokens_and_taus(worlds, world):
     """The fixed-shape passes that CUDA graphs capture (full-cache attention under a mask,
-    index_copy_ K/V writes) decode exactly like the eager path."""
+    index_copy_ K/V writes) decode exactly like the eager path; and through emulated graphs (static
+    inputs, outputs overwritten by the next replay) exactly like the fixed-shape passes called directly,
+    router features included: no caller keeps a graph output past the next replay."""
     target, drafters = worlds[world].load()
     routed = whiflash.RoutedDrafter("df-e3", whiflash.AlternatingRouter(), eagle3=drafters["eagle3"],
                                     dflash=drafters["ddtree"])
@@ -111,22 +126,26 @@ def test_static_shape_path_gives_the_same_tokens_and_taus(worlds, world):
                                        dflash=drafters["dflash"])
     oracle = whiflash.OracleDrafter("df-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"])
     members = [target, *drafters.values()]
+    methods = [None, *drafters.values(), routed, oracle, stretches]
     for prompt in PROMPTS:
         runs = []
-        for static in (False, True):
+        for mode in ("eager", "static", "graphs"):
             for m in members:
-                m.static = static
-            runs.append([whiflash.generate(target, d, prompt, 40) for d in [None, *drafters.values(), routed, oracle,
-                                                                             stretches]])
-        assert max(runs[0][-1][1].backlogs) > drafters["eagle3"].num_steps + 1  # several catch-up passes
-        for (out_e, st_e), (out_s, st_s) in zip(*runs):
-            assert out_e == out_s and st_e.taus == st_s.taus
+                m.static = mode == "static"
+            with emulated_graphs(*members) if mode == "graphs" else contextlib.nullcontext():
+                runs.append([_decode(target, d, prompt) for d in methods])
+        assert max(runs[0][-1][3]) > drafters["eagle3"].num_steps + 1  # several catch-up passes
+        for d, eager, static, graphs in zip(methods, *runs):
+            name = d.name if d is not None else "ar"
+            assert eager[:2] == static[:2] == graphs[:2], (name, prompt)
+            assert len(static[2]) == len(graphs[2]) and all(map(torch.equal, static[2], graphs[2])), (name, prompt)
 
 
 def test_static_shape_drafting_proposes_what_the_eager_path_proposes(worlds, monkeypatch):
     """The drafts themselves, not only the accepted tokens, in a random world: its drafters attend to
     their caches (the crafted ones do not) and its drafts are rarely accepted, so equal outputs alone
-    would not show a wrong fixed-shape mask in a drafting step."""
+    would not show a wrong fixed-shape mask in a drafting step, nor (through emulated graphs) a backlog
+    that kept a view of a graph output past the next replay."""
     target, drafters = worlds["qwen3-random"].load()
     routed = whiflash.RoutedDrafter("df-e3", ScriptedRouter([0] * 3 + [1] * 4), eagle3=drafters["eagle3"],
                                     dflash=drafters["dflash"])
@@ -141,13 +160,15 @@ def test_static_shape_drafting_proposes_what_the_eager_path_proposes(worlds, mon
             return proposal
 
         monkeypatch.setattr(cls, method, spy)
+    members = [target, *drafters.values()]
     for drafter in [*drafters.values(), routed]:
         runs = []
-        for static in (False, True):
-            for m in [target, *drafters.values()]:
-                m.static = static
+        for mode in ("eager", "static", "graphs"):  # graphs: emulated, outputs overwritten by the next replay
+            for m in members:
+                m.static = mode == "static"
             seen.clear()
-            for prompt in PROMPTS:
-                whiflash.generate(target, drafter, prompt, 30)
+            with emulated_graphs(*members) if mode == "graphs" else contextlib.nullcontext():
+                for prompt in PROMPTS:
+                    whiflash.generate(target, drafter, prompt, 30)
             runs.append(list(seen))
-        assert runs[0] == runs[1] and len(runs[0]) > 20, drafter.kind
+        assert runs[0] == runs[1] == runs[2] and len(runs[0]) > 20, drafter.kind

@@ -15,11 +15,16 @@ Not imported by `import whiflash`; `transformers` is imported only inside `make_
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
+from torch import Tensor
 
 C = 5
 """The token crafted targets continue with (and crafted drafters propose)."""
@@ -144,3 +149,63 @@ def make_dflash(folder: Path, target_cfg: dict, taps: list[int], block_size: int
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file(st, str(folder / "model.safetensors"))
     return folder
+
+
+def _tensors_like(out: Any, make: Callable[[Tensor], Tensor]) -> Any:
+    """`out` (tensors in tuples, lists, dicts and dataclasses) with every tensor replaced by `make(tensor)`."""
+    if isinstance(out, Tensor):
+        return make(out)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_tensors_like(x, make) for x in out)
+    if isinstance(out, dict):
+        return {k: _tensors_like(v, make) for k, v in out.items()}
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        return dataclasses.replace(out, **{f.name: _tensors_like(getattr(out, f.name), make)
+                                           for f in dataclasses.fields(out) if f.init})
+    return out
+
+
+class EmulatedGraph:
+    """`whiflash.runtime.graphs.Graphed`'s contract on the CPU: inputs copied into static buffers (or read in
+    place with `alias`), outputs the same tensors on every call, overwritten by the next call. Decoding
+    through it shows where a caller keeps a graph output across replays (a real graph would overwrite it);
+    it does not show a pass that reads a module tensor made anew after capture (it re-runs the Python,
+    `tests/test_runtime.py` checks that instead)."""
+
+    def __init__(self, fn: Callable[..., Any], *example_inputs: Tensor, warmup: int = 2, alias: bool = False) -> None:
+        self.fn = fn
+        self.inputs = list(example_inputs) if alias else [x.clone() for x in example_inputs]
+        for _ in range(warmup):
+            fn(*self.inputs)
+        given = {id(x) for x in self.inputs}
+        self.outputs = _tensors_like(fn(*self.inputs), lambda t: t if id(t) in given else t.clone())
+
+    def __call__(self, *inputs: Tensor) -> Any:
+        for static, x in zip(self.inputs, inputs):
+            if static is not x:
+                static.copy_(x)
+        fresh: list[Tensor] = []
+        _tensors_like(self.fn(*self.inputs), fresh.append)
+        kept: list[Tensor] = []
+        _tensors_like(self.outputs, kept.append)
+        for static, x in zip(kept, fresh):
+            if static is not x:
+                static.copy_(x)
+        return self.outputs
+
+
+@contextlib.contextmanager
+def emulated_graphs(*models: Any) -> Iterator[None]:
+    """Run `models`' fixed-shape passes through `EmulatedGraph`s (CPU tests of the CUDA-graph path)."""
+    from whiflash.runtime import graphs
+
+    real = graphs.Graphed
+    graphs.Graphed = EmulatedGraph
+    for m in models:
+        m.graphs = {}
+    try:
+        yield
+    finally:
+        graphs.Graphed = real
+        for m in models:
+            m.graphs = None
