@@ -70,6 +70,7 @@ def main() -> None:
             share = lambda us: n * k * 2 / (us / 1e6) / bw  # noqa: E731
             cublas = [graph_us(lambda x=x: [F.linear(x, w) for w in ws], len(ws)) for x in xs.values()]
             results = []
+            listed, current = (n, k) in gemv.CONFIGS, gemv.config(n, k)  # the engine's setting now
             for setting in itertools.product(*grid):
                 gemv.CONFIGS[(n, k)] = setting
                 try:
@@ -78,11 +79,15 @@ def main() -> None:
                     print(f"  {preset} {name} {setting}: {type(exc).__name__}")
                     continue
                 results.append((sum(us), us, setting))
-            gemv.CONFIGS.pop((n, k), None)
+            if listed:  # the table as it was
+                gemv.CONFIGS[(n, k)] = current
+            else:
+                gemv.CONFIGS.pop((n, k))
             results.sort()
-            default = next((us for _, us, st in results if st == gemv.config(n, k)), None)
+            now = next((us for _, us, st in results if st == current), None)
             fmt = lambda us: " ".join(f"{u:6.1f} ({share(u):.0%})" for u in us)  # noqa: E731
-            print(f"{preset} {name} [{n}, {k}]: cuBLAS {fmt(cublas)}; default {fmt(default) if default else '-'}")
+            print(f"{preset} {name} [{n}, {k}]: cuBLAS {fmt(cublas)}; current {'/'.join(map(str, current))} "
+                  f"{fmt(now) if now else '-'}")
             for _, us, setting in results[:args.top]:
                 print(f"    {'/'.join(map(str, setting)):<18}{fmt(us)}")
             if results and results[0][0] < sum(cublas):

@@ -179,6 +179,8 @@ class EmulatedGraph:
             fn(*self.inputs)
         given = {id(x) for x in self.inputs}
         self.outputs = _tensors_like(fn(*self.inputs), lambda t: t if id(t) in given else t.clone())
+        self._kept: list[Tensor] = []
+        _tensors_like(self.outputs, self._kept.append)
 
     def __call__(self, *inputs: Tensor) -> Any:
         for static, x in zip(self.inputs, inputs):
@@ -186,9 +188,7 @@ class EmulatedGraph:
                 static.copy_(x)
         fresh: list[Tensor] = []
         _tensors_like(self.fn(*self.inputs), fresh.append)
-        kept: list[Tensor] = []
-        _tensors_like(self.outputs, kept.append)
-        for static, x in zip(kept, fresh):
+        for static, x in zip(self._kept, fresh):
             if static is not x:
                 static.copy_(x)
         return self.outputs
