@@ -135,7 +135,8 @@ PY
           --max-samples "${EVAL_SAMPLES:-24}" --max-new-tokens 96 --methods "${METHODS:-ar,eagle3,dflash,ddtree}" \
           --device cuda --dtype bfloat16 --cuda-graphs "${flags[@]}" --out "$LOG/compare" --name "${PRESET}_$opt" 2>&1 \
           | tee "$LOG/compare_$opt.log" | quiet | tail -3
-        grep -A12 -i "tokens/s\|speedup" "$LOG"/compare/*"${PRESET}_$opt"*/results.md 2>/dev/null | head -24
+        cp "$LOG"/compare/*"${PRESET}_$opt"*/results.md "$LOG/compare_$opt.md" 2>/dev/null  # run folders nest too deep to copy back whole
+        grep "^| all" "$LOG/compare_$opt.md" 2>/dev/null
       done ;;
     tests)
       timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$LOG/gpu_tests.log" | tail -5 ;;
