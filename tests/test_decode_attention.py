@@ -1,5 +1,5 @@
-"""The fixed-shape passes' speed options on the CPU: the Triton decode attention and GEMV kernels (under
-Triton's interpreter) and the torch.compile'd layer stages. Both must leave decoding unchanged; CUDA runs of
+"""The fixed-shape passes' speed options on the CPU: the Triton decode attention, GEMV and DDTree beam kernels
+(under Triton's interpreter) and the torch.compile'd layer stages. Both must leave decoding unchanged; CUDA runs of
 the same checks are in tests/test_gpu.py."""
 from __future__ import annotations
 
@@ -276,3 +276,49 @@ def test_gemv_counters_grow_beside_the_old_ones() -> None:
     assert gemv.counters(cpu, first.numel()) is first
     bigger = gemv.counters(cpu, first.numel() + 1)
     assert bigger.numel() > first.numel() and any(t is first for t in gemv._counters[cpu])
+
+
+@needs_triton
+def test_tree_beam_kernel_builds_the_reference_trees() -> None:
+    """DDTree's beam kernel (one program merging the beam rows' sorted candidates) against the sort-based
+    tensor ops and the reference heap: ties between siblings, across depths and across beam rows where they
+    decide the tree (`top3`: a kernel taking the highest tied row instead of the lowest fails), exact zeros, -inf, bf16
+    scores, one and two depths, budgets up to the vocabulary (where the kernel runs)."""
+    out = _interpreted("""
+        import torch
+        from whiflash.drafters import trees
+
+        g = torch.Generator().manual_seed(0)
+        cases = 0
+        for kind in ["random", "tied", "gap40", "top3", "neginf", "bf16"]:
+            for depth, vocab, budget in [(6, 64, 6), (5, 40, 15), (2, 64, 15), (1, 64, 6), (4, 20, 20)]:
+                x = torch.randn(depth, vocab, generator=g) * 2
+                if kind == "tied":
+                    x = torch.randint(0, 3, (depth, vocab), generator=g).float()
+                elif kind == "gap40":  # top-1 log-prob exactly 0: children tie their parents
+                    x[:, 0] += 40
+                elif kind == "top3":  # three equal tokens far ahead: ties across beam rows inside the tree
+                    x[:, :3] = 40.0
+                elif kind == "neginf":
+                    x[:, vocab // 2:] = float("-inf")
+                top_logp, top_ids = torch.log_softmax(x, -1).topk(min(budget, vocab), -1)
+                if kind == "bf16":
+                    top_logp = top_logp.bfloat16()
+                trees.KERNEL = False
+                ops = trees.build_tree_device(top_logp, top_ids, budget)
+                calls = []
+                real = trees._beams_by_kernel
+                trees._beams_by_kernel = lambda *a: (calls.append(1), real(*a))[1]
+                trees.KERNEL = True
+                kernel = trees.build_tree_device(top_logp, top_ids, budget)
+                trees._beams_by_kernel = real
+                assert calls, (kind, depth, budget)
+                for field in ("tokens", "parents", "depths", "tree_mask"):
+                    assert torch.equal(getattr(ops, field), getattr(kernel, field)), (kind, depth, budget, field)
+                tokens, parents, depths = trees.build_tree(top_logp.tolist(), top_ids.tolist(), budget)
+                assert (kernel.tokens.tolist(), kernel.parents.tolist(), kernel.depths.tolist()) == (
+                    tokens, parents, depths), (kind, depth, budget)
+                cases += 1
+        print(cases)
+    """)
+    assert out.strip() == "30"

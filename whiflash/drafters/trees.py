@@ -15,16 +15,29 @@ Two builders give the same tree under that rule: `build_tree`, the reference hea
 (upstream's best-first search), and `build_tree_device`, fixed-shape tensor ops (a per-depth beam
 of the `B` best prefixes, then the global first `B`) that stay on the GPU, so a DDTree round needs
 no host round trip of its own. Both emit nodes in rank order, so parents precede children. The device
-builder is replayed as one CUDA graph whose ~100 kernels run back to back (two sorts a depth, ancestors by
-pointer jumping), so its op count is its cost: `tests/test_trees.py` bounds it.
+builder is replayed as one CUDA graph whose kernels run back to back, so its kernel count is its cost: as
+tensor ops ~100 (two sorts a depth, ancestors by pointer jumping; `tests/test_trees.py` bounds them), and
+on a GPU with Triton 44, every depth's beam grown by one kernel (`_beams`: a merge of the beam rows, whose
+candidates already come in rule order) instead of two sorts a depth: 727 -> 265 us at budget 32 and 690 ->
+155 us at budget 15 on an H200 (`scripts/bench_tree.py`, 2026-12-01).
 """
 from __future__ import annotations
 
 import heapq
+import os
+
 import torch
 from torch import Tensor
 
 from whiflash.drafters.base import Proposal
+from whiflash.runtime.decode_attention import INTERPRET, triton
+
+if triton is not None:
+    import triton.language as tl
+
+KERNEL = os.environ.get("WHIFLASH_TREE_KERNEL", "1") != "0"
+"""Grow the device builder's beams with one Triton kernel where it can run (`WHIFLASH_TREE_KERNEL=0`: the
+sort-based tensor ops everywhere, for comparisons)."""
 
 
 def build_tree(top_logp: list[list[float]], top_ids: list[list[int]], budget: int) -> tuple[list[int], list[int], list[int]]:
@@ -75,6 +88,50 @@ def _first(score: Tensor, valid: Tensor | None, n: int) -> Tensor:
     return order[torch.sort((~valid[order]).to(torch.uint8), stable=True).indices][:n]
 
 
+if triton is not None:
+
+    @triton.jit
+    def _beams(LOGP, SCORES, PICKS, L, K, B, BP: tl.constexpr):
+        # One program grows every depth's beam. A beam row's candidates (its score + the depth's sorted
+        # log-probs) come in rule order along the row (values non-increasing, flat index increasing), so
+        # the first B candidates of the depth are a B-way merge of the rows: B times, the best row head
+        # (ties: the lowest row, i.e. the lowest flat index) is taken and that row advances.
+        i = tl.arange(0, BP)
+        row_ok = i < B
+        s = tl.load(LOGP + i, mask=row_ok, other=float("-inf"))  # depth 1: ranks 0 .. B-1 (K >= B)
+        tl.store(SCORES + i, s, mask=row_ok)
+        for d in range(1, L):
+            ptr = tl.zeros([BP], tl.int64)  # each row's next rank
+            picks = tl.zeros([BP], tl.int64)
+            vals = tl.zeros([BP], tl.float64)
+            for step in range(B):
+                ok = row_ok & (ptr < K)
+                head = tl.where(ok, s + tl.load(LOGP + d * K + ptr, mask=ok, other=0.0), float("-inf"))
+                best = tl.max(head, 0)
+                win = tl.min(tl.where(ok & (head == best), i, BP), 0)
+                rank = tl.sum(tl.where(i == win, ptr, 0), 0)
+                picks = tl.where(i == step, win * K + rank, picks)
+                vals = tl.where(i == step, best, vals)
+                ptr = tl.where(i == win, ptr + 1, ptr)
+            # the next beam in flat-index (rank-path) order: pick a goes to the number of picks before it
+            pos = tl.sum(((picks[None, :] < picks[:, None]) & row_ok[None, :]).to(tl.int32), 1)
+            into = (pos[None, :] == i[:, None]) & row_ok[None, :]  # [slot, pick]
+            s = tl.sum(tl.where(into, vals[None, :], 0.0), 1)
+            tl.store(SCORES + d * B + i, s, mask=row_ok)
+            tl.store(PICKS + (d - 1) * B + i, tl.sum(tl.where(into, picks[None, :], 0), 1), mask=row_ok)
+
+
+def _beams_by_kernel(logp: Tensor, budget: int) -> tuple[Tensor, Tensor]:
+    """Every depth's beam of a float64 `logp [L, K]` (K >= budget): its scores `[L, budget]` and, below depth 1,
+    its candidates' flat indices `[L - 1, budget]` in rank-path order, as the sort-based loop leaves them."""
+    depth_max, k = logp.shape
+    scores = torch.empty(depth_max, budget, dtype=torch.float64, device=logp.device)
+    picks = torch.empty(max(depth_max - 1, 0), budget, dtype=torch.long, device=logp.device)
+    bp = max(16, triton.next_power_of_2(budget))
+    _beams[(1,)](logp.contiguous(), scores, picks, depth_max, k, budget, BP=bp, num_warps=1 if bp <= 32 else 4)
+    return scores, picks
+
+
 def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
     """The first `budget` prefixes under the tie rule, from sorted per-depth top-k `[L, K]`, with tensor ops only.
 
@@ -97,20 +154,24 @@ def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int) -> Proposa
     slot = torch.arange(budget, device=dev)
     first_ranks = slot.clamp_max(k - 1)  # depth 1: the beam is simply ranks 0 .. budget-1
     valid = [None if full else slot < k]
-    scores = [logp[0, first_ranks] if full else torch.where(valid[0], logp[0, first_ranks], float("-inf"))]
-    picks = []
-    for d in range(1, depth_max):
-        cand = (scores[-1][:, None] + logp[d][None, :]).flatten()
-        ok = None if full else valid[-1][:, None].expand(budget, k).flatten()
-        pick = _first(cand, ok, budget).sort().values  # back to rank-path order for the next depth
-        scores.append(cand[pick])
-        valid.append(None if full else ok[pick])
-        picks.append(pick)
-    steps = torch.stack(picks) if picks else slot.new_zeros(0, budget)
+    if full and KERNEL and triton is not None and (dev.type == "cuda" or INTERPRET):
+        all_scores, steps = _beams_by_kernel(logp, budget)  # one launch instead of two sorts a depth
+    else:
+        scores = [logp[0, first_ranks] if full else torch.where(valid[0], logp[0, first_ranks], float("-inf"))]
+        picks = []
+        for d in range(1, depth_max):
+            cand = (scores[-1][:, None] + logp[d][None, :]).flatten()
+            ok = None if full else valid[-1][:, None].expand(budget, k).flatten()
+            pick = _first(cand, ok, budget).sort().values  # back to rank-path order for the next depth
+            scores.append(cand[pick])
+            valid.append(None if full else ok[pick])
+            picks.append(pick)
+        all_scores = torch.stack(scores)
+        steps = torch.stack(picks) if picks else slot.new_zeros(0, budget)
     parent_slot = torch.cat([slot.new_zeros(1, budget), steps // k])
     ranks = torch.cat([first_ranks[None], steps % k])
     real_all = None if full else torch.stack(valid)
-    chosen = _first(torch.stack(scores).flatten(), None if full else real_all.flatten(), budget)
+    chosen = _first(all_scores.flatten(), None if full else real_all.flatten(), budget)
     depth0, local = chosen // budget, chosen % budget  # depth index (0-based) and beam slot
     node_of = torch.zeros(depth_max, budget, dtype=torch.long, device=dev)
     node_of[depth0, local] = torch.arange(1, budget + 1, device=dev)

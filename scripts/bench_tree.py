@@ -1,0 +1,72 @@
+"""DDTree's device tree builder: the beam kernel against the sort-based tensor ops, side by side.
+
+Usage: python scripts/bench_tree.py [--budgets 15,32,64,128] [--depth 15] [--vocab 151936] [--cases 50]
+
+For each budget, checks on `--cases` random and tied drafts that both builders give the same tree (tokens,
+parents, depths, ancestor mask), then times each as one CUDA graph replay of `tree_proposal` (top-k and
+builder, as a DDTree round runs it) and of the builder alone, in GPU us, and counts the builder's kernels.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from whiflash.drafters import trees
+from whiflash.eval.timing import device_ms
+from whiflash.runtime.graphs import Graphed
+
+
+def kernels(fn) -> int:
+    """CUDA kernels one eager call of `fn` launches."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budgets", default="15,32,64,128", help="tree budgets (nodes), comma-separated")
+    ap.add_argument("--depth", type=int, default=15, help="draft depths (a DFlash block of 16 drafts 15)")
+    ap.add_argument("--vocab", type=int, default=151936, help="draft vocabulary (Qwen3's by default)")
+    ap.add_argument("--cases", type=int, default=50, help="random and tied drafts checked per budget")
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or trees.triton is None:
+        raise SystemExit("bench_tree.py needs a CUDA device and Triton")
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    print(f"{torch.cuda.get_device_name()}: depth {args.depth}, vocab {args.vocab}; GPU us per graph replay")
+    print(f"{'budget':>6} {'same':>6} {'proposal: sort':>15} {'kernel':>8} {'builder: sort':>14} {'kernel':>8} "
+          f"{'kernels: sort':>14} {'kernel':>7}")
+    for budget in map(int, args.budgets.split(",")):
+        same = 0
+        for case in range(args.cases):
+            logits = torch.randn(args.depth, args.vocab, device=dev, generator=gen) * 3
+            if case % 2:  # few distinct values: ties between siblings and across depths
+                logits = logits.round()
+            out = []
+            for on in (False, True):
+                trees.KERNEL = on
+                out.append(trees.tree_proposal(logits, budget))
+            same += all(torch.equal(getattr(out[0], f), getattr(out[1], f))
+                        for f in ("tokens", "parents", "depths", "tree_mask"))
+        logits = torch.randn(args.depth, args.vocab, device=dev, generator=gen) * 3
+        top_logp, top_ids = torch.log_softmax(logits, -1).topk(budget, -1)
+        row = []
+        for fn in (lambda: trees.tree_proposal(logits, budget),
+                   lambda: trees.build_tree_device(top_logp, top_ids, budget)):
+            for on in (False, True):
+                trees.KERNEL = on
+                row.append(1e3 * device_ms(Graphed(fn), dev, n=50))
+        counts = []
+        for on in (False, True):
+            trees.KERNEL = on
+            counts.append(kernels(lambda: trees.build_tree_device(top_logp, top_ids, budget)))
+        trees.KERNEL = True
+        print(f"{budget:>6} {same:>3}/{args.cases:<2} {row[0]:>15.1f} {row[1]:>8.1f} {row[2]:>14.1f} {row[3]:>8.1f} "
+              f"{counts[0]:>14} {counts[1]:>7}")
+
+
+if __name__ == "__main__":
+    main()
