@@ -108,8 +108,9 @@ if triton is not None:
                 ok = row_ok & (ptr < K)
                 head = tl.where(ok, s + tl.load(LOGP + d * K + ptr, mask=ok, other=0.0), float("-inf"))
                 best = tl.max(head, 0)
-                win = tl.min(tl.where(ok & (head == best), i, BP), 0)
-                rank = tl.sum(tl.where(i == win, ptr, 0), 0)
+                # the clamps never bind on real scores; NaN ones (a broken draft) must still give in-range indices
+                win = tl.minimum(tl.min(tl.where(ok & (head == best), i, BP), 0), B - 1)
+                rank = tl.minimum(tl.sum(tl.where(i == win, ptr, 0), 0), K - 1)
                 picks = tl.where(i == step, win * K + rank, picks)
                 vals = tl.where(i == step, best, vals)
                 ptr = tl.where(i == win, ptr + 1, ptr)
