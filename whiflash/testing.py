@@ -199,7 +199,7 @@ def emulated_graphs(*models: Any) -> Iterator[None]:
     """Run `models`' fixed-shape passes through `EmulatedGraph`s (CPU tests of the CUDA-graph path)."""
     from whiflash.runtime import graphs
 
-    real = graphs.Graphed
+    real, before = graphs.Graphed, [m.graphs for m in models]
     graphs.Graphed = EmulatedGraph
     for m in models:
         m.graphs = {}
@@ -207,5 +207,5 @@ def emulated_graphs(*models: Any) -> Iterator[None]:
         yield
     finally:
         graphs.Graphed = real
-        for m in models:
-            m.graphs = None
+        for m, had in zip(models, before):  # as they were (graphs off, or the real graphs captured before)
+            m.graphs = had
