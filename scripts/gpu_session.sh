@@ -14,7 +14,9 @@
 #           (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse` importable);
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
 #           `router` step has left a router for PAIR), bf16 + CUDA graphs on a GPU; METHODS overrides the
-#           method list; the run folder goes to LOG_DIR/eval
+#           method list, EVAL_SAMPLES / EVAL_TOKENS the prompts and new tokens, EVAL_FLAGS adds bench flags
+#           (e.g. "--temperature 1"), EVAL_TAG names the run; the run folder goes to LOG_DIR/eval, its
+#           results.md and samples.jsonl are copied to LOG_DIR/eval_PAIR[TAG]_*
 #   compare whiflash-eval bench of AR/EAGLE-3/DFlash/DDTree three times on the same prompts: SDPA
 #           (WHIFLASH_DECODE_ATTENTION=0), the decode attention kernel, and the kernel with --compile-layers;
 #   tests   the CUDA tests (lossless in fp32 / near-ties in bf16, graphs == eager, transformers parity;
@@ -122,10 +124,14 @@ PY
       neural=""; router=(); [ -d "$ROUTER" ] && neural=",whiflash-neural" router=(--whiflash-neural-router-path "$ROUTER")
       gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
       timeout "${EVAL_TIMEOUT:-420}" python3 -m whiflash.eval bench --testbed "$TB" --dataset testbed:test \
-        --max-samples "${EVAL_SAMPLES:-30}" --max-new-tokens 96 --whiflash-drafters "$PAIR" \
+        --max-samples "${EVAL_SAMPLES:-30}" --max-new-tokens "${EVAL_TOKENS:-96}" --whiflash-drafters "$PAIR" \
         --methods "${METHODS:-ar,eagle3,dflash,ddtree,whiflash-entropy${neural},oracle}" "${router[@]}" "${gpu[@]}" \
-        --out "$LOG/eval" --name "${PRESET}_$PAIR" 2>&1 | tee "$LOG/eval_$PAIR.log" | quiet | tail -5
-      cat "$LOG"/eval/*"${PRESET}_$PAIR"*/results.md 2>/dev/null | head -60 ;;
+        ${EVAL_FLAGS:-} --out "$LOG/eval" --name "${PRESET}_$PAIR${EVAL_TAG:-}" 2>&1 | tee "$LOG/eval_$PAIR${EVAL_TAG:-}.log" | quiet | tail -5
+      run_dir=$(ls -d "$LOG"/eval/*"${PRESET}_$PAIR${EVAL_TAG:-}" 2>/dev/null | tail -1)
+      for f in results.md samples.jsonl; do  # run folders nest too deep for the device's copy-back
+        [ -f "$run_dir/$f" ] && cp "$run_dir/$f" "$LOG/eval_$PAIR${EVAL_TAG:-}_$f"
+      done
+      head -60 "$LOG/eval_$PAIR${EVAL_TAG:-}_results.md" 2>/dev/null ;;
     compare)  # the engine's options end to end, same prompts: SDPA, the decode attention kernel, + compiled layers
       for opt in sdpa kernel compile; do
         env=(); flags=()

@@ -155,22 +155,67 @@ def test_responses_continue_prompts_of_the_configured_split(micro: Path, tmp_pat
                                                                           for c in CATEGORIES}
 
 
-def test_packed_target_features_equal_one_pass_per_sequence(micro: Path, monkeypatch) -> None:
-    from whiflash.runtime.model import Target
-    from whiflash.testbed.drafter_data import target_features
+def test_batched_target_features_equal_the_runtime_forward(micro: Path) -> None:
+    """Drafters train on features of right-padded batches; they must be what the engine's forward gives."""
+    import whiflash
+    from whiflash.testbed.drafter_data import load_features, pad_batch, response_samples
 
-    calls: list[int] = []
-    forward = Target.forward
-    monkeypatch.setattr(Target, "forward", lambda self, ids, *a, **k: calls.append(ids.numel()) or forward(self, ids, *a, **k))
-    alone, _ = target_features(micro, [0, 1], pack_tokens=0)
-    n_alone = len(calls)
-    packed, _ = target_features(micro, [1, 0], pack_tokens=400)  # several sequences per pass, taps reordered
-    assert len(packed) == len(alone) > 4
-    assert len(calls) - n_alone < n_alone / 2 and max(calls) <= 400  # passes really hold several sequences
-    for a, b in zip(alone, packed):
-        assert torch.equal(a.ids, b.ids) and torch.equal(a.loss_mask, b.loss_mask) and a.category == b.category
-        torch.testing.assert_close(b.feats, a.feats[:, [1, 0]], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(b.hidden, a.hidden, atol=1e-4, rtol=1e-4)
+    samples = response_samples(micro)[:5]
+    features = load_features(micro, [1, 0])  # taps in any order; the last layer's tap is the post-norm state
+    batch = pad_batch(samples, pad_id=1)
+    feats, hidden = features(batch["ids"])
+    target = whiflash.load_target(micro / "target")
+    for i, s in enumerate(samples):
+        n = s.ids.numel()
+        target.setup_cache(n)
+        ref = target.forward(s.ids, 0, taps=(0, 1), logits="none")
+        torch.testing.assert_close(feats[i, :n], ref.feats[:, [1, 0]], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(hidden[i, :n], ref.hidden, atol=1e-4, rtol=1e-4)
+    assert features.train().training is False  # a training module's .train() leaves the target in eval mode
+
+
+def test_batched_generation_equals_the_transformers_forward() -> None:
+    """The static-cache batch decoder gives the tokens of a plain full-recompute greedy loop, row by row."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from whiflash.testbed.generate import continue_prompts
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                      eos_token_id=1, pad_token_id=0)
+    model = Qwen3ForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, 97, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (7,), generator=g)]
+    got = continue_prompts(model, prompts, 8, eos=1, pad_id=0, batch_size=3)  # prompts of other lengths share batches
+    for p, cont in zip(prompts, got):
+        ids, ref = torch.tensor([p]), []
+        with torch.no_grad():
+            for _ in range(8):
+                ref.append(int(model(input_ids=ids).logits[0, -1].argmax()))
+                if ref[-1] == 1:
+                    break
+                ids = torch.cat([ids, torch.tensor([[ref[-1]]])], dim=1)
+        assert cont == ref
+    sampled = continue_prompts(model, prompts, 8, eos=1, pad_id=0, batch_size=3, temperature=1.0, seed=5)
+    assert sampled == continue_prompts(model, prompts, 8, eos=1, pad_id=0, batch_size=3, temperature=1.0, seed=5)
+    assert sampled != got
+
+
+def test_sharpening_fine_tunes_the_target_on_its_own_continuations(micro: Path) -> None:
+    rec = _manifest(micro)["stages"]["target"]
+    sharpen, cfg = rec["sharpen"], get_preset("micro").target.sharpen
+    assert sharpen["steps"] == cfg.steps and sharpen["sequences"] + sharpen["dropped_repetitive"] == 4 * cfg.prompts_per_category
+    for key in ("own_entropy_before", "own_entropy_after"):
+        assert set(sharpen[key]) == set(CATEGORIES) and all(v >= 0 for v in sharpen[key].values())
+    assert set(rec["pretrained_test"]) == set(rec["test"]) == set(CATEGORIES)
+    assert rec["test"] != rec["pretrained_test"]  # the saved target is the fine-tuned one
+
+
+def test_repetitive_continuations_are_recognised() -> None:
+    from whiflash.testbed.drafter_data import repetitive
+
+    assert repetitive([5, 6, 7] * 20) and not repetitive(list(range(60))) and not repetitive([5, 6] * 4)
 
 
 def test_second_build_reuses_every_stage(micro: Path) -> None:

@@ -32,10 +32,10 @@ __all__ = ["build", "default_dir", "STAGES", "DRAFTER_TRAINING_VERSION"]
 
 log = logging.getLogger(__name__)
 
-DRAFTER_TRAINING_VERSION = 2
+DRAFTER_TRAINING_VERSION = 3
 """Part of the drafter stages' fingerprints: bump it when a code change makes the same config train other
-weights (2: the engine's Q/K/V and gate/up projections are stacked, which initialises them in another
-order), so a resumed build retrains its drafters instead of keeping ones the code would not make now."""
+weights (3: target features computed batch by batch with the build's precision), so a resumed build
+retrains its drafters instead of keeping ones the code would not make now."""
 
 STAGES: tuple[str, ...] = ("corpus", "tokenizer", "tokens", "target", "responses", "eagle3", "dflash", "acceptance")
 """Stage names in build order (also their folder names)."""
@@ -114,12 +114,20 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
 
         from .target import evaluate_target, train_target
 
-        figures = train_target(config.target, tok_info, out / "tokens", tokenizer, d, **dev)
+        tc = config.target
+        figures = train_target(tc, tok_info, out / "tokens", tokenizer, d, **dev)
+        if tc.sharpen.steps:
+            from .sharpen import sharpen_target
+
+            model = AutoModelForCausalLM.from_pretrained(str(d)).to(config.device)
+            figures["pretrained_test"] = evaluate_target(model, out / "tokens", tc.seq_len, tc.eval_windows)
+            del model
+            figures["sharpen"] = sharpen_target(d, out, tc.sharpen, tc.mix, tc.seq_len, tc.seed, **dev)
         model = AutoModelForCausalLM.from_pretrained(str(d)).to(config.device)
-        figures["test"] = evaluate_target(model, out / "tokens", config.target.seq_len, config.target.eval_windows)
+        figures["test"] = evaluate_target(model, out / "tokens", tc.seq_len, tc.eval_windows)
         return figures
 
-    if run("target", (config.target, dev, *cpu, sha.get("tokens"), sha["tokenizer"]), _target) is None:
+    if run("target", (config.target, dev, *cpu, sha.get("tokens"), sha["tokenizer"], sha["corpus"]), _target) is None:
         return _finish(man, t_start)
 
     from whiflash.runtime.model import TAP_CONVENTION

@@ -27,7 +27,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from .drafter_data import pad_batch, sample_loader, tap_layers, target_features, to_cpu
+from .drafter_data import TargetFeatures, load_features, pad_batch, response_samples, sample_loader, tap_layers, with_features
 from .presets import CATEGORIES, DFlashConfig
 from .target import adamw_schedule, make_trainer
 
@@ -82,10 +82,10 @@ def sample_anchors(loss_mask: torch.Tensor, n: int, generator: torch.Generator |
 class DFlashModule(L.LightningModule):
     """Block training of a ``DFlashDrafter`` with the target's embedding and LM head frozen."""
 
-    def __init__(self, drafter, embed_weight: torch.Tensor, head_weight: torch.Tensor, cfg: DFlashConfig,
-                 seed: int = 0):
+    def __init__(self, drafter, features: TargetFeatures, embed_weight: torch.Tensor, head_weight: torch.Tensor,
+                 cfg: DFlashConfig, seed: int = 0):
         super().__init__()
-        self.drafter, self.cfg = drafter, cfg
+        self.drafter, self.features, self.cfg = drafter, features, cfg
         self.register_buffer("embed_weight", embed_weight.detach().clone(), persistent=False)
         self.register_buffer("head_weight", head_weight.detach().clone(), persistent=False)
         self.gen = torch.Generator().manual_seed(seed)
@@ -94,6 +94,7 @@ class DFlashModule(L.LightningModule):
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Weighted CE and argmax hits per block slot ``[bs]`` for the given anchors."""
         d, bs = self.drafter, self.drafter.block_size
+        batch = with_features(batch, self.features)
         ids, mask = batch["ids"], batch["loss_mask"]
         b, s = ids.shape
         n = anchors.shape[1]
@@ -166,20 +167,21 @@ def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = 
                  precision: str = "32-true", seed: int = 0) -> dict:
     """Train on the responses stage and write the checkpoint into ``out_dir``."""
     from whiflash.drafters import build_drafter, write_checkpoint
-    from whiflash.runtime import ModelConfig
+    from whiflash.runtime import ModelConfig, load_target
     from whiflash.testbed.tokenizer import load_tokenizer
 
     tc = ModelConfig.from_json(root / "target" / "config.json")
     taps = tap_layers("dflash", tc.num_hidden_layers)
     mask_id = load_tokenizer(root / "target").mask_token_id
-    samples, target = target_features(root, taps, device=device)
+    target = load_target(root / "target", device=device)
+    samples = response_samples(root, cfg.sequences)
     pad_id = int(target.config.extra.get("pad_token_id") or 0)
     config = dflash_config(cfg, tc, taps, mask_id)
     torch.manual_seed(seed)
     drafter = build_drafter("dflash", config, target).to(device)
     with torch.no_grad():
         drafter.norm.weight.copy_(target.model.norm.weight)  # the frozen LM head expects the target's scale
-    module = DFlashModule(drafter, target.model.embed_tokens.weight, target.lm_head.weight, cfg, seed)
+    module = DFlashModule(drafter, load_features(root, taps, device), target.model.embed_tokens.weight, target.lm_head.weight, cfg, seed)
     trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, stage="dflash")
     t0 = time.perf_counter()
     trainer.fit(module, train_dataloaders=sample_loader(samples, cfg.batch_size, pad_id, seed + 1))
@@ -190,11 +192,12 @@ def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = 
     acc = {}
     with torch.no_grad():  # per-slot argmax agreement with the target's tokens on training sequences
         for cat in CATEGORIES:
-            some = [to_cpu(s) for s in [s for s in samples if s.category == cat][:8]]  # copy only the 8 used
+            some = [s for s in samples if s.category == cat][:8]
             if some:
                 batch = pad_batch(some, pad_id)
                 anchors, keep = sample_anchors(batch["loss_mask"], cfg.num_anchors, torch.Generator().manual_seed(0))
                 acc[cat] = [round(float(a), 3) for a in module.block_loss(batch, anchors, keep)[1][1:]]
     return {"taps": taps, "mask_token_id": mask_id, "steps": int(trainer.global_step),
             "train_seconds": round(seconds, 1), "final_loss": float(trainer.callback_metrics.get("loss", float("nan"))),
-            "train_acc_per_slot": acc, "sequences": len(samples)}
+            "train_acc_per_slot": acc, "sequences": len(samples),
+            "response_tokens": int(sum(int(x.loss_mask.sum()) for x in samples))}

@@ -1,21 +1,23 @@
 """Drafter training data: the target's own greedy continuations of corpus prefixes (``ResponsesConfig.split``).
 
 The ``responses`` stage stores only token ids (``responses.jsonl``: prompt ids, response ids,
-category); target features are recomputed in memory by each drafter stage with our runtime
-(``whiflash.runtime.load_target``), which is exactly what the drafters read at inference.
-Generation uses ``transformers`` batched greedy decoding; the stage also records how often the
-runtime's argmax reproduces the generated tokens (a cross-check of the two forwards).
+category); the drafter stages compute the target's features batch by batch while they train
+(``TargetFeatures``).
+Generation is batched (``generate.py``); the stage also records how often the runtime's argmax
+reproduces the generated tokens (a cross-check of the two forwards, exact in fp32 and near 1 under
+bf16 generation).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from whiflash.drafters.dflash import fallback_layer_ids
 from whiflash.drafters.eagle3 import default_layer_ids
@@ -23,8 +25,8 @@ from whiflash.drafters.eagle3 import default_layer_ids
 from .presets import CATEGORIES, ResponsesConfig
 from .prompts import held_out_prompts
 
-__all__ = ["generate_responses", "greedy_batch", "load_responses", "Sample", "target_features", "even_layers", "released_taps", "tap_layers",
-           "pad_batch", "sample_loader", "to_cpu"]
+__all__ = ["generate_responses", "repetitive", "load_responses", "Sample", "response_samples", "TargetFeatures",
+           "load_features", "with_features", "even_layers", "released_taps", "tap_layers", "pad_batch", "sample_loader"]
 
 log = logging.getLogger(__name__)
 
@@ -32,69 +34,51 @@ log = logging.getLogger(__name__)
 @torch.no_grad()
 def generate_responses(root: Path, cfg: ResponsesConfig, out_dir: Path, *,
                        device: str = "cpu", seed: int = 0) -> dict:
-    """Greedy continuations of prompts of every category (from ``cfg.split_of(category)``) -> ``responses.jsonl``."""
+    """Greedy continuations of prompts of every category (from ``cfg.split_of(category)``) -> ``responses.jsonl``.
+
+    Batched with a static cache (``generate.continue_prompts``); on a GPU under bf16 autocast, the
+    precision the drafters are served in.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .generate import continue_prompts
 
     tok = AutoTokenizer.from_pretrained(str(root / "target"))
     model = AutoModelForCausalLM.from_pretrained(str(root / "target")).to(device).eval()
     eos, pad = tok.eos_token_id, tok.pad_token_id
     rows: list[dict] = []
     stats: dict[str, dict[str, float]] = {}
+    t0 = time.perf_counter()
     for cat in CATEGORIES:
-        prompts = held_out_prompts(root, cat, cfg.prompts_per_category, split=cfg.split_of(cat), seed=seed)
+        prompts = held_out_prompts(root, cat, cfg.prompts_per_category, split=cfg.split_of(cat), seed=seed,
+                                   max_passes=cfg.max_passes)
         ids = [tok(p.prompt, add_special_tokens=False)["input_ids"][-cfg.max_prompt_tokens:] for p in prompts]
-        n_tokens = 0
-        for i in tqdm(range(0, len(ids), cfg.batch_size), desc=f"responses {cat}", leave=False):
-            batch = ids[i:i + cfg.batch_size]
-            width = max(len(x) for x in batch)
-            # Left padding so every row's continuation starts at the same column.
-            input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch], device=device)
-            attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch], device=device)
-            gen = greedy_batch(model, input_ids, attn, cfg.max_new_tokens, eos)
-            for j, x in enumerate(batch):
-                resp = gen[j].tolist()
-                if eos in resp:
-                    resp = resp[:resp.index(eos) + 1]  # keep the eos: drafters learn to predict it
-                rows.append({"id": prompts[i + j].id, "category": cat, "prompt_ids": x, "response_ids": resp})
-                n_tokens += len(resp)
-        stats[cat] = {"split": cfg.split_of(cat), "prompts": len(ids), "response_tokens": n_tokens}
+        conts = continue_prompts(model, ids, cfg.max_new_tokens, eos=eos, pad_id=pad, batch_size=cfg.batch_size,
+                                 bf16=str(device).startswith("cuda"), desc=f"responses {cat}")
+        for p, x, resp in zip(prompts, ids, conts):
+            rows.append({"id": p.id, "category": cat, "prompt_ids": x, "response_ids": resp})
+        stats[cat] = {"split": cfg.split_of(cat), "prompts": len(ids), "response_tokens": sum(map(len, conts)),
+                      "repetitive_share": round(sum(map(repetitive, conts)) / max(1, len(conts)), 4)}
+    seconds = time.perf_counter() - t0
     with open(out_dir / "responses.jsonl", "w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
-    stats_all = {"per_category": stats, "runtime_argmax_agreement": _runtime_agreement(root, rows, device)}
+    total = sum(s["response_tokens"] for s in stats.values())
+    stats_all = {"per_category": stats, "response_tokens": total, "generate_seconds": round(seconds, 1),
+                 "tokens_per_second": round(total / max(seconds, 1e-9)),
+                 "runtime_argmax_agreement": _runtime_agreement(root, rows, device)}
     log.info("responses: %s", stats_all)
     return stats_all
 
 
-@torch.no_grad()
-def greedy_batch(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 eos: int) -> torch.Tensor:
-    """``[B, max_new_tokens]`` greedy continuations of left-padded prompts (KV-cached).
+def repetitive(tokens: list[int], n: int = 8, min_distinct: float = 0.5) -> bool:
+    """Whether a continuation loops: fewer than ``min_distinct`` of its ``n``-grams are distinct.
 
-    A plain loop instead of ``model.generate``: on a small CPU model generate's per-step
-    bookkeeping costs more than the forward itself. Rows that emitted ``eos`` keep decoding
-    (their tail is cut by the caller); the loop stops early once every row has.
+    Small targets fall into repetition under greedy decoding; such sequences are what a drafter
+    accepts whole, so their share is the heavy tail of a benchmark.
     """
-    from transformers import DynamicCache
-
-    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
-                use_cache=True)
-    nxt = out.logits[:, -1].argmax(-1)
-    tokens = [nxt]
-    done = nxt == eos
-    for _ in range(max_new_tokens - 1):
-        if bool(done.all()):
-            break
-        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
-        pos = pos[:, -1:] + 1
-        out = model(input_ids=nxt[:, None], attention_mask=attention_mask, position_ids=pos,
-                    past_key_values=cache, use_cache=True)
-        nxt = out.logits[:, -1].argmax(-1)
-        tokens.append(nxt)
-        done |= nxt == eos
-    return torch.stack(tokens, dim=1)
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) >= 2 * n and len(set(grams)) < min_distinct * len(grams)
 
 
 def load_responses(root: Path) -> list[dict]:
@@ -151,94 +135,86 @@ def tap_layers(kind: str, num_layers: int) -> list[int]:
 
 @dataclass
 class Sample:
-    """One training sequence with everything a drafter step needs, on the training device."""
+    """One training sequence: prompt + response ids and which of them the drafter learns to predict."""
 
     ids: torch.Tensor
     """``[S]`` prompt + response token ids."""
     loss_mask: torch.Tensor
     """``[S]`` bool, True on response tokens."""
-    feats: torch.Tensor
-    """``[S, n_taps, H]`` output of each tap layer (`hidden_states[i + 1]`, runtime forward)."""
-    hidden: torch.Tensor
-    """``[S, H]`` final post-norm hidden state (the teacher's LM-head input)."""
     category: str = ""
     """Corpus category of the prompt."""
 
 
-@torch.no_grad()
-def target_features(root: Path, taps: list[int], device: str = "cpu", dtype: torch.dtype = torch.float32,
-                    pack_tokens: int | None = None) -> tuple[list[Sample], object]:
-    """Run our runtime over every response sequence once; return samples and the loaded target.
+def response_samples(root: Path, limit: int | None = None) -> list[Sample]:
+    """Responses of the ``responses`` stage with at least two tokens, as training sequences.
 
-    Sequences are packed up to ``pack_tokens`` tokens per pass (default: 8192 on CUDA, where a
-    pass per sequence is launch-bound; none on the CPU, where attention over the packed length
-    costs more than it saves): positions restart at 0 for each sequence and a block-diagonal
-    causal mask keeps sequences apart, so every feature equals that of a pass over the sequence
-    alone.
+    ``limit`` keeps that many, taking the categories in turn (so a subset keeps the categories'
+    balance); None keeps all, in file order.
     """
-    from whiflash.runtime import load_target
-
-    target = load_target(root / "target", device=device)
-    uniq = tuple(sorted(set(taps)))
-    order = [uniq.index(t) for t in taps]
-    rows = [r for r in load_responses(root) if len(r["response_ids"]) >= 2]
-    pack = pack_tokens if pack_tokens is not None else (8192 if str(device).startswith("cuda") else 0)
-    samples: list[Sample] = []
-    for group in tqdm(_packs(rows, pack), desc="target features", leave=False):
-        seqs = [torch.tensor(r["prompt_ids"] + r["response_ids"], device=device) for r in group]
-        sizes = [x.numel() for x in seqs]
-        lens = torch.tensor(sizes, device=device)
-        ids = torch.cat(seqs)
-        seg = torch.repeat_interleave(torch.arange(len(seqs), device=device), lens)
-        first = torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
-        positions = torch.arange(ids.numel(), device=device) - first
-        mask = None
-        if len(seqs) > 1:
-            mask = (seg[:, None] == seg[None, :]) & torch.ones(ids.numel(), ids.numel(), dtype=torch.bool,
-                                                                device=device).tril_()
-        target.setup_cache(ids.numel())
-        out = target.forward(ids, 0, positions=positions, tree_mask=mask, taps=uniq, logits="none")
-        for row, x, feats, hidden in zip(group, seqs, out.feats[:, order].split(sizes), out.hidden.split(sizes)):
-            loss_mask = torch.zeros(x.numel(), dtype=torch.bool, device=device)
-            loss_mask[len(row["prompt_ids"]):] = True
-            samples.append(Sample(x, loss_mask, feats.to(dtype), hidden.to(dtype), row["category"]))
-    return samples, target
+    by_cat: dict[str, list[Sample]] = {}
+    for row in load_responses(root):
+        if len(row["response_ids"]) < 2:
+            continue
+        ids = torch.tensor(row["prompt_ids"] + row["response_ids"])
+        mask = torch.zeros(ids.numel(), dtype=torch.bool)
+        mask[len(row["prompt_ids"]):] = True
+        by_cat.setdefault(row["category"], []).append(Sample(ids, mask, row["category"]))
+    if limit is None:
+        return [s for rows in by_cat.values() for s in rows]
+    turns = [s for group in zip_longest(*by_cat.values()) for s in group if s is not None]
+    return turns[:limit]
 
 
-def _packs(rows: list[dict], pack_tokens: int) -> list[list[dict]]:
-    """Consecutive rows grouped while their total length stays within ``pack_tokens`` (one row per group
-    when ``pack_tokens`` is 0 or a row alone exceeds it)."""
-    groups: list[list[dict]] = []
-    size = 0
-    for row in rows:
-        n = len(row["prompt_ids"]) + len(row["response_ids"])
-        if groups and size + n <= pack_tokens:
-            groups[-1].append(row)
-            size += n
-        else:
-            groups.append([row])
-            size = n
-    return groups
+class TargetFeatures(torch.nn.Module):
+    """The frozen target's tap-layer outputs and final post-norm hidden state for a padded batch.
+
+    Computed on the fly in every drafter training step (one target forward per batch) instead of once
+    for every response token beforehand, which at millions of tokens would not fit in memory. Taps
+    follow ``TAP_CONVENTION``: tap ``i`` is transformers' ``hidden_states[i + 1]``, the output of
+    layer ``i`` (for the last layer the post-final-norm state). Batches are right-padded, so under the
+    causal mask padding never reaches a real token. Under the build's bf16 autocast the features are
+    bf16, as a drafter reads them when it is served in bf16.
+    """
+
+    def __init__(self, model: torch.nn.Module, taps: list[int]) -> None:
+        super().__init__()
+        self.model = model.eval().requires_grad_(False)
+        self.taps = list(taps)
+
+    def train(self, mode: bool = True) -> TargetFeatures:
+        return super().train(False)  # the frozen target stays in eval mode inside a training module
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ids [B, S]`` -> (``[B, S, n_taps, H]`` tap outputs, ``[B, S, H]`` final post-norm hidden state)."""
+        out = self.model.model(input_ids=ids, output_hidden_states=True)
+        states = out.hidden_states
+        return torch.stack([states[t + 1] for t in self.taps], dim=2), out.last_hidden_state
+
+
+def load_features(root: Path, taps: list[int], device: str = "cpu") -> TargetFeatures:
+    """``TargetFeatures`` of the testbed's target (``transformers`` weights, the same checkpoint the runtime loads)."""
+    from transformers import AutoModelForCausalLM
+
+    return TargetFeatures(AutoModelForCausalLM.from_pretrained(str(root / "target")).to(device), taps)
+
+
+def with_features(batch: dict[str, torch.Tensor], features: TargetFeatures) -> dict[str, torch.Tensor]:
+    """``batch`` with ``feats`` and ``hidden`` from the target added (when it has none yet)."""
+    if "feats" not in batch:
+        batch = dict(batch)
+        batch["feats"], batch["hidden"] = features(batch["ids"])
+    return batch
 
 
 def pad_batch(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a list of samples into ``[B, S, ...]`` tensors (padding has ``loss_mask`` False)."""
+    """Right-pad a list of samples into ``[B, S]`` tensors (padding has ``loss_mask`` False)."""
     s = max(x.ids.numel() for x in samples)
-    b = len(samples)
-    ref = samples[0]
-    ids = torch.full((b, s), pad_id, dtype=torch.long, device=ref.ids.device)
-    mask = torch.zeros((b, s), dtype=torch.bool, device=ref.ids.device)
-    feats = torch.zeros((b, s) + tuple(ref.feats.shape[1:]), dtype=ref.feats.dtype, device=ref.ids.device)
-    hidden = torch.zeros((b, s, ref.hidden.shape[-1]), dtype=ref.hidden.dtype, device=ref.ids.device)
+    ids = torch.full((len(samples), s), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(samples), s), dtype=torch.bool)
     for i, x in enumerate(samples):
-        n = x.ids.numel()
-        ids[i, :n], mask[i, :n], feats[i, :n], hidden[i, :n] = x.ids, x.loss_mask, x.feats, x.hidden
-    return {"ids": ids, "loss_mask": mask, "feats": feats, "hidden": hidden}
-
-
-def to_cpu(s: Sample) -> Sample:
-    """A copy of a sample on the CPU (for the figures computed after training)."""
-    return Sample(s.ids.cpu(), s.loss_mask.cpu(), s.feats.cpu(), s.hidden.cpu(), s.category)
+        ids[i, :x.ids.numel()], mask[i, :x.ids.numel()] = x.ids, x.loss_mask
+    return {"ids": ids, "loss_mask": mask}
 
 
 def sample_loader(samples: list[Sample], batch_size: int, pad_id: int, seed: int) -> torch.utils.data.DataLoader:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .drafter_data import Sample, pad_batch, sample_loader, tap_layers, target_features, to_cpu
+from .drafter_data import Sample, TargetFeatures, load_features, pad_batch, response_samples, sample_loader, tap_layers, with_features
 from .presets import CATEGORIES, Eagle3Config
 from .target import adamw_schedule, make_trainer
 
@@ -95,10 +95,10 @@ def _shift(x: torch.Tensor, k: int, fill) -> torch.Tensor:
 class Eagle3Module(L.LightningModule):
     """TTT training of an ``Eagle3Drafter`` against frozen target embedding and LM head."""
 
-    def __init__(self, drafter, embed_weight: torch.Tensor, head_weight: torch.Tensor, used: torch.Tensor,
-                 cfg: Eagle3Config, pad_id: int):
+    def __init__(self, drafter, features: TargetFeatures, embed_weight: torch.Tensor, head_weight: torch.Tensor,
+                 used: torch.Tensor, cfg: Eagle3Config, pad_id: int):
         super().__init__()
-        self.drafter, self.cfg, self.pad_id = drafter, cfg, pad_id
+        self.drafter, self.features, self.cfg, self.pad_id = drafter, features, cfg, pad_id
         self.register_buffer("embed_weight", embed_weight.detach().clone(), persistent=False)
         self.register_buffer("head_weight", head_weight.detach().clone(), persistent=False)
         self.register_buffer("used", used.clone(), persistent=False)
@@ -106,6 +106,7 @@ class Eagle3Module(L.LightningModule):
     def ttt(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[float]]:
         d, cfg = self.drafter, self.cfg
         layer, attn = d.midlayer, d.midlayer.self_attn
+        batch = with_features(batch, self.features)
         ids, mask = batch["ids"], batch["loss_mask"]
         b, s = ids.shape
         with torch.no_grad():
@@ -168,11 +169,12 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
                  precision: str = "32-true", seed: int = 0) -> dict:
     """Train on the responses stage and write the checkpoint into ``out_dir``."""
     from whiflash.drafters import build_drafter, write_checkpoint
-    from whiflash.runtime import ModelConfig
+    from whiflash.runtime import ModelConfig, load_target
 
     tc = ModelConfig.from_json(root / "target" / "config.json")
     taps = tap_layers("eagle3", tc.num_hidden_layers)
-    samples, target = target_features(root, taps, device=device)
+    target = load_target(root / "target", device=device)
+    samples = response_samples(root, cfg.sequences)
     pad_id = int(target.config.extra.get("pad_token_id") or 0)
     used, d2t, t2d = build_draft_vocab(samples, root, tc.vocab_size, cfg.draft_vocab_size)
     config = eagle3_config(cfg, tc, taps)
@@ -184,7 +186,7 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
         drafter.lm_head.weight.copy_(target.lm_head.weight[used])
         drafter.norm.weight.copy_(target.model.norm.weight)
     drafter.to(device)
-    module = Eagle3Module(drafter, target.model.embed_tokens.weight, target.lm_head.weight, used.to(device),
+    module = Eagle3Module(drafter, load_features(root, taps, device), target.model.embed_tokens.weight, target.lm_head.weight, used.to(device),
                           cfg, pad_id)
     trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, stage="eagle3")
     t0 = time.perf_counter()
@@ -196,10 +198,11 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
     acc = {}
     with torch.no_grad():  # per-step argmax agreement with the target on training sequences
         for cat in CATEGORIES:
-            some = [to_cpu(s) for s in [s for s in samples if s.category == cat][:8]]  # copy only the 8 used
+            some = [s for s in samples if s.category == cat][:8]
             if some:
                 acc[cat] = [round(a, 3) for a in module.ttt(pad_batch(some, pad_id))[1]]
     return {"taps": taps, "steps": int(trainer.global_step), "train_seconds": round(seconds, 1),
             "final_loss": float(trainer.callback_metrics.get("loss", float("nan"))),
-            "train_acc_per_step": acc, "draft_vocab_size": cfg.draft_vocab_size, "sequences": len(samples)}
+            "train_acc_per_step": acc, "draft_vocab_size": cfg.draft_vocab_size, "sequences": len(samples),
+            "response_tokens": int(sum(int(x.loss_mask.sum()) for x in samples))}
 

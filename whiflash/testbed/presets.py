@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 __all__ = [
-    "CATEGORIES", "CorpusConfig", "TokenizerConfig", "TargetConfig", "ResponsesConfig",
+    "CATEGORIES", "CorpusConfig", "TokenizerConfig", "SharpenConfig", "TargetConfig", "ResponsesConfig",
     "Eagle3Config", "DFlashConfig", "AcceptanceConfig", "TestbedConfig", "PRESETS", "get_preset", "apply_overrides",
 ]
 
@@ -58,6 +58,34 @@ class TokenizerConfig:
     """Characters of training documents per category fed to the BPE trainer (balanced sample)."""
     min_frequency: int = 2
     """Minimum pair frequency for a merge."""
+
+
+@dataclass
+class SharpenConfig:
+    """The target fine-tuned on its own low-temperature continuations (the testbed's instruction tuning)."""
+
+    steps: int = 0
+    """Fine-tuning steps after pre-training (0: no sharpening)."""
+    split: str = "train"
+    """Corpus split whose prompts the target continues for its own fine-tuning data."""
+    prompts_per_category: int = 128
+    """Prompts per category continued once each."""
+    temperature: float = 0.5
+    """Sampling temperature of those continuations (low: the target's confident modes, greedy loops avoided)."""
+    max_new_tokens: int = 128
+    """Tokens sampled per continuation."""
+    max_prompt_tokens: int = 128
+    """Prompts are cut to their last this many tokens."""
+    batch_size: int = 16
+    """Continuations per fine-tuning step."""
+    generate_batch_size: int = 64
+    """Continuations sampled at once."""
+    replay: float = 0.5
+    """Weight of a replayed pre-training batch's loss in every step (0: none); keeps the target a model of the corpus."""
+    lr: float = 3e-4
+    """Peak AdamW learning rate (warmup, cosine decay)."""
+    eval_prompts: int = 8
+    """Test prompts per category whose greedy continuations measure the target's entropy before and after."""
 
 
 @dataclass
@@ -104,6 +132,8 @@ class TargetConfig:
     """Held-out windows per category for the final test loss and entropy figures."""
     seed: int = 0
     """Initialisation and data-sampling seed."""
+    sharpen: SharpenConfig = field(default_factory=SharpenConfig)
+    """Fine-tuning on the target's own continuations after pre-training (off when ``sharpen.steps`` is 0)."""
 
 
 @dataclass
@@ -124,6 +154,8 @@ class ResponsesConfig:
     """Prefixes are cut to at most this many tokens."""
     batch_size: int = 16
     """Sequences generated at once."""
+    max_passes: int = 8
+    """Passes over a split's documents for further cuts when it has fewer documents than prompts asked for."""
 
     def split_of(self, category: str) -> str:
         """The split whose prefixes ``category`` is continued from."""
@@ -148,6 +180,9 @@ class Eagle3Config:
     """Sequences per step."""
     lr: float = 2e-3
     """Peak AdamW learning rate."""
+    sequences: int | None = None
+    """Train on this many response sequences, the categories in turn (None: all); with ``max_steps`` the
+    knob of a drafter's data-scaling curve."""
     max_minutes: float | None = None
     """Optional wall-clock cap: training past it stops the build with a message (it never trains fewer steps)."""
 
@@ -172,6 +207,9 @@ class DFlashConfig:
     """Sequences per step."""
     lr: float = 2e-3
     """Peak AdamW learning rate."""
+    sequences: int | None = None
+    """Train on this many response sequences, the categories in turn (None: all); with ``max_steps`` the
+    knob of a drafter's data-scaling curve."""
     max_minutes: float | None = None
     """Optional wall-clock cap: training past it stops the build with a message (it never trains fewer steps)."""
 
@@ -223,10 +261,11 @@ class TestbedConfig:
 
 
 def _micro() -> TestbedConfig:
-    # For the test suite: every stage exercised, nothing learned beyond "better than unigram".
+    # For the test suite: every stage exercised, nothing learned beyond "better than unigram". fp32: on
+    # CPUs without bf16 instructions autocast emulates it, 7x slower than fp32 at these sizes.
     return TestbedConfig(
         name="micro",
-        precision="bf16-mixed",
+        precision="32-true",
         num_threads=1,
         corpus=CorpusConfig(math_problems=3_000, agent_transcripts=1_000, max_file_chars=40_000),
         tokenizer=TokenizerConfig(vocab_size=1024, train_chars_per_category=300_000),
@@ -234,6 +273,7 @@ def _micro() -> TestbedConfig:
             hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=2,
             num_key_value_heads=1, head_dim=64, seq_len=128, batch_size=16, max_steps=120,
             warmup_steps=10, lr=4e-3, val_every=60, eval_windows=8, max_position_embeddings=1024,
+            sharpen=SharpenConfig(steps=4, prompts_per_category=4, max_new_tokens=24, batch_size=4, eval_prompts=2),
         ),
         responses=ResponsesConfig(prompts_per_category=8, max_new_tokens=32, max_prompt_tokens=64, batch_size=8),
         eagle3=Eagle3Config(draft_vocab_size=512, intermediate_size=352, ttt_length=3, max_steps=40, batch_size=4),
@@ -270,17 +310,16 @@ def _small() -> TestbedConfig:
     # drafters' 5 layers and block 16 (taps [1, 9, 17, 25, 33]), EAGLE-3 one layer drafting 7 steps
     # (taps [1, 17, 32]). At batch 1 a decode step is launch/latency-bound, so the cost ratios
     # (verify / AR step, drafter round / AR step) follow depth, not width (scripts/profile_shapes.py).
-    # Stage time ~14 minutes (864 s measured, 2026-12-01); the build resumes per stage, so it splits over
-    # device commands.
-    # The target sees the standard library's ~0.5M tokens of prose ~10 times and continues training-split
-    # docstrings from memory; drafters trained on those continuations reached tau 1.6 on held-out prose
-    # (2026-11-30). So 30% of the document groups are held out as validation, and the drafters learn
-    # from the target's continuations of those for prose and agentic. Code and math keep the training
-    # split: validation has too few source files for 1536 code prompts (702; code tau fell 2.93 -> 2.38),
-    # and a deep target does not recite code or generated problems the way it recites docstrings.
-    # Half the agent thoughts end with a few lines of library code, the regime where this target stays
-    # uncertain, inside transcripts whose templated spans DFlash drafts whole: agentic oracle headroom
-    # x1.02 without them, x1.09 / x1.19 with them on two samples of 10 prompts (2026-12-01).
+    # The build resumes per stage, so it splits over device commands.
+    # Prose and agentic responses come from the validation split (30% of the document groups): this
+    # target sees the standard library's prose many times over and continues training docstrings from
+    # memory, a regime held-out prompts never show. Code and math keep the training split, which has
+    # the files and problems for tens of thousands of prompts, and a deep target does not recite them.
+    # Half the agent thoughts end with a few lines of library code (uncertain for this target) inside
+    # transcripts whose templated spans DFlash drafts whole, so the better drafter changes within them.
+    # The target is sharpened on its own low-temperature continuations (the instruction-tuning stand-in)
+    # and the drafters learn from ~50k of its continuations, about one epoch each: released drafters
+    # learn from tens of millions of tokens, and ten epochs over a few thousand sequences overfit.
     return TestbedConfig(
         name="small",
         device="cuda",
@@ -293,13 +332,16 @@ def _small() -> TestbedConfig:
             num_key_value_heads=4, head_dim=64, seq_len=512, batch_size=32, max_steps=1500,
             warmup_steps=150, lr=1e-3, val_every=500, eval_windows=128,
             max_position_embeddings=4096, mix={"code": 0.35, "math": 0.2, "prose": 0.2, "agentic": 0.25},
+            sharpen=SharpenConfig(steps=300, prompts_per_category=1024, temperature=0.5, max_new_tokens=192,
+                                  max_prompt_tokens=256, batch_size=32, generate_batch_size=1024, lr=3e-4,
+                                  eval_prompts=16),
         ),
         # The first H200 build (1024 prompts/category, 362 of them code: one cut per source file) gave
         # drafters that fit their training sequences far better than held-out ones (EAGLE-3 code step-0
         # agreement 0.65 in training, tau 1.47 held out), so drafting data is wide and code takes
         # several def/class cuts per file.
-        responses=ResponsesConfig(prompts_per_category=1536, split={"prose": "validation", "agentic": "validation"},
-                                  max_new_tokens=192, max_prompt_tokens=256, batch_size=768),
+        responses=ResponsesConfig(prompts_per_category=12288, split={"prose": "validation", "agentic": "validation"},
+                                  max_new_tokens=256, max_prompt_tokens=256, batch_size=1024, max_passes=64),
         eagle3=Eagle3Config(draft_vocab_size=4096, intermediate_size=1408, ttt_length=7, max_steps=2000,
                             batch_size=32, lr=1e-3),
         dflash=DFlashConfig(block_size=16, num_hidden_layers=5, intermediate_size=1408, num_anchors=128,

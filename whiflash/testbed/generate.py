@@ -1,0 +1,131 @@
+"""Batched continuation of many prompts by a testbed target, with a static KV cache.
+
+The testbed distils its drafters on millions of the target's own tokens and sharpens the target on
+its own continuations, so generation runs many sequences per forward: prompts are left-padded into
+one batch, every layer's keys and values go into a cache allocated once for the batch (no per-step
+concatenation), and each step reads only the columns written so far. The forward is the
+``transformers`` Qwen3 model's own modules (norms, projections, rotary table, MLP), applied row by
+row exactly as ``model(input_ids, attention_mask, position_ids)`` would: the tests check the tokens
+against that forward.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+__all__ = ["continue_prompts", "decode_batch"]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class _StaticCache:
+    """Per-layer ``[B, kv_heads, columns, head_dim]`` keys and values of one batch."""
+
+    def __init__(self, layers: int, batch: int, heads: int, columns: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        shape = (batch, heads, columns, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+
+
+def _forward(model, cache: _StaticCache, ids: torch.Tensor, start: int, pad: torch.Tensor) -> torch.Tensor:
+    """Logits of the last column of ``ids`` ``[B, T]``, written at cache columns ``start..start+T-1``.
+
+    Row ``b`` holds ``pad[b]`` padding columns before its prompt: its positions count from there and its
+    queries see its own columns only (a padding query sees itself, so softmax has a key).
+    """
+    inner = model.model
+    b, t = ids.shape
+    cols = torch.arange(start, start + t, device=ids.device)
+    positions = (cols[None, :] - pad[:, None]).clamp(min=0)  # [B, T]
+    keys = torch.arange(start + t, device=ids.device)
+    visible = (keys[None, None, :] <= cols[None, :, None]) & (
+        (keys[None, None, :] >= pad[:, None, None]) | (keys[None, None, :] == cols[None, :, None]))
+    x = inner.embed_tokens(ids)
+    cos, sin = inner.rotary_emb(x, positions)
+    cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+    for i, layer in enumerate(inner.layers):
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        hd = attn.head_dim
+        q = attn.q_norm(attn.q_proj(h).view(b, t, -1, hd)).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(h).view(b, t, -1, hd)).transpose(1, 2)
+        v = attn.v_proj(h).view(b, t, -1, hd).transpose(1, 2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        cache.k[i][:, :, start:start + t] = k.to(cache.k[i].dtype)
+        cache.v[i][:, :, start:start + t] = v.to(cache.v[i].dtype)
+        kk, vv = cache.k[i][:, :, :start + t], cache.v[i][:, :, :start + t]
+        out = F.scaled_dot_product_attention(q.to(kk.dtype), kk, vv, attn_mask=visible[:, None], enable_gqa=True)
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return model.lm_head(inner.norm(x[:, -1])).float()
+
+
+@torch.no_grad()
+def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: int, pad_id: int,
+                 temperature: float = 0.0, generator: torch.Generator | None = None) -> list[list[int]]:
+    """Continuations of ``prompts`` (token-id lists, one batch): greedy, or sampled at ``temperature``.
+
+    Each continuation is cut after its first ``eos`` (kept: drafters learn to predict it). Rows that
+    ended keep decoding until every row has; their extra tokens are dropped.
+    """
+    device = next(model.parameters()).device
+    cfg = model.config
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
+    pad = torch.tensor([width - len(p) for p in prompts], device=device)
+    kv_dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else \
+        next(model.parameters()).dtype
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    cache = _StaticCache(cfg.num_hidden_layers, len(prompts), cfg.num_key_value_heads, width + max_new_tokens,
+                         head_dim, kv_dtype, device)
+    logits = _forward(model, cache, ids, 0, pad)
+    tokens: list[torch.Tensor] = []
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    for step in range(max_new_tokens):
+        if temperature > 0:
+            probs = (logits / temperature).softmax(-1)
+            nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        else:
+            nxt = logits.argmax(-1)
+        tokens.append(nxt)
+        done |= nxt == eos
+        if step + 1 == max_new_tokens or bool(done.all()):
+            break
+        logits = _forward(model, cache, nxt[:, None], width + step, pad)
+    rows = torch.stack(tokens, dim=1).tolist()
+    return [row[:row.index(eos) + 1] if eos in row else row for row in rows]
+
+
+def continue_prompts(model, prompts: list[list[int]], max_new_tokens: int, *, eos: int, pad_id: int,
+                     batch_size: int, temperature: float = 0.0, seed: int = 0, bf16: bool = False,
+                     desc: str = "generate") -> list[list[int]]:
+    """``decode_batch`` over ``prompts`` in batches of ``batch_size``, results in the prompts' order.
+
+    Prompts are batched by length (less padding, fewer columns read per step); the batches and their
+    order depend only on the prompts, so a build is a function of its inputs. ``bf16`` runs the
+    forward under bf16 autocast with a bf16 cache (on GPUs: half the cache traffic; the tokens then
+    follow bf16 logits). Sampling uses one seeded generator on the model's device.
+    """
+    if not prompts:
+        return []
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    out: list[list[int]] = [[] for _ in prompts]
+    ctx = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    model.eval()
+    with ctx:
+        for i in tqdm(range(0, len(order), batch_size), desc=desc, leave=False):
+            chunk = order[i:i + batch_size]
+            for j, cont in zip(chunk, decode_batch(model, [prompts[j] for j in chunk], max_new_tokens, eos=eos,
+                                                   pad_id=pad_id, temperature=temperature, generator=generator)):
+                out[j] = cont
+    return out
