@@ -3,7 +3,7 @@
 The testbed distils its drafters on millions of the target's own tokens and sharpens the target on
 its own continuations, so generation runs many sequences per forward: prompts are left-padded into
 one batch, every layer's keys and values go into a cache allocated once for the batch (no per-step
-concatenation), and each step reads only the columns written so far. The forward is the
+concatenation), and each step attends over the whole cache under a mask (one shape per batch). The forward is the
 ``transformers`` Qwen3 model's own modules (norms, projections, rotary table, MLP), applied row by
 row exactly as ``model(input_ids, attention_mask, position_ids)`` would: the tests check the tokens
 against that forward.
@@ -45,7 +45,9 @@ def _forward(model, cache: _StaticCache, ids: torch.Tensor, start: int, pad: tor
     b, t = ids.shape
     cols = torch.arange(start, start + t, device=ids.device)
     positions = (cols[None, :] - pad[:, None]).clamp(min=0)  # [B, T]
-    keys = torch.arange(start + t, device=ids.device)
+    # Every step attends over all of the cache's columns (unwritten ones masked): one shape per batch, so
+    # attention backends that plan per shape (cuDNN) plan once instead of at every step.
+    keys = torch.arange(cache.k[0].shape[2], device=ids.device)
     visible = (keys[None, None, :] <= cols[None, :, None]) & (
         (keys[None, None, :] >= pad[:, None, None]) | (keys[None, None, :] == cols[None, :, None]))
     x = inner.embed_tokens(ids)
@@ -61,8 +63,8 @@ def _forward(model, cache: _StaticCache, ids: torch.Tensor, start: int, pad: tor
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         cache.k[i][:, :, start:start + t] = k.to(cache.k[i].dtype)
         cache.v[i][:, :, start:start + t] = v.to(cache.v[i].dtype)
-        kk, vv = cache.k[i][:, :, :start + t], cache.v[i][:, :, :start + t]
-        out = F.scaled_dot_product_attention(q.to(kk.dtype), kk, vv, attn_mask=visible[:, None], enable_gqa=True)
+        out = F.scaled_dot_product_attention(q.to(cache.k[i].dtype), cache.k[i], cache.v[i], attn_mask=visible[:, None],
+                                             enable_gqa=True)
         x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return model.lm_head(inner.norm(x[:, -1])).float()
