@@ -318,8 +318,10 @@ def _small() -> TestbedConfig:
     # Half the agent thoughts end with a few lines of library code (uncertain for this target) inside
     # transcripts whose templated spans DFlash drafts whole, so the better drafter changes within them.
     # The target is sharpened on its own low-temperature continuations (the instruction-tuning stand-in)
-    # and the drafters learn from ~50k of its continuations, about one epoch each: released drafters
-    # learn from tens of millions of tokens, and ten epochs over a few thousand sequences overfit.
+    # and the drafters learn from ~16k of its continuations (~2.5M tokens) in about two epochs: released
+    # drafters learn from tens of millions of tokens, and ten epochs over a few thousand sequences overfit.
+    # Every stage fits one 10-minute device command; the batched generator's rate (responses) and the
+    # per-batch target forward (drafter steps) are what bound the data today (docs/testbed.md).
     return TestbedConfig(
         name="small",
         device="cuda",
@@ -332,7 +334,7 @@ def _small() -> TestbedConfig:
             num_key_value_heads=4, head_dim=64, seq_len=512, batch_size=32, max_steps=1500,
             warmup_steps=150, lr=1e-3, val_every=500, eval_windows=128,
             max_position_embeddings=4096, mix={"code": 0.35, "math": 0.2, "prose": 0.2, "agentic": 0.25},
-            sharpen=SharpenConfig(steps=300, prompts_per_category=1024, temperature=0.5, max_new_tokens=192,
+            sharpen=SharpenConfig(steps=150, prompts_per_category=1024, temperature=0.5, max_new_tokens=192,
                                   max_prompt_tokens=256, batch_size=32, generate_batch_size=1024, lr=3e-4,
                                   eval_prompts=16),
         ),
@@ -340,12 +342,12 @@ def _small() -> TestbedConfig:
         # drafters that fit their training sequences far better than held-out ones (EAGLE-3 code step-0
         # agreement 0.65 in training, tau 1.47 held out), so drafting data is wide and code takes
         # several def/class cuts per file.
-        responses=ResponsesConfig(prompts_per_category=12288, split={"prose": "validation", "agentic": "validation"},
+        responses=ResponsesConfig(prompts_per_category=4096, split={"prose": "validation", "agentic": "validation"},
                                   max_new_tokens=256, max_prompt_tokens=256, batch_size=1024, max_passes=64),
-        eagle3=Eagle3Config(draft_vocab_size=4096, intermediate_size=1408, ttt_length=7, max_steps=2000,
+        eagle3=Eagle3Config(draft_vocab_size=4096, intermediate_size=1408, ttt_length=7, max_steps=1200,
                             batch_size=32, lr=1e-3),
         dflash=DFlashConfig(block_size=16, num_hidden_layers=5, intermediate_size=1408, num_anchors=128,
-                            loss_decay_gamma=7.0, max_steps=1500, batch_size=32, lr=1e-3),
+                            loss_decay_gamma=7.0, max_steps=1000, batch_size=32, lr=1e-3),
         acceptance=AcceptanceConfig(prompts_per_category=10, max_new_tokens=96),
     )
 
