@@ -13,8 +13,8 @@
 #           router into TESTBED_DIR/router (df-e3) or TESTBED_DIR/router_PAIR
 #           (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse` importable);
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
-#           `router` step has left a router for PAIR), bf16 + CUDA graphs on a GPU; METHODS overrides the
-#           method list; the run folder goes to LOG_DIR/eval
+#           `router` step has left a router for PAIR), bf16 + CUDA graphs (+ compiled layers, the default) on
+#           a GPU; METHODS overrides the method list; the run folder goes to LOG_DIR/eval
 #   compare whiflash-eval bench of AR/EAGLE-3/DFlash/DDTree three times on the same prompts: SDPA
 #           (WHIFLASH_DECODE_ATTENTION=0), the decode attention kernel, and the kernel with --compile-layers;
 #   tests   the CUDA tests (lossless in fp32 / near-ties in bf16, graphs == eager, transformers parity;
@@ -128,7 +128,7 @@ PY
       cat "$LOG"/eval/*"${PRESET}_$PAIR"*/results.md 2>/dev/null | head -60 ;;
     compare)  # the engine's options end to end, same prompts: SDPA, the decode attention kernel, + compiled layers
       for opt in sdpa kernel compile; do
-        env=(); flags=()
+        env=(); flags=(--no-compile-layers)  # compiled layers are the CUDA default: off but for `compile`
         [ $opt = sdpa ] && env=(WHIFLASH_DECODE_ATTENTION=0)
         [ $opt = compile ] && flags=(--compile-layers)
         timeout "${EVAL_TIMEOUT:-240}" env "${env[@]}" python3 -m whiflash.eval bench --testbed "$TB" --dataset testbed:test \
