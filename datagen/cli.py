@@ -31,11 +31,13 @@ from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, 
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding import prompt_room
 from whiflash.decoding.routed import OracleDrafter
+from whiflash.engine import engine_defaults
 from whiflash.folders import DATAGEN, DATAGEN_RECORD, TESTBED, check_folder, require_kind
 from whiflash.hub import local_or_hub
 from whiflash.io import atomic_write_json, checkpoint_stamp
 from whiflash.pairs import Pair
 from whiflash.prompts import encode_chat
+from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
 from whiflash.runtime.weights import read_json
 from whiflash.versions import package_versions
 
@@ -81,8 +83,9 @@ def datagen(
     max_new_tokens: int = 128,
     shard_size: int = 16,
     device: str = "cuda" if torch.cuda.is_available() else "cpu",
-    dtype: str = "float32",
+    dtype: str | None = None,
     cuda_graphs: bool = True,
+    compile_layers: bool | None = None,
     seed: int = 0,
 ) -> Path:
     """Decode prompts with both drafters from the same state each round and write one row per round.
@@ -105,14 +108,20 @@ def datagen(
         max_new_tokens: tokens generated per prompt (greedy).
         shard_size: prompts per Parquet shard (the unit of resumption).
         device: torch device. Under torchrun give the type (`cuda`): each rank takes cuda:LOCAL_RANK.
-        dtype: float32 or bfloat16.
+        dtype: float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 elsewhere).
         cuda_graphs: on CUDA, replay captured graphs for the fixed-shape passes (target verify, drafting,
             catch-up); the eager path rebuilds its work every round. Ignored on the CPU.
+        compile_layers: with CUDA graphs, torch.compile the layer stages and drafter passes inside them
+            (default: on where torch.compile runs, Triton installed; false for uncompiled passes). Compiled
+            kernels round differently, so a row may differ at a near-tie; resuming may switch it.
         seed: recorded in the manifest (decoding is greedy and deterministic).
     """
     out = Path(out)
     # what the rows depend on (the execution mode does not count: graphs and eager record the same rows)
-    args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items() if k not in ("out", "cuda_graphs")}
+    args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items()
+            if k not in ("out", "cuda_graphs", "compile_layers")}
+    engine = engine_defaults(device, dtype, cuda_graphs, compile_layers)  # bf16 and compiled layers on CUDA
+    args["dtype"] = dtype = engine["dtype"]
     parsed = Pair.parse(pair, what="--pair")
     _check_arguments(args, parsed)
     # everything is checked and read before anything is written: a refused call leaves --out as it was
@@ -141,9 +150,13 @@ def datagen(
     if parsed.needs_eagle3:
         slots["eagle3"] = whiflash.load_drafter("eagle3", paths["eagle3"], model, num_steps=num_steps)
     recorder = OracleDrafter(parsed, tree_budget=tree_budget if parsed.uses_tree else None, **slots)
-    if cuda_graphs and model.device.type == "cuda":
+    graphs = cuda_graphs and model.device.type == "cuda"
+    if graphs:
         model.use_cuda_graphs()
         recorder.use_cuda_graphs()
+    if compile_layers and not graphs:
+        log.warning("--compile_layers ignored: it compiles the CUDA graphs' passes (on CUDA, with --cuda_graphs)")
+    compile_fixed_passes(bool(engine["compile_layers"]) and graphs)
     tokenizer = _tokenizer(paths["target"])
 
     # Shards are the unit of work: under torchrun rank r takes shards r, r + N, ...; names and contents do not
@@ -181,7 +194,9 @@ def datagen(
         tap_layers=list(recorder.tap_layers), hidden_size=model.config.hidden_size, prompt_sets=sources,
         seed=seed, shards=shards, versions=package_versions("whiflash", "torch", "transformers"),
         generator={"name": "whiflash.datagen", "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-                   "num_steps": num_steps, "prompts_sha256": digest},
+                   "num_steps": num_steps, "prompts_sha256": digest,
+                   "engine": {"device": str(device), "dtype": dtype, "cuda_graphs": graphs,
+                              "compiled_layers": layers_compiled()}},
     )
     write_manifest(out, manifest)
     log.info("wrote %d rounds from %d prompts to %s", manifest.num_rows, len(items), out)

@@ -22,17 +22,20 @@ import whiflash
 from whiflash import distributed
 from whiflash.decoding import prompt_room
 from whiflash.decoding.stats import TAU_DEFINITION
+from whiflash.engine import resolve_engine
 from whiflash.io import atomic_write_text, checkpoint_stamp
 from whiflash.prompts import encode_chat
 from whiflash.runtime import decode_attention
 from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
 
 from .config import BenchConfig
-from .datasets import Sample, load_samples
+from .datasets import Sample, load_selection
+from .families import parse_values
 from .lossless import MarginProbe, Mismatch, first_difference
 from .methods import Method, MethodFactory, method_names, model_paths
 from .metrics import PROTOCOL, aggregate, decode_tokens
-from .outputs import SampleLog, device_info, prepare_run_dir, write_manifest, write_results
+from .outputs import (SampleLog, check_output_file, device_info, prepare_run_dir, write_manifest, write_results,
+                      write_save_path)
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,13 @@ class Runner:
     """Loaded target, tokenizer and methods of one configuration; decodes samples side by side."""
 
     def __init__(self, cfg: BenchConfig) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = resolve_engine(cfg)
+        if cfg.block_size is not None and cfg.block_size < 2:
+            raise ValueError(f"--block-size: expected an integer >= 2 (the pending token and at least one drafted "
+                             f"token), got {cfg.block_size}")
+        if cfg.flash_attn:
+            log.info("--flash-attn: accepted for upstream commands; this engine attends with its own kernels "
+                     "(nothing changes, DDTree runs as usual)")
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         testbed = Path(cfg.testbed) if cfg.testbed else None
@@ -90,13 +99,14 @@ class Runner:
                                  cfg.whiflash_eagle_draft, testbed)
         if self.paths["target"] is None:
             raise ValueError("give --model-name-or-path (Hub id or folder) or --testbed DIR")
-        self.names = method_names(cfg.speculative_algorithm, cfg.methods, cfg.whiflash_router)
+        self.names = method_names(cfg.speculative_algorithm, cfg.methods, cfg.whiflash_router,
+                                  parse_values(cfg.tree_budget, "--tree-budget", int))
         self.target = whiflash.load_target(self.paths["target"], device=cfg.device, dtype=getattr(torch, cfg.dtype))
         self.tokenizer = load_tokenizer(self.paths["target"])
         self.stops = stop_ids(self.tokenizer, self.paths["target"])
         self.factory = MethodFactory(
             self.target, self.paths, pair=cfg.whiflash_drafters, tree_budget=cfg.ddtree_tree_budget,
-            eagle_num_steps=cfg.eagle_num_steps, router=cfg.whiflash_router,
+            block_size=cfg.block_size, eagle_num_steps=cfg.eagle_num_steps, router=cfg.whiflash_router,
             entropy_threshold=cfg.whiflash_entropy_threshold, neural_router_path=cfg.whiflash_neural_router_path,
             neural_threshold=cfg.whiflash_neural_router_threshold, lazy_catchup=not cfg.whiflash_no_lazy_catchup,
             time_catchup=cfg.whiflash_time_catchup, latency_profile=cfg.whiflash_latency_profile)
@@ -207,7 +217,8 @@ def read_thresholds(path: str) -> dict[str, Any]:
 def _row(sample: Sample, turn: int, method: Method, order: int, ids: list[int], out: list[int], st: Any,
          threshold: Any, timed: bool) -> dict[str, Any]:
     return {
-        "sample": sample.id, "category": sample.category, "subcategory": sample.subcategory, "turn": turn,
+        "sample": sample.id, "category": sample.category, "subcategory": sample.subcategory, "dataset": sample.dataset,
+        "row": sample.row, "turn": turn,
         "method": method.name, "label": method.label, "order": order, "prompt_tokens": len(ids),
         "new_tokens": st.new_tokens, "prefill_seconds": st.prefill_seconds, "decode_seconds": st.decode_seconds,
         "taus": list(st.taus), "mean_tau": st.mean_tau, "slots": list(st.slots), "backlogs": list(st.backlogs),
@@ -222,8 +233,10 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
     if cfg.temperature > 0:
         log.warning("temperature %.3g: outputs are samples, so the token-for-token lossless check is skipped",
                     cfg.temperature)
+    cfg = resolve_engine(cfg)
+    check_output_file(cfg.save_path, "--save-path")
     testbed = Path(cfg.testbed) if cfg.testbed else None
-    samples = load_samples(cfg.dataset, testbed=testbed, max_samples=cfg.max_samples, seed=cfg.seed)
+    samples, selection = load_selection(cfg.dataset, testbed=testbed, max_samples=cfg.max_samples, seed=cfg.seed)
     ranks = distributed.init()
     if len(samples) < ranks.world:
         raise ValueError(f"--max-samples/--dataset give {len(samples)} sample(s) for WORLD_SIZE={ranks.world} ranks; "
@@ -255,7 +268,13 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
                        extra={"methods": runner.names, "tau_definition": TAU_DEFINITION, "protocol": PROTOCOL,
                               "cache_max_len": max_len, "cuda_graphs": runner.graphs,
                               "compiled_layers": layers_compiled(), "attention_kernel": decode_attention.available(),
-                              "resumed": resumed,
+                              "engine": {"device": runner.cfg.device, "dtype": cfg.dtype, "cuda_graphs": runner.graphs,
+                                         "compiled_layers": layers_compiled(),
+                                         "attention_kernel": decode_attention.available(),
+                                         "requested": {"cuda_graphs": cfg.cuda_graphs,
+                                                       "compile_layers": cfg.compile_layers},
+                                         "flash_attn_flag": cfg.flash_attn},
+                              "selection": [sel.to_dict() for sel in selection], "resumed": resumed,
                               "catchup": catchup_note, "strict_tolerance": cfg.strict_tolerance,
                               **({"ranks": per_rank} if ranks.world > 1 else {})})
     # each rank logs its own share as it goes (samples-rankR.jsonl); rank 0 merges them into samples.jsonl
@@ -274,6 +293,8 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
                     else "skipped (temperature > 0: outputs are samples)",
                     "samples": len({r["sample"] for r in rows})})
     write_results(run, results)
+    if cfg.save_path:
+        write_save_path(cfg.save_path, results, rows, asdict(cfg))
     if not cfg.no_plots:
         from .plots import write_plots
 

@@ -18,13 +18,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from whiflash.engine import resolve_engine
 from whiflash.folders import check_folder
 from whiflash.io import atomic_write_json
+from whiflash.runtime.layers import layers_compiled
 
 from .config import BenchConfig
-from .datasets import load_samples, select
+from .datasets import load_samples
 from .metrics import aggregate, summarize_rows
 from .outputs import check_output_file, prepare_run_dir, write_manifest, write_results
+from .selection import balanced
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
     values = values or list(DEFAULT_THRESHOLDS)
     check_output_file(output)
+    cfg = resolve_engine(cfg)
     testbed = Path(cfg.testbed) if cfg.testbed else None
     bench_ids = {s.id for s in load_samples(cfg.dataset, testbed=testbed, max_samples=cfg.max_samples, seed=cfg.seed)}
     if exclude_run:
@@ -65,7 +69,7 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
         bench_ids |= {s["id"] for s in manifest["samples"]}
     pool = [s for s in load_samples(cfg.dataset, testbed=testbed, max_samples=None, seed=cfg.seed + 1)
             if s.id not in bench_ids]
-    samples = select(pool, cfg.max_samples, cfg.seed + 1)
+    samples = balanced(pool, cfg.max_samples, cfg.seed + 1)
     if not samples:
         raise ValueError(f"--dataset {cfg.dataset}: no prompts left outside the benchmark subset; raise the pool "
                          "or lower --max-samples")
@@ -74,7 +78,9 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     config = {**cfg.__dict__, "calibrate_method": method, "values": values, "exclude": sorted(bench_ids)}
     run, _ = prepare_run_dir(cfg.out, cfg.run_name(), config)
     write_manifest(run, argv=sys.argv, seed=cfg.seed, device=cfg.device, models=runner.paths, samples=samples,
-                   extra={"calibrate_method": method, "values": values}, command="calibrate")
+                   extra={"calibrate_method": method, "values": values,
+                          "engine": {"device": cfg.device, "dtype": cfg.dtype, "cuda_graphs": runner.graphs,
+                                     "compiled_layers": layers_compiled()}}, command="calibrate")
     for v in values:
         m = runner.factory.build(method, v)
         m.name = f"{method}@{v:g}"

@@ -2,6 +2,7 @@
 
 Subcommands:
   bench      run methods side by side on the same prompts, with the AR baseline, lossless check, tables and plots
+  sweep      datasets x methods x DDTree budgets x router thresholds in one resumable run, with per-category tables
   report     rebuild tables (Markdown, CSV, LaTeX) and plots from one or more run folders
   calibrate  sweep a routing threshold per category on held-out prompts (or replay datagen rows) -> thresholds.json
   profile    time the loaded models' components on this device -> a latency profile JSON and a table
@@ -13,12 +14,13 @@ import sys
 from dataclasses import fields
 from typing import Any
 
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespace
 
 from whiflash import distributed
+from whiflash.engine import ENGINE_FIELDS, engine_defaults
 
 from .calibrate import DEFAULT_THRESHOLDS
-from .config import BenchConfig, ProfileConfig, flag
+from .config import BenchConfig, ProfileConfig, SweepConfig, flag
 
 __all__ = ["build_parser", "main", "parse"]
 
@@ -32,6 +34,8 @@ def _add_flags(parser: ArgumentParser, config: type) -> None:
         help_text = f.metadata.get("help", "")
         if f.type in (bool, "bool"):
             parser.add_argument(flag(f.name), action="store_true", default=f.default, help=help_text)
+        elif f.type in (bool | None, "bool | None"):  # unset = the engine's default: --flag / --no-flag
+            parser.add_argument(flag(f.name), action=ActionYesNo(no_prefix="no-"), default=f.default, help=help_text)
         else:
             parser.add_argument(flag(f.name), type=_TYPES[str(f.type)], default=f.default, help=help_text)
 
@@ -51,6 +55,12 @@ def build_parser() -> ArgumentParser:
 
     bench = _flags_parser("Benchmark methods against AR on the same prompts (upstream flags).", BenchConfig)
     sub.add_subcommand("bench", bench, help="run methods side by side against the AR baseline")
+
+    sweep = _flags_parser("Every --dataset source x every method x every DDTree budget (--tree-budget) and router "
+                          "threshold (--entropy-thresholds, --neural-thresholds) in one run folder, resumable sample "
+                          "by sample, with per-category and per-dataset tables, the best setting per group and "
+                          "plots.", SweepConfig)
+    sub.add_subcommand("sweep", sweep, help="datasets x methods x budgets/thresholds in one resumable run")
 
     report = ArgumentParser(description="Rebuild tables and plots from run folders, side by side.")
     report.add_argument("--config", action=ActionConfigFile)
@@ -79,37 +89,43 @@ def build_parser() -> ArgumentParser:
     prof = _flags_parser("Time AR step, chain and tree verify, drafter rounds, catch-up per backlog length and "
                          "routers on this device; write a latency profile JSON.", ProfileConfig)
     sub.add_subcommand("profile", prof, help="latency profile of the loaded models (JSON + table)")
-    parser.subparsers = {"bench": bench, "report": report, "calibrate": cal, "profile": prof}  # type: ignore[attr-defined]
+    subparsers = {"bench": bench, "sweep": sweep, "report": report, "calibrate": cal, "profile": prof}
+    parser.subparsers = subparsers  # type: ignore[attr-defined]
     return parser
 
 
 def parse(argv: list[str]) -> tuple[Namespace, ArgumentParser]:
-    """Parse `argv`; with `--preset NAME`, the preset's values become defaults and argv is parsed again,
-    so explicit flags (and --config files) override the preset."""
+    """Parse `argv` twice: the first pass finds the defaults that depend on other flags (a `--preset NAME`'s
+    checkpoints and thresholds; the engine of the device, `whiflash.engine`), which become the
+    subcommand's defaults for the second, so explicit flags and --config files override them and
+    `--print_config` prints what will run."""
     parser = build_parser()
-    # --print_config would print and exit before the preset is applied: leave it to the second pass
+    # --print_config would print and exit before the defaults are applied: leave it to the second pass
     first = [a for a in argv if not a.startswith("--print_config")]
     ns = parser.parse_args(first)
     args = ns[ns.command]
+    sub = parser.subparsers[ns.command]  # type: ignore[attr-defined]
+    values: dict[str, Any] = {}
     if getattr(args, "preset", None):
         from .presets import bench_defaults
 
-        sub = parser.subparsers[ns.command]  # type: ignore[attr-defined]
-        values = bench_defaults(args.preset, algorithm=getattr(args, "speculative_algorithm", "WHIFLASH"),
-                                pair=getattr(args, "whiflash_drafters", "df-e3"),
-                                tree_budget=getattr(args, "ddtree_tree_budget", None))
+        values.update(bench_defaults(args.preset, algorithm=getattr(args, "speculative_algorithm", "WHIFLASH"),
+                                     pair=getattr(args, "whiflash_drafters", "df-e3"),
+                                     tree_budget=getattr(args, "ddtree_tree_budget", None)))
+    if all(hasattr(args, f) for f in ENGINE_FIELDS):
+        values.update(engine_defaults(*(getattr(args, f) for f in ENGINE_FIELDS)))
+    if values:
         names = {a.dest for a in sub._actions}
         sub.set_defaults(**{k: v for k, v in values.items() if k in names})
-        ns = parser.parse_args(argv)
-    elif len(first) != len(argv):
+    if values or len(first) != len(argv):
         ns = parser.parse_args(argv)
     return ns, parser
 
 
-def bench_config(ns: Namespace) -> BenchConfig:
-    """The BenchConfig of a parsed bench/calibrate namespace."""
-    names = {f.name for f in fields(BenchConfig)}
-    return BenchConfig(**{k: v for k, v in vars(ns).items() if k in names})
+def bench_config(ns: Namespace, config: type = BenchConfig) -> Any:
+    """The BenchConfig (or `config`, e.g. SweepConfig) of a parsed bench/calibrate/sweep namespace."""
+    names = {f.name for f in fields(config)}
+    return config(**{k: v for k, v in vars(ns).items() if k in names})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,15 +137,23 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     ns, parser = parse(argv)
     cmd = ns.command
-    if cmd != "bench" and distributed.from_env().world > 1:  # one run folder, written by one process
-        parser.error(f"whiflash-eval {cmd} runs in one process: start it without torchrun (bench is the command "
-                     "that shards over ranks)")
+    if cmd not in ("bench", "sweep") and distributed.from_env().world > 1:  # one run folder, one process
+        parser.error(f"whiflash-eval {cmd} runs in one process: start it without torchrun (bench and sweep are the "
+                     "commands that shard over ranks)")
     args: Any = ns[cmd]
-    if cmd == "bench":
+    if cmd in ("bench", "sweep"):
         from .bench import run_bench
+        from .summary import summary_text
+        from .sweep import run_sweep
 
-        dump = parser.subparsers["bench"].dump(args, skip_none=False)
-        return run_bench(bench_config(args), ["whiflash-eval", *argv], config_dump=dump).exit_code
+        dump = parser.subparsers[cmd].dump(args, skip_none=False)
+        if cmd == "bench":
+            result = run_bench(bench_config(args), ["whiflash-eval", *argv], config_dump=dump)
+        else:
+            result = run_sweep(bench_config(args, SweepConfig), ["whiflash-eval", *argv], config_dump=dump)
+        if result.results:  # rank 0 (the only one holding them under torchrun)
+            print(summary_text(result.results, str(result.run_dir)))
+        return result.exit_code
     if cmd == "report":
         from .report import report
 

@@ -9,9 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import torch
-
-__all__ = ["BACKLOGS", "BenchConfig", "ProfileConfig", "flag"]
+__all__ = ["BACKLOGS", "BenchConfig", "ProfileConfig", "SweepConfig", "flag"]
 
 BACKLOGS = (1, 4, 16, 64)
 """Default catch-up backlog lengths of `whiflash-eval profile`."""
@@ -36,6 +34,12 @@ class BenchConfig:
                                           "(default: <testbed>/eagle3).")
     whiflash_drafters: str = _h("df-e3", "Drafter pair of the routed methods: df-e3, ddt-e3 or df-ddt (slot 0 first).")
     ddtree_tree_budget: int | None = _h(None, "DDTree tree nodes (default: the DFlash block size - 1).")
+    tree_budget: str | None = _h(None, "Comma-separated DDTree budgets, e.g. 16,32,64: standalone DDTree runs at "
+                                 "every budget in this one run (methods ddtree-b16, ...; added when --methods lacks "
+                                 "DDTree), and tables report the best budget per category and dataset, as "
+                                 "upstream's. Routed pairs keep --ddtree-tree-budget.")
+    block_size: int | None = _h(None, "DFlash/DDTree block size: tokens per draft block, the pending one included "
+                                "(default: the draft's config).")
     whiflash_router: str = _h("entropy", "Routing policy of WHIFLASH: entropy, neural, or for analysis oracle "
                               "(the larger tau each round) or utility-oracle (the larger tau / round time, "
                               "needs --whiflash-latency-profile).")
@@ -52,27 +56,42 @@ class BenchConfig:
                                      "(adds host synchronisations, so leave it off for speed figures).")
     eagle_num_steps: int | None = _h(None, "EAGLE-3 chain length (default: the drafter's).")
     dataset: str = _h("testbed:test", "Comma-separated sources: testbed:SPLIT, a .jsonl file (optionally FILE@CATEGORY) "
-                      "or a benchmark name (mt-bench, alpaca, gsm8k, math500, aime, humaneval, mbpp, livecodebench, "
-                      "swe-bench-lite).")
-    max_samples: int | None = _h(None, "Samples to keep after a seeded per-category shuffle (round-robin over "
-                                 "categories); all when unset (testbed: 32 per category).")
+                      "or an upstream benchmark name (gsm8k, math500, aime24, aime25, alpaca, mt-bench, humaneval, "
+                      "mbpp, lbpp, livecodebench, swe-bench), with upstream's prompts.")
+    max_samples: int | None = _h(None, "Samples per --dataset source, chosen as upstream does: "
+                                 "dataset.shuffle(seed=--seed).select(range(N)), all rows in order when it has at most "
+                                 "N; a testbed split keeps N in equal shares per category. All when unset (testbed: "
+                                 "32 per category).")
     max_new_tokens: int = _h(2048, "Tokens generated per sample and turn.")
     max_prompt_tokens: int | None = _h(None, "Cut prompts to their last this-many tokens.")
     temperature: float = _h(0.0, "Sampling temperature (0: greedy; the lossless check needs greedy).")
     enable_thinking: bool = _h(False, "Render chat templates with thinking on (off by default).")
     methods: str | None = _h(None, "Methods side by side, comma-separated: ar, eagle3, dflash, ddtree, "
-                             "whiflash-entropy, whiflash-neural, oracle, utility-oracle (AR is always added).")
+                             "whiflash-entropy, whiflash-neural, oracle, utility-oracle (AR is always added); "
+                             "ddtree-bN is DDTree at budget N, whiflash-entropy@T and whiflash-neural@T a router at "
+                             "threshold T.")
     testbed: str | None = _h(None, "A built testbed folder: default target/eagle3/dflash paths and testbed:SPLIT prompts.")
-    device: str = _h("cuda" if torch.cuda.is_available() else "cpu", "Torch device.")
-    dtype: str = _h("bfloat16" if torch.cuda.is_available() else "float32", "Model dtype: float32, bfloat16 or float16.")
+    device: str | None = _h(None, "Torch device (default: cuda when available, else cpu).")
+    dtype: str | None = _h(None, "Model dtype: float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 "
+                           "elsewhere).")
     threads: int | None = _h(None, "torch intra-op CPU threads (default: torch's choice; 1 is fastest for tiny "
                              "models on a busy machine).")
-    cuda_graphs: bool = _h(False, "Replay CUDA graphs for the fixed-shape passes (CUDA only).")
-    compile_layers: bool = _h(False, "With --cuda-graphs: torch.compile the decoder layers' stages inside the graphs "
-                              "(fused norms, rotations and residuals; compiled once per pass width, a few seconds each).")
+    cuda_graphs: bool | None = _h(None, "Replay CUDA graphs for the fixed-shape passes (default: on with CUDA; "
+                                  "--no-cuda-graphs for the eager path).")
+    compile_layers: bool | None = _h(None, "With CUDA graphs: torch.compile the decoder layers' stages and drafter "
+                                     "passes inside the graphs (fused norms, rotations and residuals; compiled once "
+                                     "per pass width, a few seconds each). Default: on with CUDA graphs where "
+                                     "torch.compile runs (Triton installed); --no-compile-layers to turn it off.")
+    flash_attn: bool = _h(False, "Accepted for upstream commands (upstream: the target attends with FlashAttention-2 "
+                          "and DDTree is skipped). Changes nothing here: this engine attends through its own "
+                          "decode-attention kernel on CUDA and PyTorch SDPA elsewhere, DDTree included; recorded "
+                          "in the manifest.")
     warmup_tokens: int = _h(32, "New tokens of each method's untimed warm-up decode.")
     bootstrap: int = _h(1000, "Bootstrap resamples for the speedup interval.")
     out: str = _h("runs/eval", "Parent folder of the run folder <timestamp>_<name>.")
+    save_path: str | None = _h(None, "Also write the run's data here when it ends: results, every sample's row and "
+                               "the flags, as JSON (whatever the suffix, e.g. upstream's .pt names: this toolkit "
+                               "writes no pickles).")
     name: str | None = _h(None, "Run name (default: algorithm or methods, and dataset).")
     seed: int = _h(0, "Seed of the sample shuffle, the bootstrap and sampling.")
     strict: bool = _h(False, "Exit non-zero when an output differs from AR with a float32 margin above "
@@ -115,16 +134,26 @@ class ProfileConfig:
     context: int = _h(1024, "Committed context length of every measurement.")
     backlogs: str = _h(",".join(map(str, BACKLOGS)), "Comma-separated catch-up backlog lengths.")
     repeats: int = _h(20, "Timed calls per component (median; on CUDA 3 batches of this many).")
-    device: str = _h("cuda" if torch.cuda.is_available() else "cpu", "Torch device.")
-    dtype: str = _h("bfloat16" if torch.cuda.is_available() else "float32", "Model dtype.")
-    no_cuda_graphs: bool = _h(False, "On CUDA, run fixed-shape passes eagerly instead of replaying CUDA graphs "
-                              "(profile what `bench` runs without --cuda-graphs).")
-    compile_layers: bool = _h(False, "torch.compile the decoder layers' stages inside the graphs (what `bench "
-                              "--compile-layers` runs).")
+    device: str | None = _h(None, "Torch device (default: cuda when available, else cpu).")
+    dtype: str | None = _h(None, "Model dtype (default: bfloat16 on CUDA, float32 elsewhere).")
+    cuda_graphs: bool | None = _h(None, "Replay CUDA graphs for the fixed-shape passes (default: on with CUDA; "
+                                  "--no-cuda-graphs profiles the eager path, what `bench --no-cuda-graphs` runs).")
+    compile_layers: bool | None = _h(None, "torch.compile the decoder layers' stages inside the graphs (default: as "
+                                     "`bench`, on with CUDA graphs where torch.compile runs; --no-compile-layers).")
     threads: int | None = _h(None, "torch intra-op CPU threads.")
     out: str = _h("runs/eval", "Parent folder of the run folder <timestamp>_<name>.")
     name: str | None = _h(None, "Run name (default: profile-<preset or target folder>).")
     output: str | None = _h(None, "Also write the profile JSON here (e.g. for --whiflash-latency-profile).")
+
+
+@dataclass
+class SweepConfig(BenchConfig):
+    """Flags of `whiflash-eval sweep`: every bench flag, plus the threshold lists swept in the same run."""
+
+    entropy_thresholds: str | None = _h(None, "Comma-separated entropy thresholds: whiflash-entropy runs at each "
+                                        "(methods whiflash-entropy@T; added when --methods lacks it).")
+    neural_thresholds: str | None = _h(None, "Comma-separated neural-router thresholds: whiflash-neural runs at "
+                                       "each (methods whiflash-neural@T; needs --whiflash-neural-router-path).")
 
 
 def flag(name: str) -> str:

@@ -8,26 +8,27 @@
   category, otherwise it comes from the file name when that names a known benchmark
   (`mt_bench.jsonl` -> chat), else the file stem. A record's own free-text `category` field is
   kept as `subcategory` only;
-* a named benchmark (`mt-bench`, `alpaca`, `gsm8k`, `math500`, `aime`, `humaneval`, `mbpp`,
-  `livecodebench`, `swe-bench-lite`) loaded with `datasets.load_dataset` (needs the Hub).
+* a named benchmark (`whiflash.eval.benchmarks.BENCHMARKS`: upstream's names, repositories and
+  prompt texts) loaded with `datasets.load_dataset` (needs the Hub).
 
-Samples are grouped by category, shuffled with the seed and taken round-robin across categories
-up to `--max-samples`, so every category keeps its share and the chosen ids are reproducible.
+`--max-samples N` keeps N rows of every source by upstream's rule, and a testbed split N prompts in
+equal shares per category (`whiflash.eval.selection`); what each source kept is a `SourceSelection`.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import random
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+
+from . import benchmarks
+from .benchmarks import BENCHMARKS, canonical
+from .selection import SourceSelection, balanced, upstream_indices
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BENCHMARKS", "Sample", "load_samples", "benchmark_category"]
+__all__ = ["BENCHMARKS", "Sample", "benchmark_category", "load_samples", "load_selection"]
 
 
 @dataclass(frozen=True)
@@ -40,102 +41,74 @@ class Sample:
     input_ids: tuple[int, ...] | None = None
     subcategory: str = ""
     source: str = ""
+    """The `--dataset` entry it came from, as given."""
+    dataset: str = ""
+    """The dataset's name in tables: the benchmark's upstream name, the file stem or `testbed:SPLIT`."""
+    row: int | None = None
+    """Its row in the source, in the source's own order (a benchmark's row, a JSONL record, a testbed prompt)."""
 
     @property
     def n_turns(self) -> int:
         return 1 if self.input_ids is not None else len(self.turns)
 
 
-@dataclass(frozen=True)
-class Benchmark:
-    """A named upstream benchmark on the Hub and how to read one prompt from a row."""
-
-    category: str
-    repo: str
-    split: str
-    text: Callable[[dict[str, Any]], list[str]]
-    subset: str | None = None
-    aliases: tuple[str, ...] = field(default_factory=tuple)
-
-
-def _field(name: str) -> Callable[[dict[str, Any]], list[str]]:
-    return lambda row: [str(row[name])]
-
-
-BENCHMARKS: dict[str, Benchmark] = {
-    "mt-bench": Benchmark("chat", "HuggingFaceH4/mt_bench_prompts", "train", lambda r: [str(t) for t in r["prompt"]],
-                          aliases=("mt_bench", "mtbench")),
-    "alpaca": Benchmark("chat", "tatsu-lab/alpaca", "train",
-                        lambda r: [f"{r['instruction']}\n\n{r['input']}".strip()]),
-    "gsm8k": Benchmark("math", "openai/gsm8k", "test", _field("question"), subset="main"),
-    "math500": Benchmark("math", "HuggingFaceH4/MATH-500", "test", _field("problem"), aliases=("math-500",)),
-    "aime": Benchmark("math", "HuggingFaceH4/aime_2024", "train", _field("problem"), aliases=("aime24",)),
-    "humaneval": Benchmark("coding", "openai/openai_humaneval", "test",
-                           lambda r: [f"Complete the code I provided.\n\n{r['prompt']}"]),
-    "mbpp": Benchmark("coding", "google-research-datasets/mbpp", "test", _field("text"), subset="sanitized"),
-    "livecodebench": Benchmark("coding", "livecodebench/code_generation_lite", "test", _field("question_content")),
-    "swe-bench-lite": Benchmark("agentic", "princeton-nlp/SWE-bench_Lite", "test", _field("problem_statement"),
-                                aliases=("swe-bench", "swebench-lite")),
-}
-"""Named upstream benchmarks: `--dataset NAME` value -> Hub dataset, split and category."""
-
-
-def _canonical(name: str) -> str | None:
-    key = name.lower().replace("_", "-")
-    for canon, bench in BENCHMARKS.items():
-        if key == canon or key in (a.replace("_", "-") for a in bench.aliases):
-            return canon
-    return None
-
-
 def benchmark_category(name: str) -> str | None:
     """The category (chat/math/coding/agentic) of a benchmark named `name` (any alias or file stem), or None."""
-    canon = _canonical(name)
+    canon = canonical(name)
     return BENCHMARKS[canon].category if canon else None
 
 
 def load_samples(spec: str | list[str], *, testbed: Path | None = None, max_samples: int | None = None,
                  seed: int = 0, testbed_per_category: int = 32) -> list[Sample]:
-    """The samples of every source in `spec` (comma-separated string or list), balanced and seeded (see module doc)."""
+    """The samples `load_selection` keeps, in decoding order."""
+    return load_selection(spec, testbed=testbed, max_samples=max_samples, seed=seed,
+                          testbed_per_category=testbed_per_category)[0]
+
+
+def load_selection(spec: str | list[str], *, testbed: Path | None = None, max_samples: int | None = None,
+                   seed: int = 0, testbed_per_category: int = 32) -> tuple[list[Sample], list[SourceSelection]]:
+    """The samples of every source in `spec` (comma-separated string or list), each source's own selection of
+    `max_samples` (see the module doc; a testbed split without it gives `testbed_per_category` per category),
+    and what each source kept."""
     sources = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     if not sources:
         raise ValueError("--dataset: no source given")
-    pool: list[Sample] = []
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"--max-samples: expected an integer >= 1, got {max_samples}")
+    samples: list[Sample] = []
+    selections: list[SourceSelection] = []
+    seen: dict[str, str] = {}
     for source in sources:
-        per_cat = testbed_per_category if max_samples is None else max(max_samples, 1)
-        pool.extend(_read_source(source, testbed, per_cat))
-    if not pool:
+        kept, sel = _select_source(source, testbed, max_samples, seed, testbed_per_category)
+        for s in kept:
+            if s.id in seen:  # rows are keyed by sample id: a second copy would pass for the first on resume
+                raise ValueError(f"--dataset: sources {seen[s.id]!r} and {source!r} both give sample id {s.id!r}; "
+                                 "expected every source once")
+            seen[s.id] = source
+        samples += kept
+        selections.append(sel)
+    if not samples:
         raise ValueError(f"--dataset {spec!r} gave no samples")
-    return select(pool, max_samples, seed)
+    return samples, selections
 
 
-def select(pool: list[Sample], max_samples: int | None, seed: int) -> list[Sample]:
-    """Seeded shuffle within each category, then round-robin across categories up to `max_samples`."""
-    groups: dict[str, list[Sample]] = {}
-    for s in pool:
-        groups.setdefault(s.category, []).append(s)
-    for cat, items in groups.items():
-        random.Random(f"{seed}:{cat}").shuffle(items)
-    out: list[Sample] = []
-    limit = len(pool) if max_samples is None else max_samples
-    while len(out) < limit and any(groups.values()):
-        for cat in list(groups):
-            if groups[cat] and len(out) < limit:
-                out.append(groups[cat].pop(0))
-    return out
-
-
-def _read_source(source: str, testbed: Path | None, per_category: int) -> list[Sample]:
+def _select_source(source: str, testbed: Path | None, max_samples: int | None, seed: int,
+                   per_category: int) -> tuple[list[Sample], SourceSelection]:
+    """The samples `max_samples` keeps of one source, and the record of that choice."""
+    rule = "upstream"
     if source.startswith("testbed:"):
-        return _read_testbed(source, testbed, per_category)
-    path_part, _, category = source.partition("@")
-    if path_part.endswith((".jsonl", ".json")) or Path(path_part).is_file():
-        return _read_jsonl(Path(path_part), category or None, source)
-    canon = _canonical(source)
-    if canon is None:
+        pool = _read_testbed(source, testbed, per_category if max_samples is None else max_samples)
+        kept, rows, rule = balanced(list(pool), max_samples, seed), len(pool), "balanced"
+    elif (path := source.partition("@")[0]).endswith((".jsonl", ".json")) or Path(path).is_file():
+        pool = _read_jsonl(Path(path), source.partition("@")[2] or None, source)
+        kept, rows = [pool[i] for i in upstream_indices(len(pool), max_samples, seed)], len(pool)
+    elif (name := canonical(source)) is not None:
+        kept, rows = _read_hub(name, source, max_samples, seed)
+    else:
         raise ValueError(f"--dataset {source!r}: not a file, not testbed:SPLIT and not a known benchmark "
                          f"({', '.join(BENCHMARKS)})")
-    return _read_hub(canon)
+    return kept, SourceSelection(source, rule, rows, [int(s.row or 0) for s in kept], [s.id for s in kept], seed,
+                                 max_samples)
 
 
 def _read_testbed(source: str, testbed: Path | None, per_category: int) -> list[Sample]:
@@ -143,8 +116,9 @@ def _read_testbed(source: str, testbed: Path | None, per_category: int) -> list[
     from whiflash.testbed.prompts import testbed_split
 
     split = testbed_split(source if source != "testbed:" else "testbed:test", testbed, "--dataset")  # default: test
-    out = [Sample(f"testbed-{split}-{p.id}", cat, (p.prompt,), source=source)
+    out = [Sample(f"testbed-{split}-{p.id}", cat, (p.prompt,), source=source, dataset=f"testbed:{split}")
            for cat in CATEGORIES for p in held_out_prompts(testbed, cat, per_category, split=split)]
+    out = [replace(s, row=i) for i, s in enumerate(out)]
     if not out:
         raise ValueError(f"--dataset {source!r}: the testbed at {testbed} has no prompts in split {split!r}")
     return out
@@ -180,7 +154,7 @@ def _read_jsonl(path: Path, category: str | None, source: str) -> list[Sample]:
     ids = [s.id for s in out]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: duplicate question_id/id values; every record needs its own id")
-    return out
+    return [replace(s, dataset=path.stem, row=i) for i, s in enumerate(out)]
 
 
 def _offline() -> bool:
@@ -188,20 +162,24 @@ def _offline() -> bool:
                for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
-def _read_hub(name: str) -> list[Sample]:
+def _read_hub(name: str, source: str, max_samples: int | None, seed: int) -> tuple[list[Sample], int]:
+    """The samples `max_samples` keeps of benchmark `name` (upstream's rule), and the rows it has. Only the
+    kept rows are rendered: a LiveCodeBench row carries its whole test suite."""
     bench = BENCHMARKS[name]
-    hint = (f"--dataset {name}: could not load {bench.repo} from the Hugging Face Hub. Offline, pass a local JSONL "
-            f"file instead, e.g. --dataset path/to/{name.replace('-', '_')}.jsonl@{bench.category} with one record "
-            "per line holding 'turns' (FastChat), 'prompt' or 'input_ids'")
+    hint = (f"--dataset {source}: could not load {bench.describe()} from the Hugging Face Hub. Offline, pass a "
+            f"local JSONL file instead, e.g. --dataset path/to/{name.replace('-', '_')}.jsonl@{bench.category} with "
+            "one record per line holding 'turns' (FastChat), 'prompt' or 'input_ids'")
     if _offline():
         raise RuntimeError(hint + " (offline mode is set: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE)")
-    from huggingface_hub import HfApi
-
-    try:  # a quick reachability check, so an unreachable Hub fails at once rather than after retries
-        HfApi().dataset_info(bench.repo, timeout=10)
-        import datasets
-
-        rows = datasets.load_dataset(bench.repo, bench.subset, split=bench.split)
+    try:
+        rows = benchmarks.fetch(name)
     except Exception as err:
         raise RuntimeError(f"{hint} ({type(err).__name__}: {err})") from None
-    return [Sample(f"{name}-{i}", bench.category, tuple(bench.text(dict(r))), source=name) for i, r in enumerate(rows)]
+    benchmarks.check_columns(name, list(rows.column_names))
+    out = []
+    for i in upstream_indices(len(rows), max_samples, seed):
+        row = dict(rows[i])
+        sub = str(row.get(bench.subcategory) or "") if bench.subcategory else ""
+        out.append(Sample(f"{name}-{i}", bench.category, tuple(benchmarks.turns(name, row)), subcategory=sub,
+                          source=source, dataset=name, row=i))
+    return out, len(rows)

@@ -1,8 +1,9 @@
 """Decoding methods built from the benchmark flags, all sharing one loaded target.
 
 A method is a name (`ar`, `eagle3`, `dflash`, `ddtree`, `whiflash-entropy`, `whiflash-neural`,
-`oracle`, `utility-oracle`) and a drafter for `whiflash.generate` (None for plain autoregressive
-decoding). Drafter checkpoints load once and are shared between methods; routed methods use the pair given by
+`oracle`, `utility-oracle`; `ddtree-bN` for DDTree at tree budget N and `whiflash-entropy@T`,
+`whiflash-neural@T` for a router at threshold T, `whiflash.eval.families`) and a drafter for
+`whiflash.generate` (None for plain autoregressive decoding). Drafter checkpoints load once and are shared between methods; routed methods use the pair given by
 `--whiflash-drafters`. The upstream `--speculative-algorithm` picks one method (plus the AR baseline);
 `--methods` lists several to run side by side.
 """
@@ -16,9 +17,11 @@ from typing import Any
 import whiflash
 from whiflash.pairs import Pair
 
+from .families import budget_method, parse_method
+
 log = logging.getLogger(__name__)
 
-__all__ = ["ALGORITHMS", "METHODS", "Method", "MethodFactory", "method_names", "model_paths"]
+__all__ = ["ALGORITHMS", "METHODS", "Method", "MethodFactory", "check_method", "method_names", "model_paths"]
 
 ALGORITHMS = ("AR", "EAGLE3", "DFLASH", "DDTREE", "WHIFLASH")
 """`--speculative-algorithm` values (upstream spelling)."""
@@ -31,6 +34,17 @@ LABELS = {"ar": "AR", "eagle3": "EAGLE-3", "dflash": "DFlash", "ddtree": "DDTree
           "utility-oracle": "Utility oracle"}
 ORACLES = ("oracle", "utility-oracle")
 """Analysis methods: both slots draft every round (OracleDrafter), not a routing policy."""
+ROUTED = ("whiflash-entropy", "whiflash-neural")
+"""Routing policies, the methods that take a threshold (`METHOD@T`)."""
+
+
+def check_method(name: str) -> str:
+    """`name` when it is a known method (see the module doc), else a ValueError listing what is."""
+    family, value = parse_method(name)
+    if name in METHODS or (value is not None and (family == "ddtree" or family in ROUTED)):
+        return name
+    raise ValueError(f"--methods: unknown method {name!r}; choose from {', '.join(METHODS)} (or whiflash), "
+                     "ddtree-bN (DDTree at budget N) or whiflash-entropy@T / whiflash-neural@T (threshold T)")
 
 
 @dataclass
@@ -43,8 +57,10 @@ class Method:
     label: str = ""
 
 
-def method_names(algorithm: str, methods: str | list[str] | None, router: str) -> list[str]:
-    """The method list: `methods` when given, else the one `algorithm` names; AR always first."""
+def method_names(algorithm: str, methods: str | list[str] | None, router: str,
+                 tree_budgets: list[int] | tuple[int, ...] = ()) -> list[str]:
+    """The method list: `methods` when given, else the one `algorithm` names; AR always first. With
+    `tree_budgets`, standalone DDTree runs at each budget (`ddtree-bN`, in place of `ddtree`, else last)."""
     if methods:
         raw = [m.strip().lower() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
     else:
@@ -52,12 +68,15 @@ def method_names(algorithm: str, methods: str | list[str] | None, router: str) -
         if alg not in ALGORITHMS:
             raise ValueError(f"--speculative-algorithm: expected one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
         raw = [{"AR": "ar", "EAGLE3": "eagle3", "DFLASH": "dflash", "DDTREE": "ddtree", "WHIFLASH": "whiflash"}[alg]]
+    if tree_budgets:
+        budgets = [budget_method(b) for b in tree_budgets]
+        at = raw.index("ddtree") if "ddtree" in raw else len(raw)
+        raw = [*raw[:at], *budgets, *raw[at + 1:]]
     names: list[str] = ["ar"]
     for m in raw:
         if m == "whiflash":
             m = router if router in ORACLES else f"whiflash-{router}"
-        if m not in METHODS:
-            raise ValueError(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)} (or whiflash)")
+        check_method(m)
         if m not in names:
             names.append(m)
     return names
@@ -78,23 +97,26 @@ class MethodFactory:
     """Loads drafters on first use and builds every requested method around one target."""
 
     def __init__(self, target: Any, paths: dict[str, str | None], *, pair: str = "df-e3",
-                 tree_budget: int | None = None, eagle_num_steps: int | None = None, router: str = "entropy",
+                 tree_budget: int | None = None, block_size: int | None = None,
+                 eagle_num_steps: int | None = None, router: str = "entropy",
                  entropy_threshold: float = 0.2, neural_router_path: str | None = None,
                  neural_threshold: float | None = None, lazy_catchup: bool = True,
                  time_catchup: bool = False, latency_profile: str | None = None) -> None:
         self.target, self.paths = target, paths
         self.pair = Pair.parse(pair)
-        self.tree_budget, self.eagle_num_steps = tree_budget, eagle_num_steps
+        self.tree_budget, self.block_size, self.eagle_num_steps = tree_budget, block_size, eagle_num_steps
         self.router, self.entropy_threshold = router, entropy_threshold
         self.neural_router_path, self.neural_threshold = neural_router_path, neural_threshold
         self.lazy_catchup, self.time_catchup = lazy_catchup, time_catchup
         self.latency_profile = latency_profile
-        self._drafters: dict[str, Any] = {}
+        self._drafters: dict[tuple[str, int | None], Any] = {}
         self._neural: Any = None
 
-    def drafter(self, kind: str) -> Any:
-        """The shared `eagle3`, `dflash` or `ddtree` drafter (DDTree reuses the DFlash checkpoint)."""
-        if kind not in self._drafters:
+    def drafter(self, kind: str, tree_budget: int | None = None) -> Any:
+        """The shared `eagle3`, `dflash` or `ddtree` drafter (DDTree reuses the DFlash checkpoint); DDTree at
+        `tree_budget` (default `--ddtree-tree-budget`) is a drafter of its own for each budget."""
+        budget = (tree_budget if tree_budget is not None else self.tree_budget) if kind == "ddtree" else None
+        if (kind, budget) not in self._drafters:
             key = "eagle3" if kind == "eagle3" else "dflash"
             path = self.paths.get(key)
             if not path:
@@ -102,13 +124,15 @@ class MethodFactory:
                     else "--draft-name-or-path"
                 raise ValueError(f"method needs a {key} checkpoint: give {flag} or --testbed DIR")
             opts: dict[str, Any] = {}
-            if kind == "ddtree" and self.tree_budget is not None:
-                opts["tree_budget"] = self.tree_budget
+            if kind == "ddtree" and budget is not None:
+                opts["tree_budget"] = budget
+            if kind != "eagle3" and self.block_size is not None:
+                opts["block_size"] = self.block_size
             if kind == "eagle3" and self.eagle_num_steps is not None:
                 opts["num_steps"] = self.eagle_num_steps
-            log.info("loading %s drafter from %s", kind, path)
-            self._drafters[kind] = whiflash.load_drafter(kind, path, self.target, **opts)
-        return self._drafters[kind]
+            log.info("loading %s drafter from %s%s", kind, path, f" (tree budget {budget})" if budget else "")
+            self._drafters[(kind, budget)] = whiflash.load_drafter(kind, path, self.target, **opts)
+        return self._drafters[(kind, budget)]
 
     def loaded_drafters(self) -> list[Any]:
         """Every drafter loaded so far (standalone methods and routed members share them)."""
@@ -170,11 +194,17 @@ class MethodFactory:
         raise ValueError(f"{name} is not a routed method")
 
     def build(self, name: str, threshold: float | None = None) -> Method:
-        """Method `name` (see `METHODS`)."""
+        """Method `name` (see `METHODS`, and the module doc for `ddtree-bN` and `METHOD@T`)."""
+        family, value = parse_method(check_method(name))
         if name == "ar":
             return Method(name, None, label=LABELS[name])
+        if family == "ddtree" and value is not None:
+            return Method(name, self.drafter("ddtree", int(value)), label=f"{LABELS['ddtree']} (b{int(value)})")
         if name in ("eagle3", "dflash", "ddtree"):
             return Method(name, self.drafter(name), label=LABELS[name])
+        if value is not None:  # a routed method at its own threshold
+            label = f"{LABELS[family]} @{value:g} ({self.pair})"
+            return Method(name, self.routed(self.policy(family, value)), routed=True, label=label)
         label = f"{LABELS[name]} ({self.pair})"
         drafter = self.oracle(name) if name in ORACLES else self.routed(self.policy(name, threshold))
         return Method(name, drafter, routed=True, label=label)

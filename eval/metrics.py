@@ -1,10 +1,13 @@
 """Aggregation of per-sample rows into the reported figures (the protocol is in `PROTOCOL`).
 
 Every row is one (sample, turn, method) decode with its time per output token (TPOT) and the AR
-baseline's TPOT on the same prompt in the same process. Per category and method:
+baseline's TPOT on the same prompt in the same process. Per category (and per dataset) and method:
 
-* speedup (mean) = mean over rows of AR TPOT / method TPOT, with a seeded bootstrap 95% interval;
-* speedup (pooled) = (total AR decode time / AR tokens) / (total method decode time / method tokens);
+* speedup = mean over rows of AR TPOT / mean over the same rows of the method's TPOT (upstream's
+  definition), with a seeded bootstrap 95% interval over rows;
+* speedup_mean_ratio, speedup_median_ratio = mean and median over rows of the per-row ratio AR TPOT /
+  method TPOT (a heavy tail shows as a median well below the speedup);
+* speedup_pooled = (total AR decode time / AR tokens) / (total method decode time / method tokens);
 * tau = mean over rows of the row's mean tau; tau_pooled = all rounds' tau averaged; a histogram;
 * routed methods: slot-0 share of rounds, switch rate, catch-up share of decode time (only when
   catch-up was timed).
@@ -13,13 +16,26 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 from whiflash.decoding.stats import TAU_DEFINITION
 
-__all__ = ["PROTOCOL", "aggregate", "bootstrap_ci", "decode_tokens", "gains"]
+from .families import best_of_families
+
+__all__ = ["METRICS_VERSION", "PROTOCOL", "SPEEDUP_DEFINITION", "aggregate", "bootstrap_ci", "decode_tokens",
+           "gains", "ratio_of_means_ci"]
+
+METRICS_VERSION = 2
+"""Version of the figures in results.json: 2 = speedup as a ratio of mean TPOTs (1, unmarked: a mean of ratios)."""
+
+SPEEDUP_DEFINITION = ("speedup = mean over samples of AR time per output token / mean over the same samples of the "
+                      "method's time per output token (bootstrap 95% interval over samples); mean ratio and median "
+                      "ratio = mean and median over samples of the per-sample ratio AR TPOT / method TPOT; pooled = "
+                      "total AR time per token / total method time per token")
+"""The one definition of the speedup columns, printed under every table and written into every results.json."""
 
 PROTOCOL = (
     "Per sample, every method (AR included) decodes the same prompt in the same process, in an order that "
@@ -27,8 +43,9 @@ PROTOCOL = (
     "longest sample and every method runs one untimed warm-up decode (capturing CUDA graphs when enabled). "
     "Timings are device-synchronised; prefill is excluded: time per output token (TPOT) = decode seconds / "
     "decode tokens, where decode tokens = new tokens - 1 (the first new token comes from the prefill). "
-    "Speedup = mean over samples of AR TPOT / method TPOT (bootstrap 95% interval over samples), and the "
-    "pooled ratio of total-time TPOTs. Every greedy output is compared with AR's token for token."
+    "Speedup = mean AR TPOT / mean method TPOT over the same samples (bootstrap 95% interval over samples); "
+    "beside it the mean and the median of per-sample ratios and the pooled ratio of total-time TPOTs. Every "
+    "greedy output is compared with AR's token for token."
 )
 
 
@@ -57,30 +74,54 @@ def bootstrap_ci(values: list[float], iterations: int = 1000, seed: int = 0, lev
     return lo, hi
 
 
+def ratio_of_means_ci(num: list[float], den: list[float], iterations: int = 1000, seed: int = 0,
+                      level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of sum(num) / sum(den) over resampled pairs (num[i], den[i]) (NaN, NaN when
+    empty): the interval of the speedup, resampling samples with their AR and method TPOTs together."""
+    n = len(num)
+    if not n:
+        return math.nan, math.nan
+    if n == 1:
+        return num[0] / den[0], num[0] / den[0]
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(iterations):
+        pick = [rng.randrange(n) for _ in range(n)]
+        stats.append(sum(num[i] for i in pick) / sum(den[i] for i in pick))
+    stats.sort()
+    return stats[int((1 - level) / 2 * (iterations - 1))], stats[int((1 + level) / 2 * (iterations - 1))]
+
+
 def _mean(xs: Iterable[float]) -> float:
     xs = list(xs)
     return sum(xs) / len(xs) if xs else math.nan
 
 
 def summarize_rows(rows: list[dict[str, Any]], seed: int = 0, iterations: int = 1000) -> dict[str, Any]:
-    """The figures of one cell (one category, or all, for one method)."""
-    ratios = [r["speedup"] for r in rows if r.get("speedup") is not None]
-    ar_time = sum(r["ar_decode_seconds"] for r in rows if r.get("speedup") is not None)
-    ar_tok = sum(decode_tokens(r["ar_new_tokens"]) for r in rows if r.get("speedup") is not None)
-    m_time = sum(r["decode_seconds"] for r in rows if r.get("speedup") is not None)
-    m_tok = sum(decode_tokens(r["new_tokens"]) for r in rows if r.get("speedup") is not None)
+    """The figures of one cell (one category, dataset or all, for one method); see the module doc."""
+    timed = [r for r in rows if r.get("speedup") is not None]
+    ratios = [r["speedup"] for r in timed]
+    ar_tpot = [r["ar_decode_seconds"] / decode_tokens(r["ar_new_tokens"]) for r in timed]
+    m_tpot = [r["decode_seconds"] / decode_tokens(r["new_tokens"]) for r in timed]
+    ar_time, m_time = sum(r["ar_decode_seconds"] for r in timed), sum(r["decode_seconds"] for r in timed)
+    ar_tok = sum(decode_tokens(r["ar_new_tokens"]) for r in timed)
+    m_tok = sum(decode_tokens(r["new_tokens"]) for r in timed)
     pooled = (ar_time / ar_tok) / (m_time / m_tok) if ar_tok and m_tok and m_time > 0 and ar_time > 0 else math.nan
-    lo, hi = bootstrap_ci(ratios, iterations, seed)
+    lo, hi = ratio_of_means_ci(ar_tpot, m_tpot, iterations, seed)
     seqs = [r for r in rows if r["taus"]]
     rounds = [t for r in seqs for t in r["taus"]]
     hist = Counter(rounds)
     slots = [s for r in rows for s in r.get("slots") or []]
     routed = bool(slots)
     total_decode = sum(r["decode_seconds"] for r in rows)
-    timed = [r for r in rows if r.get("catchup_timed")]
+    caught = [r for r in rows if r.get("catchup_timed")]
     out: dict[str, Any] = {
         "n": len(rows),
-        "speedup": _mean(ratios), "speedup_ci_low": lo, "speedup_ci_high": hi, "speedup_pooled": pooled,
+        "speedup": _mean(ar_tpot) / _mean(m_tpot) if timed else math.nan,
+        "speedup_ci_low": lo, "speedup_ci_high": hi,
+        "speedup_mean_ratio": _mean(ratios), "speedup_median_ratio": statistics.median(ratios) if ratios else math.nan,
+        "speedup_pooled": pooled,
+        "ar_tpot_ms": 1000 * _mean(ar_tpot), "tpot_ms": 1000 * _mean(m_tpot),
         "tau": _mean(sum(r["taus"]) / len(r["taus"]) for r in seqs), "tau_pooled": _mean(rounds),
         "tau_histogram": {str(k): v for k, v in sorted(hist.items())},
         "tokens_per_second": (sum(decode_tokens(r["new_tokens"]) for r in rows) / total_decode
@@ -88,38 +129,52 @@ def summarize_rows(rows: list[dict[str, Any]], seed: int = 0, iterations: int = 
         "mismatches": sum(1 for r in rows if r.get("mismatch")),
         "slot0_share": _mean(1.0 if s == 0 else 0.0 for s in slots) if routed else None,
         "switch_rate": _mean(r["switch_rate"] for r in rows if r.get("slots")) if routed else None,
-        "catchup_share": (sum(r["catchup_seconds"] for r in timed) / sum(r["decode_seconds"] for r in timed)
-                          if routed and timed and sum(r["decode_seconds"] for r in timed) > 0 else None),
+        "catchup_share": (sum(r["catchup_seconds"] for r in caught) / sum(r["decode_seconds"] for r in caught)
+                          if routed and caught and sum(r["decode_seconds"] for r in caught) > 0 else None),
     }
     return out
 
 
+def _cells(rows: list[dict[str, Any]], methods: list[str], key: str, seed: int,
+           iterations: int) -> dict[str, dict[str, Any]]:
+    """{group: {method: figures}} for every value of `rows[key]`, plus "all" pooling every group."""
+    groups = sorted({r[key] for r in rows if r.get(key) is not None})
+    cells: dict[str, dict[str, Any]] = {}
+    for group in [*groups, "all"]:
+        cells[group] = {}
+        for m in methods:
+            sel = [r for r in rows if r["method"] == m and (group == "all" or r.get(key) == group)]
+            if sel:
+                cells[group][m] = summarize_rows(sel, seed, iterations)
+    return cells
+
+
 def aggregate(rows: list[dict[str, Any]], methods: list[str], seed: int = 0,
               iterations: int = 1000) -> dict[str, Any]:
-    """`{"cells": {category: {method: figures}}, "gains": ..., "tau_definition": ..., "protocol": ...}`; category
-    "all" pools every category."""
-    cats = sorted({r["category"] for r in rows})
-    cells: dict[str, dict[str, Any]] = {}
-    for cat in [*cats, "all"]:
-        cells[cat] = {}
-        for m in methods:
-            sel = [r for r in rows if r["method"] == m and (cat == "all" or r["category"] == cat)]
-            if sel:
-                cells[cat][m] = summarize_rows(sel, seed, iterations)
-    return {"cells": cells, "gains": gains(cells), "categories": cats, "methods": methods,
-            "tau_definition": TAU_DEFINITION, "protocol": PROTOCOL}
+    """`{"cells": {category: {method: figures}}, "datasets": {dataset: {method: figures}}, "gains": ..., "best":
+    ..., definitions}`; the group "all" pools every category (dataset)."""
+    cells = _cells(rows, methods, "category", seed, iterations)
+    by_dataset = _cells(rows, methods, "dataset", seed, iterations) if any(r.get("dataset") for r in rows) else {}
+    return {"metrics_version": METRICS_VERSION, "cells": cells, "datasets": by_dataset, "gains": gains(cells),
+            "best": {"categories": best_of_families(cells), "datasets": best_of_families(by_dataset)},
+            "categories": sorted({r["category"] for r in rows}), "methods": methods,
+            "tau_definition": TAU_DEFINITION, "speedup_definition": SPEEDUP_DEFINITION, "protocol": PROTOCOL}
 
 
 def gains(cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     """Upstream-style throughput gains of every routed method: `+x%` vs EAGLE-3 and vs DFlash (and DDTree),
-    as (method speedup / baseline speedup - 1) * 100 per category (same prompts, same AR baseline)."""
+    as (method speedup / baseline speedup - 1) * 100 per category (same prompts, same AR baseline). With DDTree
+    run at several budgets (and no plain `ddtree`), the baseline is the category's best budget."""
+    best = best_of_families(cells).get("ddtree", {})
     out: dict[str, dict[str, dict[str, float]]] = {}
     for cat, per in cells.items():
+        bases = {b: per[b]["speedup"] for b in ("eagle3", "dflash", "ddtree") if b in per}
+        if "ddtree" not in bases and cat in best:
+            bases["ddtree"] = best[cat]["speedup"]
         for m, fig in per.items():
             if not m.startswith("whiflash") and m != "oracle":
                 continue
-            for base in ("eagle3", "dflash", "ddtree"):
-                if base in per and per[base]["speedup"] and not math.isnan(per[base]["speedup"]):
-                    out.setdefault(m, {}).setdefault(cat, {})[f"vs_{base}"] = \
-                        (fig["speedup"] / per[base]["speedup"] - 1) * 100
+            for base, speedup in bases.items():
+                if speedup and not math.isnan(speedup):
+                    out.setdefault(m, {}).setdefault(cat, {})[f"vs_{base}"] = (fig["speedup"] / speedup - 1) * 100
     return out

@@ -26,10 +26,12 @@ from whiflash.folders import EVAL, MANIFEST, check_folder, folder_kind
 from whiflash.io import atomic_write_json, atomic_write_text
 from whiflash.versions import package_versions
 
+from .metrics import SPEEDUP_DEFINITION
+
 log = logging.getLogger(__name__)
 
 __all__ = ["SampleLog", "check_output_file", "csv_text", "latex_table", "markdown_table", "prepare_run_dir",
-           "write_manifest", "write_results"]
+           "write_manifest", "write_results", "write_save_path"]
 
 CONFIG_FILE = "config.json"
 
@@ -89,7 +91,8 @@ def write_manifest(run: Path, *, argv: list[str], seed: int, device: str, models
         "kind": EVAL, "tool": f"whiflash-eval {command}", "argv": argv, "seed": seed, "git": _git_revision(),
         "versions": package_versions("whiflash", "torch", "transformers", "datasets", "jsonargparse", "numpy"),
         "python_executable": sys.executable, "hardware": device_info(device), "models": models,
-        "samples": [{"id": s.id, "category": s.category, "turns": s.n_turns, "source": s.source} for s in samples],
+        "samples": [{"id": s.id, "category": s.category, "turns": s.n_turns, "source": s.source,
+                     "dataset": getattr(s, "dataset", ""), "row": getattr(s, "row", None)} for s in samples],
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra,
     }
     atomic_write_json(run / MANIFEST, manifest)
@@ -140,34 +143,63 @@ def _fmt(x: Any, digits: int = 2) -> str:
     return f"{x:.{digits}f}"
 
 
-def table_rows(results: dict[str, Any], run_label: str = "") -> list[dict[str, Any]]:
-    """Flat rows (category, method, figures) of one results dict."""
+def table_rows(results: dict[str, Any], run_label: str = "", key: str = "cells") -> list[dict[str, Any]]:
+    """Flat rows (category or dataset, method, figures) of one results dict (`key` "cells" or "datasets")."""
+    group = "category" if key == "cells" else "dataset"
     out = []
-    for cat, per in results["cells"].items():
+    for cat, per in (results.get(key) or {}).items():
         for m, f in per.items():
-            out.append({"run": run_label, "category": cat, "method": m, **{k: v for k, v in f.items()
-                                                                           if k != "tau_histogram"}})
+            out.append({"run": run_label, group: cat, "method": m, **{k: v for k, v in f.items()
+                                                                       if k != "tau_histogram"}})
     return out
 
 
+def _x(v: Any) -> str:
+    return f"{_fmt(v)}×"
+
+
+def _share(v: float | None) -> str:
+    return "—" if v is None else f"{100 * v:.1f}%"
+
+
 def markdown_table(results: dict[str, Any], run_label: str = "") -> str:
-    """Speedup (with 95% interval), pooled speedup, tau, tokens/s and routing figures per category and method."""
-    head = "| category | method | speedup (95% CI) | pooled | tau | tau pooled | tok/s | slot-0 | switch | catch-up | mismatches |"
-    lines = [head, "|" + "---|" * 11]
+    """Per category and method: speedup (upstream's, with its 95% interval) and tau first, then the per-sample
+    mean and median ratios, the pooled ratio, tokens/s and routing figures; then per dataset (several
+    datasets), the best setting of swept families, and the gains."""
+    head = ("| category | method | speedup (95% CI) | tau | mean ratio | median ratio | pooled | tok/s | slot-0 | "
+            "switch | catch-up | mismatches |")
+    lines = [head, "|" + "---|" * 12]
     for r in table_rows(results, run_label):
-        share = lambda v: "—" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-        lines.append(f"| {r['category']} | {r['method']} | {_fmt(r['speedup'])}× ({_fmt(r['speedup_ci_low'])}–"
-                     f"{_fmt(r['speedup_ci_high'])}) | {_fmt(r['speedup_pooled'])}× | {_fmt(r['tau'])} | "
-                     f"{_fmt(r['tau_pooled'])} | {_fmt(r['tokens_per_second'], 1)} | {share(r['slot0_share'])} | "
-                     f"{share(r['switch_rate'])} | {share(r['catchup_share'])} | {r['mismatches']} |")
+        lines.append(f"| {r['category']} | {r['method']} | {_x(r['speedup'])} ({_fmt(r['speedup_ci_low'])}–"
+                     f"{_fmt(r['speedup_ci_high'])}) | {_fmt(r['tau'])} | {_x(r.get('speedup_mean_ratio'))} | "
+                     f"{_x(r.get('speedup_median_ratio'))} | {_x(r['speedup_pooled'])} | "
+                     f"{_fmt(r['tokens_per_second'], 1)} | {_share(r['slot0_share'])} | {_share(r['switch_rate'])} | "
+                     f"{_share(r['catchup_share'])} | {r['mismatches']} |")
     text = "\n".join(lines)
+    datasets = [d for d in (results.get("datasets") or {}) if d != "all"]
+    if len(datasets) > 1:
+        text += ("\n\nPer dataset:\n\n| dataset | method | speedup (95% CI) | tau | median ratio |"
+                 "\n|---|---|---|---|---|")
+        for r in table_rows(results, run_label, "datasets"):
+            text += (f"\n| {r['dataset']} | {r['method']} | {_x(r['speedup'])} ({_fmt(r['speedup_ci_low'])}–"
+                     f"{_fmt(r['speedup_ci_high'])}) | {_fmt(r['tau'])} | {_x(r.get('speedup_median_ratio'))} |")
+    best = [(level, fam, group, b) for level in ("categories", "datasets")
+            for fam, per in ((results.get("best") or {}).get(level) or {}).items() for group, b in per.items()
+            if level == "categories" or (len(datasets) > 1 and group != "all")]
+    if best:
+        text += ("\n\nBest setting per group (highest speedup):\n\n| family | group | best | speedup | tau | of |"
+                 "\n|---|---|---|---|---|---|")
+        for _, fam, group, b in best:
+            text += (f"\n| {fam} | {group} | {b['method']} | {_x(b['speedup'])} | {_fmt(b['tau'])} | "
+                     f"{', '.join(b['of'])} |")
     if results.get("gains"):
         text += "\n\n| method | category | " + " | ".join(["vs EAGLE-3", "vs DFlash", "vs DDTree"]) + " |\n|---|---|---|---|---|"
         for m, per in results["gains"].items():
             for cat, g in per.items():
                 cells = [f"{g[k]:+.1f}%" if k in g else "—" for k in ("vs_eagle3", "vs_dflash", "vs_ddtree")]
                 text += f"\n| {m} | {cat} | " + " | ".join(cells) + " |"
-    text += f"\n\nτ: {results['tau_definition']}.\n"
+    text += f"\n\nSpeedup columns: {results.get('speedup_definition', SPEEDUP_DEFINITION)}.\n"
+    text += f"τ: {results['tau_definition']}.\n"
     if results.get("catchup_note"):
         text += f"Catch-up: {results['catchup_note']}.\n"
     if results.get("lossless_check"):
@@ -187,20 +219,36 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def latex_table(rows: list[dict[str, Any]], tau_definition: str) -> str:
-    """A booktabs table of speedup and tau per (run,) category and method."""
-    lines = [r"\begin{tabular}{lllrrr}", r"\toprule", r"run & category & method & speedup & pooled & $\tau$ \\",
-             r"\midrule"]
+def latex_table(rows: list[dict[str, Any]], tau_definition: str, speedup_definition: str = SPEEDUP_DEFINITION) -> str:
+    """A booktabs table per (run,) category and method: speedup and tau (upstream's two columns), then the
+    per-sample mean and median ratios."""
+    lines = [r"\begin{tabular}{lllrrrr}", r"\toprule",
+             r"run & category & method & speedup & $\tau$ & mean ratio & median ratio \\", r"\midrule"]
     esc = lambda s: str(s).replace("_", r"\_").replace("%", r"\%")  # noqa: E731
     for r in rows:
         lines.append(f"{esc(r.get('run', ''))} & {esc(r['category'])} & {esc(r['method'])} & "
-                     f"{_fmt(r['speedup'])}$\\times$ & {_fmt(r['speedup_pooled'])}$\\times$ & {_fmt(r['tau'])} \\\\")
-    lines += [r"\bottomrule", r"\end{tabular}", f"% tau: {tau_definition}"]
+                     f"{_fmt(r['speedup'])}$\\times$ & {_fmt(r['tau'])} & "
+                     f"{_fmt(r.get('speedup_mean_ratio'))}$\\times$ & {_fmt(r.get('speedup_median_ratio'))}$\\times$ \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}", f"% speedup: {speedup_definition}", f"% tau: {tau_definition}"]
     return "\n".join(lines) + "\n"
 
 
+def write_save_path(path: str | Path, results: dict[str, Any], rows: list[dict[str, Any]],
+                    args: dict[str, Any]) -> Path:
+    """`--save-path`: the run's data in one JSON file (results, every sample's row, the flags), where upstream
+    writes its `torch.save` run data; JSON whatever the suffix, since this toolkit never pickles."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"kind": EVAL, "results": results, "rows": rows, "args": args},
+                                       default=str))
+    log.info("run data written to %s (JSON)", path)
+    return path
+
+
 def write_results(run: Path, results: dict[str, Any]) -> None:
-    """results.json, results.csv and results.md in `run`."""
+    """results.json, results.csv (+ results_datasets.csv with several datasets) and results.md in `run`."""
     atomic_write_text(run / "results.json", json.dumps(results, indent=2, default=str))
     atomic_write_text(run / "results.csv", csv_text(table_rows(results)))
+    if len(results.get("datasets") or {}) > 2:  # several datasets besides "all": their own cells too
+        atomic_write_text(run / "results_datasets.csv", csv_text(table_rows(results, key="datasets")))
     atomic_write_text(run / "results.md", markdown_table(results))

@@ -1,4 +1,5 @@
-"""Plots of a run (matplotlib, Agg backend): speedup bars, tau histograms and routed-slot timelines."""
+"""Plots of a run (matplotlib, Agg backend): speedup bars, tau histograms, routed-slot timelines and, for swept
+methods (DDTree budgets, router thresholds), speedup against the setting."""
 from __future__ import annotations
 
 import logging
@@ -13,12 +14,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-__all__ = ["speedup_bars", "tau_histograms", "slot_timelines", "write_plots"]
+from .families import parse_method
+
+__all__ = ["slot_timelines", "speedup_bars", "sweep_lines", "tau_histograms", "write_plots"]
 
 
 def speedup_bars(results: list[tuple[str, dict[str, Any]]], path: Path) -> Path:
-    """Grouped bars of mean speedup (95% interval as error bars) per category x method, one group per category;
-    several runs are shown side by side as `run/method`."""
+    """Grouped bars of the speedup (mean AR TPOT / mean method TPOT, 95% interval as error bars) per category x
+    method, one group per category; several runs are shown side by side as `run/method`."""
     series: list[tuple[str, dict[str, dict[str, Any]]]] = []
     cats: list[str] = []
     for label, res in results:
@@ -37,7 +40,7 @@ def speedup_bars(results: list[tuple[str, dict[str, Any]]], path: Path) -> Path:
         ax.bar(xs, ys, width, label=name, yerr=[lo, hi], capsize=2)
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats)
-    ax.set_ylabel("speedup over AR (×)")
+    ax.set_ylabel("speedup over AR (×, mean TPOT ratio)")
     ax.legend(fontsize=7)
     return _save(fig, path)
 
@@ -76,11 +79,44 @@ def slot_timelines(rows: list[dict[str, Any]], path: Path, max_samples: int = 4)
     return _save(fig, path)
 
 
+def sweep_lines(results: dict[str, Any], path: Path) -> Path | None:
+    """Speedup against the setting of every swept family (DDTree budget, router threshold): one panel per family,
+    one line per category; None when nothing was swept over two settings or more."""
+    families: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for cat, per in results["cells"].items():
+        for name, fig in per.items():
+            family, value = parse_method(name)
+            if value is not None and not math.isnan(fig["speedup"]):
+                families.setdefault(family, {}).setdefault(cat, []).append((value, fig["speedup"]))
+    families = {f: per for f, per in families.items() if any(len(v) > 1 for v in per.values())}
+    if not families:
+        return None
+    fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 3.5), squeeze=False)
+    for ax, (family, per) in zip(axes[0], families.items()):
+        for cat, points in per.items():
+            points.sort()
+            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=cat)
+        if family == "ddtree":  # budgets double from one setting to the next: a log axis labelled with them
+            ax.set_xscale("log", base=2)
+            ticks = sorted({x for points in per.values() for x, _ in points})
+            ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
+            ax.minorticks_off()
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_xlabel("tree budget" if family == "ddtree" else f"{family} threshold")
+        ax.set_ylabel("speedup over AR (×)")
+        ax.set_title(family, fontsize=9)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def write_plots(run: Path, results: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> list[Path]:
-    """speedup.png, tau_hist.png and (routed methods) slots.png under `run/plots`."""
+    """speedup.png, tau_hist.png, (routed methods) slots.png and (swept methods) sweep.png under `run/plots`."""
     out = run / "plots"
     out.mkdir(exist_ok=True)
     paths = [speedup_bars([("", results)], out / "speedup.png"), tau_histograms(results, out / "tau_hist.png")]
+    swept = sweep_lines(results, out / "sweep.png")
+    if swept:
+        paths.append(swept)
     if rows:
         p = slot_timelines(rows, out / "slots.png")
         if p:

@@ -21,6 +21,7 @@ import torch
 import whiflash
 from whiflash.drafters import Commit, DFlashDrafter, Drafter, Eagle3Drafter
 from whiflash.drafters.trees import ancestor_mask
+from whiflash.engine import resolve_engine
 from whiflash.folders import check_folder
 from whiflash.router import NeuralRouter
 from whiflash.routers import EntropyRouter, NeuralPolicy
@@ -188,6 +189,7 @@ def _load(cfg: ProfileConfig) -> tuple[Any, Eagle3Drafter | None, DFlashDrafter 
 
 def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path, LatencyProfile]:
     """Load the models of `cfg`, profile them and write `profile.json` in a new run folder (and `--output`)."""
+    cfg = resolve_engine(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     budgets = _ints(cfg.tree_budgets, "--tree-budgets")
@@ -204,10 +206,10 @@ def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path
         neural = whiflash.load_router(cfg.whiflash_neural_router_path, hidden_size=target.config.hidden_size,
                                       device=target.device)
         models["neural_router"] = cfg.whiflash_neural_router_path
-    graphs = not cfg.no_cuda_graphs and target.device.type == "cuda"
+    graphs = bool(cfg.cuda_graphs) and target.device.type == "cuda"
     if cfg.compile_layers and not graphs:
         log.warning("--compile-layers ignored: it compiles the CUDA graphs' passes (on CUDA, without --no-cuda-graphs)")
-    compile_fixed_passes(cfg.compile_layers and graphs)
+    compile_fixed_passes(bool(cfg.compile_layers) and graphs)
     prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=budgets,
                           neural=neural, context=cfg.context, backlogs=backlogs, graphs=graphs,
                           repeats=cfg.repeats)
@@ -215,7 +217,10 @@ def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path
     label = cfg.preset or Path(str(models.get("target") or "models")).name
     run, _ = prepare_run_dir(cfg.out, cfg.name or f"profile-{label}", asdict(cfg), resume=False)
     write_manifest(run, command="profile", argv=list(argv if argv is not None else sys.argv), seed=0,
-                   device=cfg.device, models=models, samples=[], extra={"context": cfg.context})
+                   device=cfg.device, models=models, samples=[],
+                   extra={"context": cfg.context,
+                          "engine": {"device": cfg.device, "dtype": cfg.dtype, "cuda_graphs": graphs,
+                                     "compiled_layers": layers_compiled()}})
     prof.write(run / "profile.json")
     if cfg.output:
         prof.write(cfg.output)

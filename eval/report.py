@@ -1,7 +1,10 @@
 """`whiflash-eval report RUN [RUN...]`: tables (Markdown, CSV, LaTeX) and plots from finished run folders.
 
 Each run's `results.json` is read as written by `bench`; rows of every run appear side by side,
-labelled by the run folder's name.
+labelled by the run folder's name. A folder written before the speedup became upstream's ratio of
+mean TPOTs (its results.json has no `metrics_version`) is re-aggregated from its `samples.jsonl`
+with today's definitions, so every column means the same in every run; one without its rows is
+refused.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import Any
 from whiflash.folders import EVAL, MANIFEST, check_folder
 from whiflash.io import atomic_write_json, atomic_write_text
 
+from .metrics import METRICS_VERSION, aggregate
 from .outputs import csv_text, latex_table, markdown_table, table_rows
 from .plots import speedup_bars, tau_histograms
 
@@ -23,11 +27,30 @@ __all__ = ["load_results", "report"]
 
 
 def load_results(run: str | Path) -> dict[str, Any]:
-    """The results.json of a run folder (a clear error when the folder is not a finished run)."""
+    """The results of a run folder, re-aggregated from its rows when results.json predates the current metrics
+    (a clear error when the folder is not a finished run, or an old one without its rows)."""
     path = Path(run) / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"{run}: no results.json (not a finished `whiflash-eval bench` run folder)")
-    return json.loads(path.read_text())
+    results = json.loads(path.read_text())
+    if results.get("metrics_version") == METRICS_VERSION:
+        return results
+    rows_file = Path(run) / "samples.jsonl"
+    if not rows_file.is_file():
+        raise ValueError(f"{path}: written by an older whiflash-eval (metrics_version "
+                         f"{results.get('metrics_version', 'absent')}, expected {METRICS_VERSION}: its 'speedup' is a "
+                         "mean of per-sample ratios), and the folder has no samples.jsonl to recompute the figures "
+                         "from; re-run the bench")
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines() if line.strip()]
+    config = Path(run) / "config.json"
+    seed, iterations = 0, 1000
+    if config.is_file():
+        saved = json.loads(config.read_text())
+        seed, iterations = int(saved.get("seed", 0)), int(saved.get("bootstrap", 1000))
+    methods = results.get("methods") or list(dict.fromkeys(r["method"] for r in rows))
+    log.info("%s: results.json predates metrics version %d; figures recomputed from samples.jsonl", run,
+             METRICS_VERSION)
+    return {**results, **aggregate(rows, methods, seed=seed, iterations=iterations)}
 
 
 def report(runs: list[str], out: str | None = None) -> Path:
@@ -48,7 +71,7 @@ def report(runs: list[str], out: str | None = None) -> Path:
             md.append(f"Lossless mismatches: {len(res['mismatches'])} (see the run's results.json)\n")
     atomic_write_text(folder / "report.md", "\n".join(md))
     atomic_write_text(folder / "report.csv", csv_text(rows))
-    atomic_write_text(folder / "report.tex", latex_table(rows, tau_def))
+    atomic_write_text(folder / "report.tex", latex_table(rows, tau_def, loaded[0][1]["speedup_definition"]))
     plots = folder / "plots"
     plots.mkdir(exist_ok=True)
     speedup_bars(loaded, plots / "speedup.png")

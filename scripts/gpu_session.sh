@@ -13,10 +13,10 @@
 #           router into TESTBED_DIR/router (df-e3) or TESTBED_DIR/router_PAIR
 #           (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse` importable);
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
-#           `router` step has left a router for PAIR), bf16 + CUDA graphs on a GPU; METHODS overrides the
-#           method list, EVAL_SAMPLES / EVAL_TOKENS the prompts and new tokens, EVAL_FLAGS adds bench flags
-#           (e.g. "--temperature 1"), EVAL_TAG names the run; the run folder goes to LOG_DIR/eval, its
-#           results.md and samples.jsonl are copied to LOG_DIR/eval_PAIR[TAG]_*
+#           `router` step has left a router for PAIR), bf16 + CUDA graphs (+ compiled layers, the default) on
+#           a GPU; METHODS overrides the method list, EVAL_SAMPLES / EVAL_TOKENS the prompts and new tokens,
+#           EVAL_FLAGS adds bench flags (e.g. "--temperature 1"), EVAL_TAG names the run; the run folder goes
+#           to LOG_DIR/eval, its results.md and samples.jsonl are copied to LOG_DIR/eval_PAIR[TAG]_*
 #   compare whiflash-eval bench of AR/EAGLE-3/DFlash/DDTree three times on the same prompts: SDPA
 #           (WHIFLASH_DECODE_ATTENTION=0), the decode attention kernel, and the kernel with --compile-layers;
 #   tests   the CUDA tests (lossless in fp32 / near-ties in bf16, graphs == eager, transformers parity;
@@ -134,7 +134,7 @@ PY
       head -60 "$LOG/eval_$PAIR${EVAL_TAG:-}_results.md" 2>/dev/null ;;
     compare)  # the engine's options end to end, same prompts: SDPA, the decode attention kernel, + compiled layers
       for opt in sdpa kernel compile; do
-        env=(); flags=()
+        env=(); flags=(--no-compile-layers)  # compiled layers are the CUDA default: off but for `compile`
         [ $opt = sdpa ] && env=(WHIFLASH_DECODE_ATTENTION=0)
         [ $opt = compile ] && flags=(--compile-layers)
         timeout "${EVAL_TIMEOUT:-240}" env "${env[@]}" python3 -m whiflash.eval bench --testbed "$TB" --dataset testbed:test \

@@ -47,6 +47,8 @@ def test_rows_follow_the_contract_and_the_oracle(worlds, tmp_path, prompt_file, 
     assert manifest.tree_budget == (10 if pair == "ddt-e3" else None)
     on_disk = json.loads((out / "manifest.json").read_text())  # built by the same dataclass as synthetic data
     assert on_disk["kind"] == KIND and on_disk["generator"]["name"] == "whiflash.datagen"
+    assert on_disk["generator"]["engine"] == {"device": "cpu", "dtype": "float32", "cuda_graphs": False,
+                                              "compiled_layers": False}  # the CPU's engine: float32, eager
     table = pq.read_table(files).to_pandas()
     target = whiflash.load_target(world.target_dir)
     for pid, rows in table.groupby("prompt_id", sort=False):

@@ -283,10 +283,15 @@ def test_named_benchmark_offline_fails_at_once(monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.skipif(not (SHARED_PROMPTS / "mt_bench.jsonl").is_file(), reason="shared prompt files absent")
-def test_shared_prompt_files_seeded_subset() -> None:
+def test_shared_prompt_files_upstream_subset_per_file() -> None:
+    import numpy as np
+
     files = ",".join(str(SHARED_PROMPTS / f) for f in ("mt_bench.jsonl", "gsm8k.jsonl", "humaneval.jsonl"))
     a = load_samples(files, max_samples=6, seed=0)
-    assert [s.category for s in a] == ["chat", "math", "coding"] * 2
+    assert [s.category for s in a] == ["chat"] * 6 + ["math"] * 6 + ["coding"] * 6  # 6 of every file
+    for name in ("mt_bench", "gsm8k", "humaneval"):  # upstream's dataset.shuffle(seed=0).select(range(6))
+        rows = sum(1 for line in (SHARED_PROMPTS / f"{name}.jsonl").read_text().splitlines() if line.strip())
+        assert [s.row for s in a if s.dataset == name] == list(np.random.default_rng(0).permutation(rows)[:6])
     assert [s.id for s in a] == [s.id for s in load_samples(files, max_samples=6, seed=0)]
     assert [s.id for s in a] != [s.id for s in load_samples(files, max_samples=6, seed=1)]
     assert all(s.n_turns == 2 for s in a if s.category == "chat")
@@ -328,7 +333,7 @@ def test_multi_turn_bench_replays_ar_reply(micro: Path, tmp_path: Path) -> None:
 # ---------------------------------------------------------------- metrics, report, calibrate
 
 
-def test_metrics_mean_pooled_and_interval() -> None:
+def test_metrics_speedup_ratios_pooled_and_interval() -> None:
     def row(method: str, sec: float, cat: str = "c") -> dict:
         return {"method": method, "category": cat, "new_tokens": 11, "decode_seconds": sec, "taus": [1] * 10,
                 "ar_decode_seconds": 1.0, "ar_new_tokens": 11, "speedup": 1.0 / sec, "slots": [],
@@ -337,7 +342,8 @@ def test_metrics_mean_pooled_and_interval() -> None:
     rows = [row("ar", 1.0), row("ar", 1.0), row("dflash", 0.5), row("dflash", 0.25)]
     res = aggregate(rows, ["ar", "dflash"], iterations=200)
     d = res["cells"]["c"]["dflash"]
-    assert d["speedup"] == pytest.approx(3.0) and d["speedup_pooled"] == pytest.approx(2 / 0.75)
+    assert d["speedup"] == pytest.approx(2 / 0.75) and d["speedup_pooled"] == pytest.approx(2 / 0.75)  # same tokens
+    assert d["speedup_mean_ratio"] == pytest.approx(3.0) and d["speedup_median_ratio"] == pytest.approx(3.0)
     assert d["speedup_ci_low"] >= 2.0 and d["speedup_ci_high"] <= 4.0
     assert bootstrap_ci([2.0, 2.0, 2.0]) == (2.0, 2.0)
 

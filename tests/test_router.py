@@ -11,7 +11,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from whiflash.router import (
-    CONFIG_METADATA_KEY,
     NeuralRouter,
     export_single_file,
     load_router,
@@ -91,10 +90,9 @@ def test_missing_files_name_the_path(saved, tmp_path: Path) -> None:
         load_router(folder)
     with pytest.raises(FileNotFoundError, match="no such file: .*nope.safetensors"):
         load_router(tmp_path / "nope.safetensors")
-    plain = tmp_path / "plain.safetensors"
-    save_file(load_file(str(single)), str(plain))  # no config metadata
-    with pytest.raises(ValueError, match=CONFIG_METADATA_KEY):
-        load_router(plain)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="expected config.json \\+ model.safetensors .*found none"):
+        load_router(tmp_path / "empty")
 
 
 def test_mismatch_refusals_name_both_sides(saved) -> None:
@@ -147,3 +145,95 @@ def test_pair_is_the_python_name_of_the_published_drafters_key(router, saved) ->
     assert router.pair is PAIRS["df-e3"]
     with pytest.raises(ValueError, match="router config field 'drafters': expected one of"):
         router.drafters = "e3"
+
+
+def _layouts(router: NeuralRouter) -> dict[str, dict[str, torch.Tensor]]:
+    """The router's tensors under the key names and orientations other exporters use."""
+    sd = {k: v.clone() for k, v in router.state_dict().items()}
+    w1, b1, w2, b2, mean, std = (sd[k] for k in ("mlp.0.weight", "mlp.0.bias", "mlp.3.weight", "mlp.3.bias", "mean",
+                                                 "std"))
+    return {
+        "ours": sd,  # this toolkit's keys, exported without the config metadata
+        "fc": {"fc1.weight": w1, "fc1.bias": b1, "fc2.weight": w2, "fc2.bias": b2, "mean": mean, "std": std},
+        "sequential": {"net.0.weight": w1, "net.0.bias": b1, "net.2.weight": w2, "net.2.bias": b2,
+                       "input_mean": mean, "input_std": std},
+        "input-first": {"W1": w1.t().contiguous(), "b1": b1, "W2": w2.t().contiguous(), "b2": b2, "mu": mean,
+                        "var": std ** 2},
+        "sklearn": {"model.layers.0.weight": w1, "model.layers.0.bias": b1, "model.layers.1.weight": w2,
+                    "model.layers.1.bias": b2, "scaler.mean_": mean, "scaler.scale_": std},
+    }
+
+
+@pytest.mark.parametrize("layout", ["ours", "fc", "sequential", "input-first", "sklearn"])
+def test_any_exported_mlp_loads_with_its_dimensions_inferred(router: NeuralRouter, tmp_path: Path,
+                                                             layout: str) -> None:
+    state = _layouts(router)[layout]
+    file = tmp_path / f"{layout}.safetensors"
+    save_file(state, str(file))  # no config anywhere: the pair comes from the run
+    loaded = load_router(file, pair="ddt-e3", hidden_size=H)
+    x = torch.randn(6, H)
+    assert (loaded.hidden_size, loaded.mlp_dim, loaded.drafters) == (H, 16, "ddt-e3")
+    torch.testing.assert_close(loaded(x), router(x), rtol=1e-5, atol=1e-5)
+    folder = tmp_path / f"{layout}-repo"  # a folder of weights under another name and a config of other keys
+    folder.mkdir()
+    save_file(state, str(folder / "router.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"input_dim": H, "hidden_dim": 16, "pair": "df-e3",
+                                                    "threshold": 1.5, "activation": "gelu"}))
+    from_folder = load_router(folder)
+    assert (from_folder.drafters, from_folder.threshold) == ("df-e3", 1.5)
+    torch.testing.assert_close(from_folder(x), router(x), rtol=1e-5, atol=1e-5)
+
+
+def test_exported_mlp_without_statistics_and_its_pair_from_the_name(router: NeuralRouter, tmp_path: Path) -> None:
+    state = {k: v for k, v in _layouts(router)["fc"].items() if k not in ("mean", "std")}
+    folder = tmp_path / "Qwen3-8B-NeuralRouter-ddt-e3-b128"
+    folder.mkdir()
+    save_file(state, str(folder / "model.safetensors"))
+    loaded = load_router(folder)  # no config.json: pair and budget from the upstream-style name
+    assert (loaded.drafters, loaded.tree_budget) == ("ddt-e3", 128)
+    x = torch.randn(3, H)
+    torch.testing.assert_close(loaded(x), router.mlp(x).squeeze(-1), rtol=1e-5, atol=1e-5)  # identity normalisation
+    with pytest.raises(ValueError, match="trained for pair 'ddt-e3' with tree budget 128, but this run uses 'df-e3'"):
+        load_router(folder, pair="df-e3")
+
+
+def test_unreadable_exports_list_the_tensors_found(router: NeuralRouter, tmp_path: Path) -> None:
+    fc = _layouts(router)["fc"]
+    cases = {
+        "three-layers": ({**fc, "fc3.weight": torch.zeros(1, 16)}, r"3 two-dimensional float tensors, expected 2"),
+        "extra": ({**fc, "ln.weight": torch.ones(7)}, r"tensors \['ln.weight'\] have no place"),
+        "wide-output": ({**fc, "fc2.weight": torch.zeros(2, 16)}, r"no weight with a side of 1"),
+        "mean-only": ({k: v for k, v in fc.items() if k != "std"}, r"an input mean without a std"),
+    }
+    for name, (state, why) in cases.items():
+        file = tmp_path / f"{name}.safetensors"
+        save_file(state, str(file))
+        with pytest.raises(ValueError, match=why) as info:
+            load_router(file, pair="df-e3")
+        assert f"router {file}" in str(info.value) and "fc1.weight [16, 12]" in str(info.value), str(info.value)
+    save_file(fc, str(tmp_path / "fc.safetensors"))
+    (tmp_path / "cfg").mkdir()
+    save_file(fc, str(tmp_path / "cfg" / "model.safetensors"))
+    (tmp_path / "cfg" / "config.json").write_text(json.dumps({"hidden_size": H, "mlp_dim": 32}))
+    with pytest.raises(ValueError, match="its config says mlp_dim 32, but the weights are fc1.weight \\[16x12\\]"):
+        load_router(tmp_path / "cfg")
+
+
+def test_hub_repo_of_weights_only(router: NeuralRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx2  # the HTTP client huggingface_hub raises its errors with
+    from huggingface_hub.errors import RemoteEntryNotFoundError
+
+    save_file(_layouts(router)["fc"], str(tmp_path / "router.safetensors"))
+
+    def fake_download(repo_id: str, filename: str, revision: str | None = None, **kw) -> str:
+        if filename != "router.safetensors":  # what the Hub answers for a file the repo does not have
+            url = f"https://huggingface.co/{repo_id}/resolve/main/{filename}"
+            raise RemoteEntryNotFoundError(f"{filename} not in {repo_id}",
+                                           response=httpx2.Response(404, request=httpx2.Request("GET", url)))
+        return str(tmp_path / filename)
+
+    monkeypatch.setattr("whiflash.router.hf_hub_download", fake_download)
+    monkeypatch.setattr("huggingface_hub.HfApi.list_repo_files", lambda self, repo, revision=None: ["README.md",
+                                                                                                 "router.safetensors"])
+    loaded = load_router("WhiFlash/Qwen3-8B-NeuralRouter-df-e3")
+    assert loaded.drafters == "df-e3" and loaded.mlp_dim == 16

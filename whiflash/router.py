@@ -7,7 +7,9 @@ docs/design.md, "Routing".
 
 On disk a router is either a Hub-style folder (``config.json`` + ``model.safetensors`` [+ ``README.md``]),
 the same folder on the Hub, or one ``.safetensors`` file whose metadata key ``whiflash_router_config``
-holds the JSON config. Weights are always safetensors and always loaded strictly.
+holds the JSON config. A router exported by other code (any 2-layer MLP in safetensors, a config
+optional) is read by :mod:`whiflash.router_layouts`. Weights are always safetensors and always loaded
+strictly: every tensor finds its place.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ from torch import Tensor, nn
 from whiflash.hub import local_or_hub
 from whiflash.io import atomic_path
 from whiflash.pairs import Pair
+from whiflash.router_layouts import ACTIVATIONS, hints_from, metadata_config, router_from_state
 from whiflash.runtime.weights import read_json, read_safetensors, readable_safetensors
 
 log = logging.getLogger(__name__)
 
 CONFIG_METADATA_KEY = "whiflash_router_config"
+
+_ACTIVATION = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh}
 
 
 class NeuralRouter(
@@ -39,7 +44,8 @@ class NeuralRouter(
     library_name="whiflash",
     tags=["speculative-decoding", "router", "whiflash"],
 ):
-    """2-layer MLP ``Linear(H, mlp_dim) -> GELU -> Dropout -> Linear(mlp_dim, 1)`` over standardised input.
+    """2-layer MLP ``Linear(H, mlp_dim) -> GELU -> Dropout -> Linear(mlp_dim, 1)`` over standardised input
+    (``activation`` names another of ``ACTIVATIONS``, for routers exported by other code).
 
     Args:
         hidden_size: width H of the target's final hidden state.
@@ -52,6 +58,7 @@ class NeuralRouter(
         tap_layers: record of the feature layers logged with the data (the router reads the final
             post-norm hidden state only).
         threshold: recommended decision threshold theta (choose slot 0 when ``g_hat > theta``).
+        activation: the hidden layer's activation, ``gelu`` (this toolkit's), ``relu``, ``silu`` or ``tanh``.
     """
 
     def __init__(
@@ -64,10 +71,15 @@ class NeuralRouter(
         target: str = "",
         tap_layers: list[int] | None = None,
         threshold: float = 0.0,
+        activation: str = "gelu",
     ) -> None:
         super().__init__()
         if hidden_size < 1 or mlp_dim < 1:
             raise ValueError(f"hidden_size and mlp_dim must be positive, got {hidden_size} and {mlp_dim}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"router config field 'activation': expected one of {', '.join(ACTIVATIONS)}, "
+                             f"got {activation!r}")
+        self.activation = activation
         self.hidden_size, self.mlp_dim, self.dropout = int(hidden_size), int(mlp_dim), float(dropout)
         self.pair: Pair = Pair.parse(drafters, what="router config field 'drafters'")
         self.tree_budget, self.target = tree_budget, target
@@ -77,7 +89,7 @@ class NeuralRouter(
         self.register_buffer("mean", torch.zeros(hidden_size))
         self.register_buffer("std", torch.ones(hidden_size))
         self.mlp = nn.Sequential(
-            nn.Linear(hidden_size, mlp_dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(mlp_dim, 1)
+            nn.Linear(hidden_size, mlp_dim), _ACTIVATION[activation](), nn.Dropout(dropout), nn.Linear(mlp_dim, 1)
         )
 
     def forward(self, hidden: Tensor) -> Tensor:
@@ -109,7 +121,7 @@ class NeuralRouter(
         return {
             "hidden_size": self.hidden_size, "mlp_dim": self.mlp_dim, "dropout": self.dropout,
             "drafters": self.drafters, "tree_budget": self.tree_budget, "target": self.target,
-            "tap_layers": self.tap_layers, "threshold": self.threshold,
+            "tap_layers": self.tap_layers, "threshold": self.threshold, "activation": self.activation,
         }
 
 
@@ -161,6 +173,52 @@ def _read_config(path: Path, source: str) -> dict[str, Any]:
     return read_json(path, "a router config (a JSON object of NeuralRouter's arguments)")
 
 
+def _ours(config: dict[str, Any] | None, weights: str | Path) -> bool:
+    """Whether ``config`` and the tensors of ``weights`` are this toolkit's export (read strictly by ``_build``):
+    a config with NeuralRouter's own field names and weights under its ``mlp.0`` keys."""
+    if not config or not ({"drafters", "mlp_dim"} & set(config)):
+        return False
+    with readable_safetensors(weights), safe_open(str(weights), framework="pt") as f:
+        return "mlp.0.weight" in set(f.keys())
+
+
+def _folder_weights(folder: Path, source: str, has_config: bool) -> Path:
+    """``model.safetensors`` of a router folder, else its one ``.safetensors`` file."""
+    if (folder / "model.safetensors").is_file():
+        return folder / "model.safetensors"
+    found = sorted(folder.glob("*.safetensors"))
+    if len(found) == 1:
+        return found[0]
+    what = "config.json + model.safetensors" if not has_config else "model.safetensors (the router weights)"
+    raise FileNotFoundError(f"router {source}: expected {what} at {folder / 'model.safetensors'}, or one exported "
+                            f".safetensors file in {folder}; found {[p.name for p in found] or 'none'}")
+
+
+def _hub_files(repo: str, source: str, revision: str | None) -> tuple[dict[str, Any] | None, str]:
+    """(config or None, weights file) of a Hub router repo: config.json when it has one, and model.safetensors or
+    else its one .safetensors file; safetensors only, never a pickle fallback."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RemoteEntryNotFoundError
+
+    try:
+        try:
+            config: dict[str, Any] | None = _read_config(Path(hf_hub_download(repo, "config.json", revision=revision)),
+                                                         source)
+        except RemoteEntryNotFoundError:  # a repo of weights only: dimensions come from the tensors
+            config = None
+        try:
+            weights = hf_hub_download(repo, "model.safetensors", revision=revision)
+        except RemoteEntryNotFoundError:
+            files = [f for f in HfApi().list_repo_files(repo, revision=revision) if f.endswith(".safetensors")]
+            if len(files) != 1:
+                raise FileNotFoundError(f"expected model.safetensors or one .safetensors file, found {files}") from None
+            weights = hf_hub_download(repo, files[0], revision=revision)
+    except Exception as e:  # offline, unknown repo, missing file: say what was tried
+        raise FileNotFoundError(f"router {source}: not a local folder or file, and downloading config.json + "
+                                f"model.safetensors from the Hub repo '{source}' failed: {e}") from e
+    return config, weights
+
+
 def load_router(
     name_or_path: str | Path,
     *,
@@ -172,37 +230,35 @@ def load_router(
 ) -> NeuralRouter:
     """Load a router from a Hub repo id, a local folder or a single ``.safetensors`` file, strictly.
 
-    ``hidden_size``, ``pair`` and ``tree_budget`` describe the run that will use the router; when
-    given they must agree with what the router was trained for, otherwise a ``ValueError`` names both.
-    A name that is neither an existing path nor a Hub repo id fails at once (:func:`whiflash.hub.local_or_hub`).
+    This toolkit's export (``config.json`` + ``model.safetensors``, or one file with the config in its
+    metadata) is rebuilt from its config; any other 2-layer MLP in safetensors (a folder or repo with or
+    without a config, a file without the metadata) is read by :func:`whiflash.router_layouts.router_from_state`,
+    its dimensions from its tensors. ``hidden_size``, ``pair`` and ``tree_budget`` describe the run that will
+    use the router; when given they must agree with what the router was trained for, otherwise a
+    ``ValueError`` names both. A name that is neither an existing path nor a Hub repo id fails at once
+    (:func:`whiflash.hub.local_or_hub`).
     """
     src = str(name_or_path)
     found = local_or_hub(name_or_path, "router")
-    if isinstance(found, str):  # a Hub repo id: config + safetensors only, never a pickle fallback
-        try:
-            config_path = Path(hf_hub_download(found, "config.json", revision=revision))
-            weights = hf_hub_download(found, "model.safetensors", revision=revision)
-        except Exception as e:  # offline, unknown repo, missing file: say what was tried
-            raise FileNotFoundError(f"router {src}: not a local folder or file, and downloading config.json + "
-                                    f"model.safetensors from the Hub repo '{src}' failed: {e}") from e
-        config = _read_config(config_path, src)
+    config: dict[str, Any] | None
+    if isinstance(found, str):
+        config, weights = _hub_files(found, src, revision)
+        config_from = f"config.json of {src}"
     elif found.is_dir():
-        weights = found / "model.safetensors"
         config_path = found / "config.json"
-        config = _read_config(config_path, src)
-        if not weights.is_file():
-            raise FileNotFoundError(f"router {src}: expected model.safetensors (the router weights) at {weights}")
+        config = _read_config(config_path, src) if config_path.is_file() else None
+        weights, config_from = _folder_weights(found, src, config is not None), str(config_path)
     else:
         if found.suffix != ".safetensors":
             raise ValueError(f"router {src}: expected a folder or a .safetensors file, got {found.suffix or 'no suffix'}")
         with readable_safetensors(found), safe_open(str(found), framework="pt") as f:
             meta = f.metadata() or {}
-        if CONFIG_METADATA_KEY not in meta:
-            raise ValueError(f"router {src}: single-file export lacks the '{CONFIG_METADATA_KEY}' metadata entry; "
-                             "export it with whiflash.router.export_single_file or load its folder instead")
-        config, weights = json.loads(meta[CONFIG_METADATA_KEY]), found
-        config_path = f"'{CONFIG_METADATA_KEY}' of {found}"
-    router = _build(config, weights, src, str(config_path))
+        config = json.loads(meta[CONFIG_METADATA_KEY]) if CONFIG_METADATA_KEY in meta else metadata_config(meta)
+        weights, config_from = found, f"'{CONFIG_METADATA_KEY}' of {found}"
+    if _ours(config, weights):
+        router = _build(config or {}, weights, src, config_from)
+    else:
+        router = router_from_state(read_safetensors(weights), hints_from(config, src), src, pair)
     check_compatible(router, src, hidden_size, pair, tree_budget)
     return router.to(device)
 
