@@ -69,6 +69,13 @@ def split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
     return rest, wanted
 
 
+def _close_progress_bars() -> None:
+    """End the progress bars an error left open, so that the error starts a line of its own."""
+    tqdm = sys.modules.get("tqdm")  # only when the command used one: importing it here would cost for nothing
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
+
+
 def run_cli(prog: str, main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> NoReturn:
     """Run ``main(argv)`` (``sys.argv[1:]`` by default, ``--debug`` taken out) and exit with its status: 0 or its
     return value, else the convention above, with ``PROG: error: MESSAGE`` on stderr."""
@@ -81,6 +88,7 @@ def run_cli(prog: str, main: Callable[[list[str]], int | None], argv: Sequence[s
         print(f"{prog}: error: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as error:  # noqa: BLE001 - every error ends the command, as one line
+        _close_progress_bars()
         if debug:
             traceback.print_exc()
         print(f"{prog}: error: {error_line(error)}", file=sys.stderr)

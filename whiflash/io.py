@@ -30,9 +30,10 @@ def naming_the_file(path: str | Path) -> Iterator[None]:
         if err.filename is not None:
             raise
         if err.errno is None:  # pyarrow's own IO errors carry no errno
-            raise OSError(f"{err}; while writing {path}") from err
-        # OSError(errno, ...) gives back the subclass of that errno (FileNotFoundError, PermissionError, ...)
-        raise OSError(err.errno, f"{err.strerror or err}; while writing {path}", str(path)) from err
+            raise OSError(f"{path}: {err}") from err
+        # OSError(errno, ...) gives back the subclass of that errno (FileNotFoundError, PermissionError, ...);
+        # with the file name its message reads `[Errno 28] No space left on device: 'PATH'`
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from err
 
 
 @contextmanager

@@ -101,9 +101,7 @@ class FolderLock:
                 os.close(fd)
                 raise FolderBusyError(
                     f"{self.flag} {self.folder}: is being written by {_describe_holder(holder(self.folder))}; "
-                    f"expected a folder no other run writes. Wait for that run to end, or choose another {self.flag} "
-                    f"(a lock that outlives its process is released by the system: delete {LOCK_FILE} only if "
-                    "that pid is not running)")
+                    f"expected a folder no other run writes. Wait for that run to end, or choose another {self.flag}")
             # a holder that released the lock unlinks the file first: had we opened that old file, the lock
             # would guard nothing, so take it again on the file that is there now
             try:
