@@ -137,7 +137,13 @@ def datagen(
     device = ranks.device(device)  # pinned arguments keep the user's `cuda`; this rank decodes on cuda:LOCAL_RANK
     if not items:
         raise ValueError(f"--prompts {sources} gave no prompts")
-    digest = prompts_sha256(items)
+    # the record holds resolved paths, not spellings, and the prompts' content, not only where they came from
+    record = {**args, "kind": DATAGEN, **resolved, "prompts_sha256": prompts_sha256(items),
+              **{f"{k}_files": checkpoint_stamp(v) for k, v in resolved.items()},
+              "testbed": str(Path(testbed).resolve()) if testbed else None,
+              "prompts": [resolve_source(s) for s in sources]}
+    if resuming:  # a resume with other arguments or inputs is refused before any model is loaded
+        _pin(out / DATAGEN_RECORD, resuming, record)
 
     model = whiflash.load_target(paths["target"], device=device, dtype=getattr(torch, dtype))
     # the DFlash checkpoint fills the parallel slot, drafting a tree when the pair has a DDTree slot
@@ -147,11 +153,8 @@ def datagen(
         slots["eagle3"] = whiflash.load_drafter("eagle3", paths["eagle3"], model, num_steps=num_steps)
     recorder = OracleDrafter(parsed, tree_budget=tree_budget if parsed.uses_tree else None, **slots)
     _check_room(model, paths["target"], max_new_tokens, recorder.max_nodes)
-    # the record holds resolved paths, not spellings, and the prompts' content, not only where they came from
-    _pin(out / DATAGEN_RECORD, resuming, {**args, "kind": DATAGEN, **resolved, "prompts_sha256": digest,
-                                          **{f"{k}_files": checkpoint_stamp(v) for k, v in resolved.items()},
-                                          "testbed": str(Path(testbed).resolve()) if testbed else None,
-                                          "prompts": [resolve_source(s) for s in sources]})
+    if not resuming:  # pinned once the target has room for the run (a resumed record already passed this)
+        _pin(out / DATAGEN_RECORD, resuming, record)
     if cuda_graphs and model.device.type == "cuda":
         model.use_cuda_graphs()
         recorder.use_cuda_graphs()
@@ -192,7 +195,7 @@ def datagen(
         tap_layers=list(recorder.tap_layers), hidden_size=model.config.hidden_size, prompt_sets=sources,
         seed=seed, shards=shards, versions=package_versions("whiflash", "torch", "transformers"),
         generator={"name": "whiflash.datagen", "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-                   "num_steps": num_steps, "prompts_sha256": digest},
+                   "num_steps": num_steps, "prompts_sha256": record["prompts_sha256"]},
     )
     write_manifest(out, manifest)
     log.info("wrote %d rounds from %d prompts to %s", manifest.num_rows, len(items), out)

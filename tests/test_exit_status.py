@@ -11,17 +11,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-def test_console_refusal_is_one_line_with_status_2_and_debug_adds_the_traceback(tmp_path: Path) -> None:
+def test_console_refusal_is_one_line_with_status_2_and_debug_adds_the_traceback(tmp_path: Path, capsys,
+                                                                                monkeypatch) -> None:
+    from whiflash.eval.cli import console
+
     cmd = [sys.executable, "-m", "whiflash.eval", "bench", "--name", "a/../../x", "--out", str(tmp_path / "runs")]
-    env = {**os.environ, "WHIFLASH_DEBUG": ""}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "WHIFLASH_DEBUG": ""})
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == ["whiflash-eval: error: --name 'a/../../x': it holds a path separator; expected "
                                         "a plain name of at most 120 characters (letters, digits, '-', '_', '.'), "
                                         "which becomes one folder name"]
-    debug = subprocess.run([*cmd, "--debug"], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stderr
-    assert debug.stderr.splitlines()[-1].startswith("whiflash-eval: error: --name 'a/../../x'")
+    for debug, env in ((["--debug"], ""), ([], "1")):  # the flag, anywhere, or the environment variable
+        monkeypatch.setenv("WHIFLASH_DEBUG", env)
+        code, err = _console_error(capsys, console, ["bench", *debug, *cmd[4:]])
+        assert code == 2 and "Traceback (most recent call last)" in "\n".join(err)
+        assert err[-1].startswith("whiflash-eval: error: --name 'a/../../x'")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "x").exists()
 
 
@@ -31,8 +36,10 @@ def _console_error(capsys: pytest.CaptureFixture, console, argv: list[str]) -> t
     return ended.value.code, capsys.readouterr().err.splitlines()
 
 
-def test_datagen_and_train_commands_follow_the_convention(worlds, tmp_path: Path, capsys, monkeypatch) -> None:
+def test_datagen_train_and_testbed_commands_follow_the_convention(worlds, tmp_path: Path, capsys,
+                                                                  monkeypatch) -> None:
     from whiflash.datagen.cli import console as datagen
+    from whiflash.testbed.__main__ import console as testbed
     from whiflash.train.cli import main as train
 
     monkeypatch.delenv("WHIFLASH_DEBUG", raising=False)
@@ -57,6 +64,9 @@ def test_datagen_and_train_commands_follow_the_convention(worlds, tmp_path: Path
     assert code == 2 and not any("Traceback" in line for line in err)  # above it: the log lines of the run
     assert err[-1].startswith("whiflash-train: error: --run_name '../up': it holds a path separator; expected a plain "
                               "name")
+    code, err = _console_error(capsys, testbed, ["build", "--preset", "nosuch", "--out", str(tmp_path / "tb")])
+    assert (code, err[-1]) == (2, "python -m whiflash.testbed: error: unknown testbed preset 'nosuch'; choose one of "
+                                  "['micro', 'small', 'tiny']")
 
 
 def test_refused_bench_leaves_no_run_folder(worlds, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ def test_bench_on_an_edited_prompt_file_does_not_resume_the_old_rows(worlds, tmp
     out = tmp_path / "runs"
     argv = ["bench", "--out", str(out), "--model-name-or-path", str(world.target_dir), "--draft-name-or-path",
             str(world.dflash_dir), "--methods", "dflash", "--dataset", str(prompts), "--name", "r", "--max-new-tokens",
-            "4", "--warmup-tokens", "1", "--bootstrap", "10", "--dtype", "float32", "--device", "cpu", "--no-plots"]
+            "4", "--warmup-tokens", "0", "--bootstrap", "10", "--dtype", "float32", "--device", "cpu", "--no-plots"]
     assert main(argv) == 0
     (first,) = out.glob("*_r")
     rows = (first / "samples.jsonl").read_text()
