@@ -31,14 +31,14 @@ from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, 
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding import prompt_room
 from whiflash.decoding.routed import OracleDrafter
+from whiflash.errors import UsageError, run_cli
 from whiflash.folders import DATAGEN, DATAGEN_RECORD, TESTBED, check_folder, require_kind
 from whiflash.hub import local_or_hub
-from whiflash.errors import UsageError, run_cli
 from whiflash.io import atomic_write_json, checkpoint_stamp
 from whiflash.locks import claim, owning_folders
 from whiflash.pairs import Pair
-from whiflash.records import UniqueIds
 from whiflash.prompts import encode_chat
+from whiflash.records import UniqueIds
 from whiflash.runtime.weights import read_json
 from whiflash.versions import package_versions
 

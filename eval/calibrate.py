@@ -59,7 +59,6 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     from .bench import Runner, run_samples
 
     check_bench_config(cfg, methods=False)
-
     if method not in ("whiflash-entropy", "whiflash-neural"):
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
     values = values or list(DEFAULT_THRESHOLDS)

@@ -51,18 +51,18 @@ def check_bench_config(cfg: BenchConfig, *, methods: bool = True) -> None:
     pair = Pair.parse(cfg.whiflash_drafters, what="--whiflash-drafters")
     if not methods:
         return
-    methods = method_names(cfg.speculative_algorithm, cfg.methods, cfg.whiflash_router)
-    routed = [m for m in methods if m.startswith("whiflash-") or m in ORACLES]
-    shown = f"methods {', '.join(methods)}; --whiflash-drafters {pair}"
-    if cfg.ddtree_tree_budget is not None and "ddtree" not in methods and not (routed and pair.uses_tree):
+    names = method_names(cfg.speculative_algorithm, cfg.methods, cfg.whiflash_router)
+    routed = [m for m in names if m.startswith("whiflash-") or m in ORACLES]
+    shown = f"methods {', '.join(names)}; --whiflash-drafters {pair}"
+    if cfg.ddtree_tree_budget is not None and "ddtree" not in names and not (routed and pair.uses_tree):
         raise UsageError(f"--ddtree-tree-budget {cfg.ddtree_tree_budget}: no method of this run uses DDTree "
                          f"({shown}); expected it only with the ddtree method or a pair with a DDTree slot")
-    if cfg.eagle_num_steps is not None and "eagle3" not in methods and not (routed and pair.needs_eagle3):
+    if cfg.eagle_num_steps is not None and "eagle3" not in names and not (routed and pair.needs_eagle3):
         raise UsageError(f"--eagle-num-steps {cfg.eagle_num_steps}: no method of this run uses EAGLE-3 ({shown}); "
                          "expected it only with the eagle3 method or a pair with an EAGLE-3 slot")
-    if cfg.whiflash_latency_profile is not None and "utility-oracle" not in methods:
+    if cfg.whiflash_latency_profile is not None and "utility-oracle" not in names:
         raise UsageError(f"--whiflash-latency-profile {cfg.whiflash_latency_profile}: only the utility-oracle "
-                         f"method reads it, and this run has {', '.join(methods)}")
+                         f"method reads it, and this run has {', '.join(names)}")
 
 
 def check_profile_config(cfg: ProfileConfig) -> None:
