@@ -1,4 +1,4 @@
 """`python -m whiflash.datagen` = `whiflash-datagen` (and `torchrun ... -m whiflash.datagen` on several GPUs)."""
-from whiflash.datagen.cli import main
+from whiflash.datagen.cli import console
 
-main()
+console()

@@ -32,11 +32,14 @@ from whiflash.datagen.record import record_prompt
 from whiflash.decoding import prompt_room
 from whiflash.decoding.routed import OracleDrafter
 from whiflash.engine import engine_defaults
+from whiflash.errors import UsageError, run_cli
 from whiflash.folders import DATAGEN, DATAGEN_RECORD, TESTBED, check_folder, require_kind
 from whiflash.hub import local_or_hub
 from whiflash.io import atomic_write_json, checkpoint_stamp
+from whiflash.locks import claim, owning_folders
 from whiflash.pairs import Pair
 from whiflash.prompts import encode_chat
+from whiflash.records import UniqueIds
 from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
 from whiflash.runtime.weights import read_json
 from whiflash.versions import package_versions
@@ -66,6 +69,7 @@ def _check_arguments(args: dict, pair: Pair) -> None:
         raise ValueError(f"--tree_budget: expected an integer >= 1, got {budget!r}")
 
 
+@owning_folders()  # --out is this run's from its first check to its last write
 def datagen(
     *,
     out: Path,
@@ -125,23 +129,30 @@ def datagen(
     parsed = Pair.parse(pair, what="--pair")
     _check_arguments(args, parsed)
     # everything is checked and read before anything is written: a refused call leaves --out as it was
-    resuming = check_folder(out, DATAGEN, "--out")
+    check_folder(out, DATAGEN, "--out")
+    if distributed.from_env().is_main:  # one lock per launch: rank 0 writes the record and the manifest
+        claim(out, "--out")
+    resuming = check_folder(out, DATAGEN, "--out")  # again, now that no other run can change it
     if testbed is not None:
         require_kind(testbed, TESTBED, "--testbed")
     paths = _model_paths(parsed, testbed, target=target, eagle3=eagle3, dflash=dflash)
     resolved = {k: _resolved(v, f"--{k}") for k, v in paths.items()}  # a missing folder is named now
     sources = parse_sources(prompts)
     items = [it for src in sources for it in read_source(src, testbed, per_category)][:max_prompts]
+    ids = UniqueIds()  # each file refuses its own repeats by line; here a source listed twice
+    for it in items:
+        ids.add(it.prompt_id, it.source)
     ranks = distributed.init()
     device = ranks.device(device)  # pinned arguments keep the user's `cuda`; this rank decodes on cuda:LOCAL_RANK
     if not items:
         raise ValueError(f"--prompts {sources} gave no prompts")
-    digest = prompts_sha256(items)
     # the record holds resolved paths, not spellings, and the prompts' content, not only where they came from
-    _pin(out / DATAGEN_RECORD, resuming, {**args, "kind": DATAGEN, **resolved, "prompts_sha256": digest,
-                                          **{f"{k}_files": checkpoint_stamp(v) for k, v in resolved.items()},
-                                          "testbed": str(Path(testbed).resolve()) if testbed else None,
-                                          "prompts": [resolve_source(s) for s in sources]})
+    record = {**args, "kind": DATAGEN, **resolved, "prompts_sha256": prompts_sha256(items),
+              **{f"{k}_files": checkpoint_stamp(v) for k, v in resolved.items()},
+              "testbed": str(Path(testbed).resolve()) if testbed else None,
+              "prompts": [resolve_source(s) for s in sources]}
+    if resuming:  # a resume with other arguments or inputs is refused before any model is loaded
+        _pin(out / DATAGEN_RECORD, resuming, record)
 
     model = whiflash.load_target(paths["target"], device=device, dtype=getattr(torch, dtype))
     # the DFlash checkpoint fills the parallel slot, drafting a tree when the pair has a DDTree slot
@@ -150,6 +161,9 @@ def datagen(
     if parsed.needs_eagle3:
         slots["eagle3"] = whiflash.load_drafter("eagle3", paths["eagle3"], model, num_steps=num_steps)
     recorder = OracleDrafter(parsed, tree_budget=tree_budget if parsed.uses_tree else None, **slots)
+    _check_room(model, paths["target"], max_new_tokens, recorder.max_nodes)
+    if not resuming:  # pinned once the target has room for the run (a resumed record already passed this)
+        _pin(out / DATAGEN_RECORD, resuming, record)
     graphs = cuda_graphs and model.device.type == "cuda"
     if graphs:
         model.use_cuda_graphs()
@@ -194,7 +208,7 @@ def datagen(
         tap_layers=list(recorder.tap_layers), hidden_size=model.config.hidden_size, prompt_sets=sources,
         seed=seed, shards=shards, versions=package_versions("whiflash", "torch", "transformers"),
         generator={"name": "whiflash.datagen", "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-                   "num_steps": num_steps, "prompts_sha256": digest,
+                   "num_steps": num_steps, "prompts_sha256": record["prompts_sha256"],
                    "engine": {"device": str(device), "dtype": dtype, "cuda_graphs": graphs,
                               "compiled_layers": layers_compiled()}},
     )
@@ -202,6 +216,16 @@ def datagen(
     log.info("wrote %d rounds from %d prompts to %s", manifest.num_rows, len(items), out)
     distributed.barrier()
     return out
+
+
+def _check_room(model, target: str, max_new_tokens: int, max_nodes: int) -> None:
+    """Refuse a `--max_new_tokens` that leaves no room for a prompt in the target's positions, before the
+    arguments are pinned."""
+    if prompt_room(model, max_new_tokens, max_nodes) < 1:
+        positions = model.config.max_position_embeddings
+        raise UsageError(f"--max_new_tokens {max_new_tokens}: the target {target} has {positions} positions, and "
+                         f"a round's drafts take {2 * max_nodes + 2} of them, so no prompt token fits; expected at "
+                         f"most {positions - 2 * max_nodes - 3}")
 
 
 def _model_paths(pair: Pair, testbed: Path | None, **given: str | None) -> dict[str, str | None]:
@@ -299,12 +323,19 @@ def _record_chunk(model, recorder: OracleDrafter, tokenizer, chunk: list[PromptI
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of `whiflash-datagen`; `argv` replaces `sys.argv[1:]` (the demo runs it in-process)."""
+    """Run `whiflash-datagen` in-process, errors raised to the caller; `argv` replaces `sys.argv[1:]` (the demo
+    runs it in-process). The console script is :func:`console`."""
     from jsonargparse import CLI
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
     CLI(datagen, args=sys.argv[1:] if argv is None else argv)
 
 
+def console(argv: list[str] | None = None) -> None:
+    """The `whiflash-datagen` command: :func:`main`, ending with exit status 2 (bad usage or input) or 1 (a
+    failure while running) and a one-line `error:` message; `--debug` or `WHIFLASH_DEBUG=1` adds the traceback."""
+    run_cli("whiflash-datagen", main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    console()

@@ -1,8 +1,9 @@
 """Prompt sources for datagen: testbed corpus splits and JSONL prompt sets.
 
-A source is `testbed:SPLIT` (prefixes of the testbed corpus split, every category) or a JSONL file:
-FastChat-style records (`question_id`, `category`, `turns`: the first turn is used) or records with
-`prompt` (text) or `input_ids` (token ids), each optionally with `id` and `category`.
+A source is `testbed:SPLIT` (prefixes of the testbed corpus split, every category) or a UTF-8 JSONL file:
+FastChat-style records (`question_id`, `category`, `turns`: a list of strings, the first turn is used) or
+records with `prompt` (text) or `input_ids` (token ids), each optionally with `id` and `category`. Ids
+are unique: a record repeating another's id (or a source listed twice) is refused.
 
 Every source is read, and every prompt checked, before datagen pins its arguments or loads a model;
 the pinned record holds the sources' resolved paths and a hash of the prompts they gave
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from whiflash.records import UniqueIds, jsonl_records, prompt_text, text_turns, token_ids
+
 __all__ = ["PromptItem", "parse_sources", "prompts_sha256", "read_source", "resolve_source"]
 
 
@@ -25,6 +28,8 @@ class PromptItem:
     category: str
     text: str | None = None
     input_ids: tuple[int, ...] | None = None
+    source: str = ""
+    """Where it came from (`FILE:LINE` or the testbed split), for messages; not part of the prompts' hash."""
 
 
 def parse_sources(prompts: str | list[str]) -> list[str]:
@@ -56,42 +61,28 @@ def read_source(source: str, testbed: Path | None, per_category: int) -> list[Pr
         from whiflash.testbed.prompts import testbed_split
 
         split = testbed_split(source, testbed, "--prompts")
-        return [PromptItem(f"testbed-{split}-{cat}-{i}", cat, p.prompt)
+        return [PromptItem(f"testbed-{split}-{cat}-{i}", cat, p.prompt, source=source)
                 for cat in CATEGORIES for i, p in enumerate(held_out_prompts(testbed, cat, per_category, split=split))]
     path = Path(source)
     if not path.is_file():
         raise FileNotFoundError(f"--prompts {source!r}: no such file (expected a JSONL file or testbed:SPLIT)")
-    items = []
-    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec: dict[str, Any] = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{line_no}: not a JSON record ({err.msg})") from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(rec).__name__}")
-        items.append(_item(rec, path, line_no))
+    items, ids = [], UniqueIds()
+    for line_no, rec in jsonl_records(path):
+        item = _item(rec, f"{path}:{line_no}", path.stem, line_no)
+        ids.add(item.prompt_id, item.source)
+        items.append(item)
     return items
 
 
-def _item(rec: dict[str, Any], path: Path, line_no: int) -> PromptItem:
-    """One record as a prompt; an empty prompt or bad token ids are refused here, naming the line."""
-    pid = f"{path.stem}-{rec.get('question_id', rec.get('id', line_no))}"
-    cat = str(rec.get("category") or path.stem)
+def _item(rec: dict[str, Any], where: str, stem: str, line_no: int) -> PromptItem:
+    """One record (at `where`, FILE:LINE) as a prompt; a field of the wrong type, an empty prompt or bad token
+    ids are refused here, naming the line."""
+    pid = f"{stem}-{rec.get('question_id', rec.get('id', line_no))}"
+    cat = str(rec.get("category") or stem)
     if "input_ids" in rec:
-        ids = rec["input_ids"]
-        if (not isinstance(ids, list) or not ids
-                or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
-            raise ValueError(f"{path}:{line_no}: field 'input_ids': expected a non-empty list of token ids "
-                             f"(integers >= 0), got {ids!r}")
-        return PromptItem(pid, cat, input_ids=tuple(ids))
-    if rec.get("turns"):
-        name, text = "turns", rec["turns"][0]
-    elif "prompt" in rec:
-        name, text = "prompt", rec["prompt"]
-    else:
-        raise ValueError(f"{path}:{line_no}: expected a field 'turns', 'prompt' or 'input_ids'")
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"{path}:{line_no}: field {name!r}: expected non-empty text, got {text!r}")
-    return PromptItem(pid, cat, text=text)
+        return PromptItem(pid, cat, input_ids=token_ids(rec, where), source=where)
+    if rec.get("turns") is not None:
+        return PromptItem(pid, cat, text=text_turns(rec, where)[0], source=where)
+    if "prompt" in rec:
+        return PromptItem(pid, cat, text=prompt_text(rec, where), source=where)
+    raise ValueError(f"{where}: expected a field 'turns', 'prompt' or 'input_ids'")

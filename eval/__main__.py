@@ -1,6 +1,4 @@
 """`python -m whiflash.eval` = `whiflash-eval`."""
-import sys
+from whiflash.eval.cli import console
 
-from whiflash.eval.cli import main
-
-sys.exit(main())
+console()

@@ -23,11 +23,14 @@ from whiflash import distributed
 from whiflash.decoding import prompt_room
 from whiflash.decoding.stats import TAU_DEFINITION
 from whiflash.engine import resolve_engine
+from whiflash.inputs import samples_sha256
 from whiflash.io import atomic_write_text, checkpoint_stamp
+from whiflash.locks import owning_folders
 from whiflash.prompts import encode_chat
 from whiflash.runtime import decode_attention
 from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
 
+from .checks import check_bench_config
 from .config import BenchConfig
 from .datasets import Sample, load_selection
 from .families import parse_values
@@ -195,7 +198,7 @@ class Runner:
         # timed sample (+0.5 s once), so members no standalone method warms up are warmed up alone.
         standalone = [m.drafter for m in self._methods.values() if not m.routed]
         members = [Method(d.kind, d) for d in self.factory.loaded_drafters() if all(d is not s for s in standalone)]
-        for m in tqdm([*self._methods.values(), *members], desc="warm-up", leave=False):
+        for m in tqdm([*self._methods.values(), *members] if warm else [], desc="warm-up", leave=False):
             self.generate(m, longest_ids or [0], warm)
         if self.target.device.type == "cuda":
             torch.cuda.synchronize(self.target.device)
@@ -227,9 +230,11 @@ def _row(sample: Sample, turn: int, method: Method, order: int, ids: list[int], 
     }
 
 
+@owning_folders()  # the run folder is this run's while it writes; a refused run leaves none behind
 def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str | None = None) -> BenchResult:
     """Run the benchmark described by `cfg`; write (or resume) its run folder and return the results.
     Under torchrun every rank returns once rank 0 has written them; only rank 0's result holds them."""
+    check_bench_config(cfg)
     if cfg.temperature > 0:
         log.warning("temperature %.3g: outputs are samples, so the token-for-token lossless check is skipped",
                     cfg.temperature)
@@ -249,6 +254,7 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
     # a checkpoint retrained in the same folder starts a new run instead of finishing the old one's rows
     config["checkpoint_files"] = {k: checkpoint_stamp(v) for k, v in
                                   {**runner.paths, "neural_router": cfg.whiflash_neural_router_path}.items()}
+    config["inputs"] = samples_sha256(samples)  # and an edited prompt file, its rows of the old prompts
     run, resumed = distributed.broadcast(prepare_run_dir(cfg.out, cfg.run_name(), config) if ranks.is_main else None)
     if config_dump is not None and not resumed and ranks.is_main:
         atomic_write_text(run / "config.yaml", config_dump)

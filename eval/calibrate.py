@@ -20,9 +20,12 @@ from typing import Any
 
 from whiflash.engine import resolve_engine
 from whiflash.folders import check_folder
+from whiflash.inputs import samples_sha256
 from whiflash.io import atomic_write_json
+from whiflash.locks import owning_folders
 from whiflash.runtime.layers import layers_compiled
 
+from .checks import check_bench_config
 from .config import BenchConfig
 from .datasets import load_samples
 from .metrics import aggregate, summarize_rows
@@ -52,11 +55,13 @@ def pick_thresholds(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+@owning_folders()  # the run folder's lock ends with the call
 def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[float] | None = None,
               exclude_run: str | None = None, output: str | None = None) -> Path:
     """Sweep `values` for `method` per category and write thresholds.json; returns its path."""
     from .bench import Runner, run_samples
 
+    check_bench_config(cfg, methods=False)
     if method not in ("whiflash-entropy", "whiflash-neural"):
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
     values = values or list(DEFAULT_THRESHOLDS)
@@ -75,7 +80,8 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
                          "or lower --max-samples")
     cfg = replace(cfg, methods="ar", name=cfg.name or f"calibrate-{method}")
     runner = Runner(cfg)
-    config = {**cfg.__dict__, "calibrate_method": method, "values": values, "exclude": sorted(bench_ids)}
+    config = {**cfg.__dict__, "calibrate_method": method, "values": values, "exclude": sorted(bench_ids),
+              "inputs": samples_sha256(samples)}
     run, _ = prepare_run_dir(cfg.out, cfg.run_name(), config)
     write_manifest(run, argv=sys.argv, seed=cfg.seed, device=cfg.device, models=runner.paths, samples=samples,
                    extra={"calibrate_method": method, "values": values,
@@ -110,6 +116,7 @@ def _write(result: dict[str, Any], run: Path, output: str | None) -> Path:
     return path
 
 
+@owning_folders()
 def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, method: str = "whiflash-entropy",
                      values: list[float] | None = None, output: str | None = None) -> Path:
     """Replay `values` for `method` over the router dataset `data` with the latency profile and write

@@ -18,11 +18,13 @@ from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespac
 
 from whiflash import distributed
 from whiflash.engine import ENGINE_FIELDS, engine_defaults
+from whiflash.errors import run_cli
 
 from .calibrate import DEFAULT_THRESHOLDS
+from .checks import parse_thresholds
 from .config import BenchConfig, ProfileConfig, SweepConfig, flag
 
-__all__ = ["build_parser", "main", "parse"]
+__all__ = ["build_parser", "console", "main", "parse"]
 
 _TYPES = {"str": str, "int": int, "float": float, "str | None": str | None, "int | None": int | None,
           "float | None": float | None}
@@ -128,8 +130,16 @@ def bench_config(ns: Namespace, config: type = BenchConfig) -> Any:
     return config(**{k: v for k, v in vars(ns).items() if k in names})
 
 
+def console(argv: list[str] | None = None) -> None:
+    """The `whiflash-eval` command (and `python -m whiflash.eval`): :func:`main`, ending with exit status 2 (bad
+    usage or input) or 1 (a failure while running) and a one-line `error:` message; `--debug` or
+    `WHIFLASH_DEBUG=1` adds the traceback."""
+    run_cli("whiflash-eval", main, argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `whiflash-eval` and `python -m whiflash.eval`; returns the exit status."""
+    """Run `whiflash-eval` in-process (errors are raised to the caller) and return the exit status; the
+    console script is :func:`console`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s",
                         datefmt="%H:%M:%S")
@@ -162,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "calibrate":
         from .calibrate import calibrate, calibrate_replay
 
-        values = [float(v) for v in str(args.thresholds).split(",") if v.strip()]
+        values = parse_thresholds(args.thresholds)
         if args.replay:
             calibrate_replay(bench_config(args), args.replay, args.latency_profile, method=args.calibrate_method,
                              values=values, output=args.output)
@@ -183,4 +193,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -16,7 +16,6 @@ equal shares per category (`whiflash.eval.selection`); what each source kept is 
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -25,6 +24,8 @@ from pathlib import Path
 from . import benchmarks
 from .benchmarks import BENCHMARKS, canonical
 from .selection import SourceSelection, balanced, upstream_indices
+
+from whiflash.records import UniqueIds, jsonl_records, prompt_text, text_turns, token_ids
 
 log = logging.getLogger(__name__)
 
@@ -128,32 +129,20 @@ def _read_jsonl(path: Path, category: str | None, source: str) -> list[Sample]:
     if not path.is_file():
         raise FileNotFoundError(f"--dataset {source!r}: no such file {path}")
     cat = category or benchmark_category(path.stem) or path.stem
-    out = []
-    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{line_no}: not a JSON record ({err.msg})") from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(rec).__name__}")
+    out, ids = [], UniqueIds()
+    for line_no, rec in jsonl_records(path):  # fields typed and checked, errors name FILE:LINE
+        where = f"{path}:{line_no}"
         sid = f"{path.stem}-{rec.get('question_id', rec.get('id', line_no))}"
+        ids.add(sid, where)
         sub = str(rec.get("category") or "")
         if "input_ids" in rec:
-            ids = rec["input_ids"]
-            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
-                raise ValueError(f"{path}:{line_no}: 'input_ids' must be a non-empty list of integers")
-            out.append(Sample(sid, cat, input_ids=tuple(ids), subcategory=sub, source=source))
-        elif rec.get("turns"):
-            out.append(Sample(sid, cat, tuple(str(t) for t in rec["turns"]), subcategory=sub, source=source))
+            out.append(Sample(sid, cat, input_ids=token_ids(rec, where), subcategory=sub, source=source))
+        elif rec.get("turns") is not None:
+            out.append(Sample(sid, cat, text_turns(rec, where), subcategory=sub, source=source))
         elif "prompt" in rec:
-            out.append(Sample(sid, cat, (str(rec["prompt"]),), subcategory=sub, source=source))
+            out.append(Sample(sid, cat, (prompt_text(rec, where),), subcategory=sub, source=source))
         else:
-            raise ValueError(f"{path}:{line_no}: expected a field 'turns', 'prompt' or 'input_ids'")
-    ids = [s.id for s in out]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{path}: duplicate question_id/id values; every record needs its own id")
+            raise ValueError(f"{where}: expected a field 'turns', 'prompt' or 'input_ids'")
     return [replace(s, dataset=path.stem, row=i) for i, s in enumerate(out)]
 
 

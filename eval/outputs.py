@@ -3,12 +3,15 @@
 A run folder holds `config.yaml` (the resolved flags), `manifest.json` (kind `whiflash.eval`),
 `samples.jsonl` (one row per sample x turn x method, appended as it goes), `results.json`,
 `results.csv`, `results.md` and `plots/`. A new run never reuses a folder, except to resume: an
-eval folder of the same name whose `config.json` equals this run's config is continued (done rows
-are skipped). `--out` holds run folders and may not be one itself (`whiflash/folders.py`).
+eval folder of the same name whose `config.json` equals this run's config, the content hashes of its
+prompts and the stamps of its checkpoints included, is continued (done rows are skipped). `--out`
+holds run folders and may not be one itself (`whiflash/folders.py`); `--name` is one folder name. A run
+holds its folder's lock (`whiflash/locks.py`) while it writes there.
 """
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import json
 import logging
@@ -22,8 +25,11 @@ from typing import Any
 
 import torch
 
+from whiflash.containment import plain_name
 from whiflash.folders import EVAL, MANIFEST, check_folder, folder_kind
-from whiflash.io import atomic_write_json, atomic_write_text
+from whiflash.inputs import input_changes
+from whiflash.io import append_text, atomic_write_json, atomic_write_text
+from whiflash.locks import claim
 from whiflash.versions import package_versions
 
 from .metrics import SPEEDUP_DEFINITION
@@ -34,6 +40,9 @@ __all__ = ["SampleLog", "check_output_file", "csv_text", "latex_table", "markdow
            "write_manifest", "write_results", "write_save_path"]
 
 CONFIG_FILE = "config.json"
+PINNED_INPUTS = ("inputs", "checkpoint_files")
+"""Config fields that pin a run's inputs by content (prompt hashes per source, checkpoint stamps)."""
+RUN_FOLDER = "run folder (--out/--name)"
 
 
 def check_output_file(path: str | Path | None, flag: str = "--output") -> None:
@@ -47,21 +56,29 @@ def prepare_run_dir(out: str | Path, name: str, config: dict[str, Any], resume: 
     new timestamped folder. Runs that cannot continue a half-done folder (a profile) pass `resume=False`.
     `out` holds run folders and may not be one itself (a testbed, a dataset, a run)."""
     root = Path(out)
+    plain_name(name, "--name")  # one folder inside --out, never a path out of it
     check_folder(root, None, "--out")
-    for old in sorted(root.glob(f"*_{name}"), reverse=True) if resume else []:
+    now = json.loads(json.dumps(config))
+    for old in sorted(root.glob(f"*_{glob.escape(name)}"), reverse=True) if resume else []:
         saved = old / CONFIG_FILE
         # a run killed before its manifest has no kind yet; another tool's folder is never resumed
-        if (saved.is_file() and folder_kind(old) in (EVAL, None)
-                and json.loads(saved.read_text()) == json.loads(json.dumps(config))):
-            log.info("resuming %s (same configuration)", old)
+        if not (saved.is_file() and folder_kind(old) in (EVAL, None)):
+            continue
+        pinned = json.loads(saved.read_text())
+        if pinned == now:
+            claim(old, RUN_FOLDER)  # a run still writing there is named and refused
+            log.info("resuming %s (same configuration and inputs)", old)
             return old, True
+        changes = input_changes(pinned, now, PINNED_INPUTS)
+        if changes:  # the same command on edited prompts or retrained checkpoints: its rows are not reused
+            log.warning("not resuming %s: its inputs changed (%s); starting a new run folder", old, "; ".join(changes))
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     path = root / f"{stamp}_{name}"
     i = 1
     while path.exists():  # never overwrite: another run started within the same second
         path = root / f"{stamp}-{i}_{name}"
         i += 1
-    path.mkdir(parents=True)
+    claim(path, RUN_FOLDER)  # creates it; a refused run removes it again (whiflash.locks.owning_folders)
     atomic_write_json(path / CONFIG_FILE, config, sort_keys=True)
     return path, False
 
@@ -126,9 +143,7 @@ class SampleLog:
         return self._index.get((sample, turn, method))
 
     def append(self, row: dict[str, Any]) -> None:
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
+        append_text(self.path, json.dumps(row) + "\n")  # a full disk names this file
         self.rows.append(row)
         self._index[_key(row)] = row
 

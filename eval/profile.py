@@ -23,10 +23,12 @@ from whiflash.drafters import Commit, DFlashDrafter, Drafter, Eagle3Drafter
 from whiflash.drafters.trees import ancestor_mask
 from whiflash.engine import resolve_engine
 from whiflash.folders import check_folder
+from whiflash.locks import owning_folders
 from whiflash.router import NeuralRouter
 from whiflash.routers import EntropyRouter, NeuralPolicy
 from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
 
+from .checks import check_profile_config
 from .config import BACKLOGS, ProfileConfig
 from .latency import LatencyProfile
 from .methods import model_paths
@@ -187,15 +189,15 @@ def _load(cfg: ProfileConfig) -> tuple[Any, Eagle3Drafter | None, DFlashDrafter 
     return target, eagle, dflash, paths
 
 
+@owning_folders()  # the run folder's lock ends with the call
 def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path, LatencyProfile]:
     """Load the models of `cfg`, profile them and write `profile.json` in a new run folder (and `--output`)."""
+    check_profile_config(cfg)
     cfg = resolve_engine(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     budgets = _ints(cfg.tree_budgets, "--tree-budgets")
     backlogs = _ints(cfg.backlogs, "--backlogs")
-    if cfg.context < 1 or cfg.repeats < 1:
-        raise ValueError(f"--context and --repeats: expected integers >= 1, got {cfg.context} and {cfg.repeats}")
     check_folder(Path(cfg.out), None, "--out")  # where the results go is checked before minutes of profiling
     check_output_file(cfg.output)
     target, eagle, dflash, models = _load(cfg)

@@ -16,6 +16,7 @@ from typing import Any
 
 from whiflash.folders import EVAL, MANIFEST, check_folder
 from whiflash.io import atomic_write_json, atomic_write_text
+from whiflash.locks import claim, owning_folders
 
 from .metrics import METRICS_VERSION, aggregate
 from .outputs import csv_text, latex_table, markdown_table, table_rows
@@ -53,12 +54,14 @@ def load_results(run: str | Path) -> dict[str, Any]:
     return {**results, **aggregate(rows, methods, seed=seed, iterations=iterations)}
 
 
+@owning_folders()  # the report folder's lock ends with the call
 def report(runs: list[str], out: str | None = None) -> Path:
     """Write report.md, report.csv, report.tex and plots for `runs` into `out`; return the folder."""
     loaded = [(Path(r).name, load_results(r)) for r in runs]
     folder = Path(out) if out else Path("runs/eval") / f"report_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     check_folder(folder, EVAL, "--out")  # never into another tool's folder (or a folder of foreign files)
-    folder.mkdir(parents=True, exist_ok=True)
+    claim(folder, "--out")  # creates it
+    check_folder(folder, EVAL, "--out")  # again, under the lock
     atomic_write_json(folder / MANIFEST, {"kind": EVAL, "tool": "whiflash-eval report",
                                           "runs": [str(Path(r).resolve()) for r in runs],
                                           "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})

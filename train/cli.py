@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,12 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
+from whiflash.containment import plain_name
+from whiflash.errors import run_cli
+from whiflash.flags import check_int
 from whiflash.folders import MANIFEST, TRAIN, check_folder
 from whiflash.io import atomic_write_text
+from whiflash.locks import SCAFFOLDING, claim, owning_folders
 from whiflash.versions import package_versions
 
 from .data import RouterDataModule
@@ -43,6 +49,9 @@ from .task import RouterTask
 log = logging.getLogger(__name__)
 
 LINKED_FROM_DATA = ("hidden_size", "pair", "tree_budget", "target", "tap_layers")
+RUN_FOLDER = "run folder (--trainer.default_root_dir/--run_name)"
+RUN_SCAFFOLDING = SCAFFOLDING | {"hparams.yaml"}
+"""What a run folder holds before its first result (a refused or failed fit removes a folder of only these)."""
 DESCRIPTION = ("Train, evaluate and export the WhiFlash-Neural router (LightningCLI). "
                "Upload an exported router with `whiflash-train push --router DIR --repo-id ORG/NAME` "
                "(see `whiflash-train push --help`).")
@@ -71,6 +80,8 @@ class RouterCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
+        check_int(cfg.get("num_threads"), "--num_threads", optional=True)
+        plain_name(cfg.get("run_name") or "router", "--run_name")  # one folder inside the root, never a path
         if cfg.get("num_threads"):
             torch.set_num_threads(cfg["num_threads"])
 
@@ -81,8 +92,13 @@ class RouterCLI(LightningCLI):
         # run folders go inside root; a root that is itself a dataset, testbed or run is a mistaken flag
         check_folder(root, None, "--trainer.default_root_dir")
         if trainer_cfg.get("logger") in (None, True):
-            name = cfg.get("run_name") or "router"
-            kwargs["logger"] = CSVLogger(save_dir=str(root), name="", version=_fresh_version(root, name, self.subcommand))
+            name = plain_name(cfg.get("run_name") or "router", "--run_name")
+            version = _fresh_version(root, name, self.subcommand)
+            if _first_process():  # the folder is this run's until it ends (other DDP ranks write through rank 0)
+                claim(root / version, RUN_FOLDER, scaffolding=RUN_SCAFFOLDING)
+                # the folder is new: the logger's "exists and is not empty" sees only the lock file
+                warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
+            kwargs["logger"] = CSVLogger(save_dir=str(root), name="", version=version)
         return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
@@ -171,6 +187,11 @@ def _fresh_version(root: Path, name: str, subcommand: str | None) -> str:
     return version
 
 
+def _first_process() -> bool:
+    """Whether this is the launch's first process (rank 0 of torchrun, or Lightning's DDP parent)."""
+    return all(os.environ.get(v, "0") == "0" for v in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+
+
 def _git_sha() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
@@ -203,16 +224,19 @@ def _push_main(argv: list[str]) -> str:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``whiflash-train``; ``args`` replaces ``sys.argv[1:]`` (tests). A push the Hub refuses
-    ends with its message (repo and what to do), not with a traceback."""
-    from .push import HubPushError
+    """The ``whiflash-train`` command; ``args`` replaces ``sys.argv[1:]``. It ends with exit status 2 (bad usage
+    or input) or 1 (a failure while running, such as a push the Hub refuses) and a one-line ``error:`` message
+    (repo and what to do, for a push); ``--debug`` or ``WHIFLASH_DEBUG=1`` adds the traceback. In-process
+    callers that want the exceptions use :func:`run`."""
 
-    try:
-        run(args)
-    except HubPushError as e:
-        sys.exit(str(e))
+    def command(argv: list[str]) -> int:
+        run(argv)
+        return 0
+
+    run_cli("whiflash-train", command, args)
 
 
+@owning_folders()  # the run folder is this run's until it ends; a refused run removes it again
 def run(args: list[str] | None = None) -> RouterCLI | str:
     """Run ``whiflash-train`` and return the LightningCLI object (or the commit URL for ``push``)."""
     argv = list(sys.argv[1:] if args is None else args)

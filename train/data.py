@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from whiflash.data import DatasetFormatError, check_row_values, check_shards, manifest_hash, read_manifest
+from whiflash.flags import check_int
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +142,15 @@ class RouterDataModule(L.LightningDataModule):
         predict_split: Literal["train", "val", "test"] = "test",
     ) -> None:
         super().__init__()
+        check_int(batch_size, "--data.batch_size")
+        check_int(num_workers, "--data.num_workers", minimum=0)
+        check_int(norm_max_rows, "--data.norm_max_rows")
         if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
             raise ValueError(f"need 0 <= val_fraction, test_fraction and val+test < 1, got {val_fraction}, {test_fraction}")
         self.save_hyperparameters()
         self.path = Path(path)
         # Reading the manifest here (cheap) lets LightningCLI link these attributes into the model.
-        self.manifest = read_manifest(self.path)
+        self.manifest = read_manifest(self.path, "--data.path")
         self.hidden_size: int = self.manifest.hidden_size
         self.pair: str = str(self.manifest.pair)  # a name, as LightningCLI links it into RouterTask(pair=...)
         self.tree_budget: int | None = self.manifest.tree_budget

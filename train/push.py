@@ -10,6 +10,7 @@ from pathlib import Path
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError
 
+from whiflash.errors import UsageError
 from whiflash.router import load_router, suggested_repo_name
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,17 @@ def hub_errors(repo: str) -> Iterator[None]:
             f"whiflash-train push: could not push to the Hub repo {repo} ({type(e).__name__}: {e}). "
             "Log in with `huggingface-cli login` (or `hf auth login`) or set HF_TOKEN to a token that may write "
             f"to {repo}, and make sure the Hub is reachable (unset HF_HUB_OFFLINE)") from e
+
+
+def check_repo_id(repo_id: str) -> None:
+    """Refuse a ``--repo-id`` the Hub would not take, before anything is loaded or sent."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise UsageError(f"--repo-id {repo_id!r}: not a Hub repo id ({e}); expected ORG/NAME, e.g. "
+                         "alice/Qwen3-8B-NeuralRouter-df-e3") from None
 
 
 def push(
@@ -75,6 +87,8 @@ def push_router(router: str | Path, repo_id: str | None = None, *, namespace: st
                 private: bool = False, revision: str | None = None, commit_message: str | None = None,
                 token: str | None = None, api: HfApi | None = None) -> str:
     """Library form of :func:`push` with an injectable ``api`` (tests pass a fake)."""
+    if repo_id is not None:
+        check_repo_id(repo_id)
     folder = Path(router)
     missing = [f for f in REQUIRED_FILES if not (folder / f).is_file()]
     if not folder.is_dir() or missing:

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, SpearmanCorrCoef
 
+from whiflash.errors import UsageError
+from whiflash.flags import check_int, check_number
 from whiflash.pairs import Pair
 from whiflash.router import NeuralRouter
 
@@ -61,6 +63,13 @@ class RouterTask(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        check_int(mlp_dim, "--model.mlp_dim")
+        check_int(auroc_bins, "--model.auroc_bins", minimum=2)
+        check_number(lr, "--model.lr", 0, above=True)
+        check_number(weight_decay, "--model.weight_decay", 0)
+        check_number(huber_delta, "--model.huber_delta", 0, above=True)
+        if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
+            raise UsageError(f"--model.dropout: expected a probability in [0, 1), got {dropout!r}")
         pair = str(Pair.parse(pair, what="--model.pair"))
         self.router = NeuralRouter(hidden_size=hidden_size, mlp_dim=mlp_dim, dropout=dropout, drafters=pair,
                                    tree_budget=tree_budget, target=target, tap_layers=tap_layers)

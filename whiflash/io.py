@@ -16,7 +16,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "checkpoint_stamp"]
+__all__ = ["append_text", "atomic_path", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
+           "checkpoint_stamp", "naming_the_file"]
+
+
+@contextmanager
+def naming_the_file(path: str | Path) -> Iterator[None]:
+    """Give an ``OSError`` raised inside the block without a file name (a full disk: ``[Errno 28] No space left
+    on device``) the name of ``path``, so the message says which write failed."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        if err.errno is None:  # pyarrow's own IO errors carry no errno
+            raise OSError(f"{path}: {err}") from err
+        # OSError(errno, ...) gives back the subclass of that errno (FileNotFoundError, PermissionError, ...);
+        # with the file name its message reads `[Errno 28] No space left on device: 'PATH'`
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from err
 
 
 @contextmanager
@@ -31,13 +48,21 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
-        yield tmp
-        # fsync before the rename: otherwise a crash can leave the new name pointing at unwritten blocks
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with naming_the_file(path):
+            yield tmp
+            # fsync before the rename: otherwise a crash can leave the new name pointing at unwritten blocks
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def append_text(path: str | Path, text: str) -> None:
+    """Append ``text`` (UTF-8) to ``path`` and flush it (logs of rows that a resumed run reads back)."""
+    with naming_the_file(path), open(path, "a", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:

@@ -15,12 +15,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from whiflash.containment import ContainmentError, inside, unique
 from whiflash.decoding.stats import TAU_DEFINITION
-from whiflash.folders import MANIFEST, ROUTER_DATASET
+from whiflash.folders import DATAGEN, EVAL, KINDS, MANIFEST, ROUTER_DATASET, TESTBED, TRAIN, folder_kind
 from whiflash.io import atomic_write_json
 from whiflash.pairs import Pair, tree_budget_for
 
@@ -184,6 +186,13 @@ def _check_fields(obj: Any, path: str | Path) -> None:
         if bad:
             raise DatasetFormatError(f"{path}: shards[{i}] lacks or mistypes field(s) {bad} "
                                      f"(expected {', '.join(f'{k}: {t.__name__}' for k, t in SHARD_FIELDS.items())})")
+    # shard names come from a file: each must name a file of this dataset, once (a repeat would train twice)
+    try:
+        for i, shard in enumerate(obj["shards"]):
+            inside(Path(path).parent, shard["file"], f"{path}: shards[{i}].file")
+        unique([os.path.normpath(s["file"]) for s in obj["shards"]], f"{path}: field 'shards'")
+    except ContainmentError as e:
+        raise DatasetFormatError(str(e)) from None
 
 
 def write_manifest(out_dir: str | Path, manifest: RouterDatasetManifest) -> Path:
@@ -194,13 +203,21 @@ def write_manifest(out_dir: str | Path, manifest: RouterDatasetManifest) -> Path
     return atomic_write_json(path, obj, sort_keys=True)
 
 
-def read_manifest(data_dir: str | Path) -> RouterDatasetManifest:
-    """Read and check ``DATA_DIR/manifest.json``."""
+def read_manifest(data_dir: str | Path, flag: str | None = None) -> RouterDatasetManifest:
+    """Read and check ``DATA_DIR/manifest.json``; ``flag`` names where the folder came from (``--data.path``)."""
     path = Path(data_dir) / MANIFEST_NAME
+    what = flag or "router dataset"
     if not Path(data_dir).is_dir():
-        raise FileNotFoundError(f"router dataset {data_dir}: no such directory (expected Parquet shards + {MANIFEST_NAME})")
+        raise FileNotFoundError(f"{what} {data_dir}: no such directory (expected Parquet shards + {MANIFEST_NAME})")
+    kind = folder_kind(data_dir)
+    if kind == DATAGEN and not path.is_file():
+        raise FileNotFoundError(f"{what} {data_dir}: is a whiflash-datagen output without {MANIFEST_NAME} yet (a run "
+                                "still going, or killed: resume it with the same arguments to finish the dataset)")
+    if kind in (TESTBED, TRAIN, EVAL):  # another tool's folder, named as such (not by a field its record lacks)
+        raise DatasetFormatError(f"{what} {data_dir}: is {KINDS.get(kind, 'a folder')}, kind {kind!r}; expected a "
+                                 f"router dataset (the --out folder of whiflash-datagen: Parquet shards + {MANIFEST_NAME})")
     if not path.is_file():
-        raise FileNotFoundError(f"router dataset {data_dir}: expected {MANIFEST_NAME} at {path}")
+        raise FileNotFoundError(f"{what} {data_dir}: expected {MANIFEST_NAME} at {path}")
     try:
         obj = json.loads(path.read_text())
     except json.JSONDecodeError as e:

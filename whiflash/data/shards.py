@@ -62,9 +62,21 @@ def write_shard(path: str | Path, columns: dict[str, np.ndarray | list], hidden_
     return shard_entry(path)
 
 
+def read_metadata(path: Path) -> pq.FileMetaData:
+    """The Parquet footer of the shard ``path``; an unreadable one (truncated, not Parquet) is refused naming it."""
+    try:
+        return pq.read_metadata(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise DatasetFormatError(f"{path}: not a readable Parquet shard ({e}); expected a shard as whiflash-datagen "
+                                 "writes it (truncated or overwritten? regenerate the dataset, or delete this shard "
+                                 "and resume the datagen run that wrote it)") from None
+
+
 def shard_entry(path: Path) -> ShardEntry:
     """The manifest entry of a written shard: file name, row count, sha256."""
-    return ShardEntry(file=path.name, rows=pq.read_metadata(path).num_rows, sha256=sha256_file(path))
+    return ShardEntry(file=path.name, rows=read_metadata(path).num_rows, sha256=sha256_file(path))
 
 
 def check_shards(data_dir: str | Path, manifest: RouterDatasetManifest, verify_hashes: bool = True) -> list[Path]:
@@ -76,7 +88,7 @@ def check_shards(data_dir: str | Path, manifest: RouterDatasetManifest, verify_h
         path = data_dir / shard.file
         if not path.is_file():
             raise FileNotFoundError(f"{data_dir / MANIFEST_NAME}: lists shard {shard.file}, but {path} does not exist")
-        meta = pq.read_metadata(path)
+        meta = read_metadata(path)
         schema = meta.schema.to_arrow_schema()
         for column in expected:
             if column.name not in schema.names:

@@ -16,6 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
+from whiflash.containment import inside
 from whiflash.hub import local_or_hub
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,8 @@ def safetensors_files(folder: Path) -> list[Path]:
         weight_map = read_json(index, "a safetensors index with a 'weight_map' object").get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index}: field 'weight_map' is missing or not an object")
-        return [folder / f for f in sorted(set(weight_map.values()))]
+        # the shard names come from a file: each must name a file of this checkpoint's folder
+        return [inside(folder, f, f"{index}: weight_map file") for f in sorted(set(map(str, weight_map.values())))]
     single = folder / "model.safetensors"
     if single.exists():
         return [single]

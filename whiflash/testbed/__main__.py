@@ -90,11 +90,20 @@ def summary(manifest: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the testbed CLI in-process (errors are raised to the caller); the command is :func:`console`."""
     from jsonargparse import auto_cli, set_parsing_settings
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     auto_cli([build, prompts, presets], args=argv if argv is not None else sys.argv[1:])
 
 
+def console(argv: list[str] | None = None) -> None:
+    """``python -m whiflash.testbed``: :func:`main`, ending with exit status 2 (bad usage or input) or 1 (a failure
+    while running) and a one-line ``error:`` message; ``--debug`` or ``WHIFLASH_DEBUG=1`` adds the traceback."""
+    from whiflash.errors import run_cli
+
+    run_cli("python -m whiflash.testbed", main, argv)
+
+
 if __name__ == "__main__":
-    main()
+    console()

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from whiflash.locks import owning_folders
+
 from .manifest import FORMAT_VERSION, Manifest, fingerprint
 from .presets import CATEGORIES, TestbedConfig
 
@@ -67,7 +69,8 @@ def build(out: str | Path, config: TestbedConfig, until: str | None = None) -> d
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     try:
-        return _build(out, config, until)
+        with owning_folders():  # the folder's lock ends with the build; a refused build leaves no folder
+            return _build(out, config, until)
     finally:
         torch.set_num_threads(threads)  # the caller's process keeps its own setting
 

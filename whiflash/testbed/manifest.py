@@ -3,10 +3,12 @@
 Every stage writes into ``OUT/.tmp-<stage>`` and is moved to ``OUT/<stage>`` only when it has
 finished; then the manifest records its fingerprint (a hash of the stage's config and of the
 *output hashes* of the stages it reads), the hash of its own output files, timings and figures.
-A later build reuses a stage whose fingerprint matches and whose folder is present, and
-rebuilds it otherwise; a rebuilt stage whose output differs changes the fingerprints of
-everything downstream, which is then rebuilt too. The
+A later build reuses a stage whose fingerprint matches and whose folder still holds exactly what
+was recorded (its files hash to the recorded ``output_sha256``), and rebuilds it otherwise (a
+truncated or edited ``model.safetensors`` is rebuilt, not reused); a rebuilt stage whose output
+differs changes the fingerprints of everything downstream, which is then rebuilt too. The
 ``log`` list of the manifest says, per run, which stages were built and which were reused.
+The build holds the folder's lock (:mod:`whiflash.locks`) from its first check to its last write.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from whiflash.folders import MANIFEST, TESTBED, check_folder
 from whiflash.io import atomic_write_json
+from whiflash.locks import claim
 from whiflash.versions import package_versions
 
 __all__ = ["Manifest", "fingerprint", "hash_dir"]
@@ -71,6 +74,8 @@ class Manifest:
     def __init__(self, root: Path, config: dict[str, Any]):
         self.root = Path(root)
         # another tool's folder (a datagen output, a run) is refused before anything in it is touched
+        check_folder(self.root, TESTBED, "testbed --out")
+        claim(self.root, "testbed --out")  # one build at a time; checked again under the lock
         resumed = check_folder(self.root, TESTBED, "testbed --out")
         self.root.mkdir(parents=True, exist_ok=True)
         self.path = self.root / MANIFEST
@@ -91,8 +96,16 @@ class Manifest:
         return self.data["stages"][name]
 
     def is_done(self, name: str, fp: str) -> bool:
+        """Whether stage ``name`` finished with fingerprint ``fp`` and its folder still holds what it wrote."""
         rec = self.data["stages"].get(name)
-        return bool(rec and rec.get("fingerprint") == fp and rec.get("done") and (self.root / name).is_dir())
+        if not (rec and rec.get("fingerprint") == fp and rec.get("done") and (self.root / name).is_dir()):
+            return False
+        found = hash_dir(self.root / name)
+        if found != rec.get("output_sha256"):
+            log.warning("stage %-9s rebuilt: %s changed since it was built (sha256 %s, recorded %s)", name,
+                        self.root / name, found[:16], str(rec.get("output_sha256"))[:16])
+            return False
+        return True
 
     def run_stage(self, name: str, fp: str, fn: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
         """Run ``fn(tmp_dir) -> figures`` unless the stage is done with this fingerprint.
