@@ -93,7 +93,7 @@ class BenchConfig:
                                "the flags, as JSON (whatever the suffix, e.g. upstream's .pt names: this toolkit "
                                "writes no pickles).")
     name: str | None = _h(None, "Run name (default: algorithm or methods, and dataset).")
-    seed: int = _h(0, "Seed of the sample shuffle, the bootstrap and sampling.")
+    seed: int = _h(0, "Seed of the sample selection (0: upstream's), the bootstrap and sampling.")
     strict: bool = _h(False, "Exit non-zero when an output differs from AR with a float32 margin above "
                       "--strict-tolerance (or an unknown margin).")
     strict_tolerance: float = _h(0.05, "Top-2 float32 logit margin up to which a mismatch counts as a numerical tie.")

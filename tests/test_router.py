@@ -220,16 +220,15 @@ def test_unreadable_exports_list_the_tensors_found(router: NeuralRouter, tmp_pat
 
 
 def test_hub_repo_of_weights_only(router: NeuralRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import httpx2  # the HTTP client huggingface_hub raises its errors with
+    from unittest import mock
+
     from huggingface_hub.errors import RemoteEntryNotFoundError
 
     save_file(_layouts(router)["fc"], str(tmp_path / "router.safetensors"))
 
     def fake_download(repo_id: str, filename: str, revision: str | None = None, **kw) -> str:
         if filename != "router.safetensors":  # what the Hub answers for a file the repo does not have
-            url = f"https://huggingface.co/{repo_id}/resolve/main/{filename}"
-            raise RemoteEntryNotFoundError(f"{filename} not in {repo_id}",
-                                           response=httpx2.Response(404, request=httpx2.Request("GET", url)))
+            raise RemoteEntryNotFoundError(f"{filename} not in {repo_id}", response=mock.MagicMock(status_code=404))
         return str(tmp_path / filename)
 
     monkeypatch.setattr("whiflash.router.hf_hub_download", fake_download)
