@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
@@ -172,8 +173,8 @@ class TargetFeatures(torch.nn.Module):
     for every response token beforehand, which at millions of tokens would not fit in memory. Taps
     follow ``TAP_CONVENTION``: tap ``i`` is transformers' ``hidden_states[i + 1]``, the output of
     layer ``i`` (for the last layer the post-final-norm state). Batches are right-padded, so under the
-    causal mask padding never reaches a real token. Under the build's bf16 autocast the features are
-    bf16, as a drafter reads them when it is served in bf16.
+    causal mask padding never reaches a real token. On a GPU, under the build's bf16 autocast, the
+    features are bf16, as a drafter reads them when it is served in bf16; on a CPU they are fp32.
     """
 
     def __init__(self, model: torch.nn.Module, taps: list[int]) -> None:
@@ -187,7 +188,9 @@ class TargetFeatures(torch.nn.Module):
     @torch.no_grad()
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``ids [B, S]`` -> (``[B, S, n_taps, H]`` tap outputs, ``[B, S, H]`` final post-norm hidden state)."""
-        out = self.model.model(input_ids=ids, output_hidden_states=True)
+        # On a CPU the features stay fp32 (bf16 autocast is emulated, and slow, on CPUs without bf16 units).
+        with torch.autocast("cpu", enabled=False) if ids.device.type == "cpu" else nullcontext():
+            out = self.model.model(input_ids=ids, output_hidden_states=True)
         states = out.hidden_states
         return torch.stack([states[t + 1] for t in self.taps], dim=2), out.last_hidden_state
 
