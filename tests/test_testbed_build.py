@@ -323,3 +323,18 @@ def test_tap_layers_follow_the_released_rules_at_real_depth() -> None:
     small = get_preset("small")
     assert small.target.num_hidden_layers == 36 and small.dflash.num_hidden_layers == 5
     assert small.dflash.block_size == 16 and small.eagle3.ttt_length == 7
+
+
+def test_a_drafter_data_subset_takes_the_categories_in_turn(tmp_path: Path) -> None:
+    from whiflash.testbed.drafter_data import response_samples
+
+    (tmp_path / "responses").mkdir()
+    rows = [{"id": f"{c}{i}", "category": c, "prompt_ids": [5, 6], "response_ids": [7, 8, 9][:1 + i % 3]}
+            for c in ("code", "math") for i in range(4)]
+    with open(tmp_path / "responses" / "responses.jsonl", "w") as fh:
+        fh.write("\n".join(json.dumps(r) for r in rows) + "\n")
+    every = response_samples(tmp_path)
+    assert len(every) == 4 and {s.category for s in every} == {"code", "math"}  # one-token responses dropped
+    subset = response_samples(tmp_path, 3)
+    assert [s.category for s in subset] == ["code", "math", "code"]
+    assert all(int(s.loss_mask.sum()) == s.ids.numel() - 2 for s in subset)
