@@ -321,7 +321,7 @@ def _small() -> TestbedConfig:
     # and the drafters learn from ~16k of its continuations (~2.5M tokens) in about two epochs: released
     # drafters learn from tens of millions of tokens, and ten epochs over a few thousand sequences overfit.
     # Every stage fits one 10-minute device command; the batched generator's rate (responses) and the
-    # per-batch target forward (drafter steps) are what bound the data today (docs/testbed.md).
+    # per-batch target forward (drafter steps) are what bound the data (results/ has the measured rates).
     return TestbedConfig(
         name="small",
         device="cuda",
