@@ -26,7 +26,7 @@
 #           PROFILE_FLAGS adds the script's flags, e.g. --no-diagnostics (ratios only, ~1 min a model);
 #           --smoke at toy widths when there is no GPU).
 # Usage: scripts/gpu_session.sh LOG_DIR TESTBED_DIR [STEP...]   (default steps: build bench tests)
-# With a built testbed, `bench profile` is the whole of docs/engine.md's H200 figures in under 7 minutes.
+# With a built testbed, `bench profile` remeasures the engine's H200 figures (results/) in under 7 minutes.
 # Runs from a checkout without installing it (PYTHONPATH) for every step but `router`, so a machine that
 # has torch, transformers and lightning but not this package's other dependencies can run them.
 # A machine without the rest (datasets, jsonargparse and their wheels) and without an index: fetch the wheels

@@ -395,7 +395,7 @@ def ratio_table(results: list[dict[str, Any]]) -> str:
 
 
 def summary_table(results: list[dict[str, Any]]) -> str:
-    """The engine's figures against their goals (docs/engine.md), one column per model: floor, AR step
+    """The engine's figures against their goals (results/), one column per model: floor, AR step
     per engine option, verify / AR, attention per layer, kernels per step, share of a round outside GPU
     kernels, an EAGLE-3 step in target layers, catch-up shares, stock transformers. '-': not measured
     for that model (the option tables and whole rounds need the anchor or --rounds)."""
