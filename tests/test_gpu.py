@@ -166,3 +166,23 @@ def test_datagen_with_cuda_graphs_records_the_eager_rows(worlds, tmp_path):
         assert (eager[column] == graphed[column]).all()
     hidden = [torch.from_numpy(np.stack(t["hidden"].to_numpy()).astype(np.float32)) for t in tables]
     torch.testing.assert_close(hidden[0], hidden[1], rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_batched_generation_graph_replays_the_eager_decode(bf16):
+    """The testbed generator's captured decode step gives the eager step's tokens (greedy and sampled)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from whiflash.testbed.generate import continue_prompts
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                      eos_token_id=1, pad_token_id=0)
+    model = Qwen3ForCausalLM(cfg).cuda().eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, 97, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (9,), generator=g)]
+    for temperature in (0.0, 1.0):
+        runs = [continue_prompts(model, prompts, 20, eos=1, pad_id=0, batch_size=4, temperature=temperature, seed=3,
+                                 bf16=bf16, cuda_graphs=graphs) for graphs in (False, True)]
+        assert runs[0] == runs[1], temperature

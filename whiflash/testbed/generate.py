@@ -11,13 +11,17 @@ against that forward.
 
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
 __all__ = ["continue_prompts", "decode_batch"]
+
+log = logging.getLogger(__name__)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -35,18 +39,19 @@ class _StaticCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
 
 
-def _forward(model, cache: _StaticCache, ids: torch.Tensor, start: int, pad: torch.Tensor) -> torch.Tensor:
-    """Logits of the last column of ``ids`` ``[B, T]``, written at cache columns ``start..start+T-1``.
+def _forward(model, cache: _StaticCache, ids: torch.Tensor, cols: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """Logits of the last column of ``ids`` ``[B, T]``, written at cache columns ``cols`` ``[T]``.
 
     Row ``b`` holds ``pad[b]`` padding columns before its prompt: its positions count from there and its
-    queries see its own columns only (a padding query sees itself, so softmax has a key).
+    queries see its own columns only (a padding query sees itself, so softmax has a key). The columns
+    are a device tensor, not host integers, so a decode step has no host values and can be captured
+    as a CUDA graph once per batch.
     """
     inner = model.model
     b, t = ids.shape
-    cols = torch.arange(start, start + t, device=ids.device)
     positions = (cols[None, :] - pad[:, None]).clamp(min=0)  # [B, T]
     # Every step attends over all of the cache's columns (unwritten ones masked): one shape per batch, so
-    # attention backends that plan per shape (cuDNN) plan once instead of at every step.
+    # attention backends that plan per shape (cuDNN) plan once, and the step is one graph.
     keys = torch.arange(cache.k[0].shape[2], device=ids.device)
     visible = (keys[None, None, :] <= cols[None, :, None]) & (
         (keys[None, None, :] >= pad[:, None, None]) | (keys[None, None, :] == cols[None, :, None]))
@@ -61,8 +66,8 @@ def _forward(model, cache: _StaticCache, ids: torch.Tensor, start: int, pad: tor
         k = attn.k_norm(attn.k_proj(h).view(b, t, -1, hd)).transpose(1, 2)
         v = attn.v_proj(h).view(b, t, -1, hd).transpose(1, 2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        cache.k[i][:, :, start:start + t] = k.to(cache.k[i].dtype)
-        cache.v[i][:, :, start:start + t] = v.to(cache.v[i].dtype)
+        cache.k[i].index_copy_(2, cols, k.to(cache.k[i].dtype))
+        cache.v[i].index_copy_(2, cols, v.to(cache.v[i].dtype))
         out = F.scaled_dot_product_attention(q.to(cache.k[i].dtype), cache.k[i], cache.v[i], attn_mask=visible[:, None],
                                              enable_gqa=True)
         x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
@@ -70,13 +75,42 @@ def _forward(model, cache: _StaticCache, ids: torch.Tensor, start: int, pad: tor
     return model.lm_head(inner.norm(x[:, -1])).float()
 
 
+def _capture(step: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``step`` (reading and writing only static tensors) captured as a CUDA graph, and its output tensor.
+
+    A few eager runs on a side stream first, as CUDA graph capture requires. Under autocast the
+    capture runs with autocast's weight-cast cache off: a cast cached during capture would live in
+    the graph's private memory.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    autocast = torch.is_autocast_enabled("cuda")
+    dtype = torch.get_autocast_dtype("cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.autocast("cuda", dtype=dtype, enabled=autocast, cache_enabled=False), torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
+DONE_CHECK_EVERY = 8
+"""Decode steps between checks that every row has ended (each check waits for the device)."""
+
+
 @torch.no_grad()
 def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: int, pad_id: int,
-                 temperature: float = 0.0, generator: torch.Generator | None = None) -> list[list[int]]:
+                 temperature: float = 0.0, generator: torch.Generator | None = None,
+                 cuda_graphs: bool = True) -> list[list[int]]:
     """Continuations of ``prompts`` (token-id lists, one batch): greedy, or sampled at ``temperature``.
 
     Each continuation is cut after its first ``eos`` (kept: drafters learn to predict it). Rows that
-    ended keep decoding until every row has; their extra tokens are dropped.
+    ended keep decoding until every row has (checked every ``DONE_CHECK_EVERY`` steps); their extra
+    tokens are dropped. On CUDA with ``cuda_graphs`` the decode step is captured once and replayed:
+    eager, a step of a deep, narrow model is bound by kernel launches, not by the GPU. If capture
+    fails the batch decodes eagerly (with a warning).
     """
     device = next(model.parameters()).device
     cfg = model.config
@@ -88,10 +122,17 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: i
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     cache = _StaticCache(cfg.num_hidden_layers, len(prompts), cfg.num_key_value_heads, width + max_new_tokens,
                          head_dim, kv_dtype, device)
-    logits = _forward(model, cache, ids, 0, pad)
+    logits = _forward(model, cache, ids, torch.arange(width, device=device), pad)
     tokens: list[torch.Tensor] = []
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
+    tok = torch.zeros(len(prompts), dtype=torch.long, device=device)  # the step's static input token and column
+    col = torch.full((1,), width, dtype=torch.long, device=device)
+
+    def step() -> torch.Tensor:
+        return _forward(model, cache, tok[:, None], col, pad)
+
+    graph: torch.cuda.CUDAGraph | None = None
+    for i in range(max_new_tokens):
         if temperature > 0:
             probs = (logits / temperature).softmax(-1)
             nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]
@@ -99,22 +140,36 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: i
             nxt = logits.argmax(-1)
         tokens.append(nxt)
         done |= nxt == eos
-        if step + 1 == max_new_tokens or bool(done.all()):
+        if i + 1 == max_new_tokens or ((i + 1) % DONE_CHECK_EVERY == 0 and bool(done.all())):
             break
-        logits = _forward(model, cache, nxt[:, None], width + step, pad)
+        tok.copy_(nxt)
+        if i:
+            col.add_(1)
+        if graph is None and cuda_graphs and device.type == "cuda":
+            try:
+                graph, out = _capture(step)
+            except RuntimeError as err:  # an op the graph cannot hold: this batch decodes eagerly
+                log.warning("batch decode: CUDA graph capture failed (%s); decoding eagerly", err)
+                cuda_graphs = False
+        if graph is not None:
+            graph.replay()
+            logits = out.clone()  # the next replay overwrites ``out``
+        else:
+            logits = step()
     rows = torch.stack(tokens, dim=1).tolist()
     return [row[:row.index(eos) + 1] if eos in row else row for row in rows]
 
 
 def continue_prompts(model, prompts: list[list[int]], max_new_tokens: int, *, eos: int, pad_id: int,
                      batch_size: int, temperature: float = 0.0, seed: int = 0, bf16: bool = False,
-                     desc: str = "generate") -> list[list[int]]:
+                     desc: str = "generate", cuda_graphs: bool = True) -> list[list[int]]:
     """``decode_batch`` over ``prompts`` in batches of ``batch_size``, results in the prompts' order.
 
     Prompts are batched by length (less padding, fewer columns read per step); the batches and their
     order depend only on the prompts, so a build is a function of its inputs. ``bf16`` runs the
     forward under bf16 autocast with a bf16 cache (on GPUs: half the cache traffic; the tokens then
-    follow bf16 logits). Sampling uses one seeded generator on the model's device.
+    follow bf16 logits). Sampling uses one seeded generator on the model's device. ``cuda_graphs``:
+    see ``decode_batch``.
     """
     if not prompts:
         return []
@@ -128,6 +183,7 @@ def continue_prompts(model, prompts: list[list[int]], max_new_tokens: int, *, eo
         for i in tqdm(range(0, len(order), batch_size), desc=desc, leave=False):
             chunk = order[i:i + batch_size]
             for j, cont in zip(chunk, decode_batch(model, [prompts[j] for j in chunk], max_new_tokens, eos=eos,
-                                                   pad_id=pad_id, temperature=temperature, generator=generator)):
+                                                   pad_id=pad_id, temperature=temperature, generator=generator,
+                                                   cuda_graphs=cuda_graphs)):
                 out[j] = cont
     return out
