@@ -338,3 +338,20 @@ def test_a_drafter_data_subset_takes_the_categories_in_turn(tmp_path: Path) -> N
     subset = response_samples(tmp_path, 3)
     assert [s.category for s in subset] == ["code", "math", "code"]
     assert all(int(s.loss_mask.sum()) == s.ids.numel() - 2 for s in subset)
+
+
+def test_acceptance_measures_drafter_snapshots_against_training_tokens(micro: Path) -> None:
+    """Snapshots taken during drafter training get tau per category, beside the final drafter, in token order."""
+    from whiflash.testbed.target import Snapshots
+
+    curve = _manifest(micro)["acceptance"]["training_curve"]
+    for kind in ("eagle3", "dflash"):
+        points = curve[kind]
+        assert [p["steps"] for p in points] == [20, 40]  # micro: snapshots=[0.5] of 40 steps, then the final
+        assert 0 < points[0]["response_tokens_seen"] < points[1]["response_tokens_seen"]
+        assert set(points[0]["tau"]) == set(CATEGORIES) and all(t >= 1 for t in points[0]["tau"].values())
+        assert points[1]["tau"] == _manifest(micro)["acceptance"]["tau"][kind]
+        assert (micro / kind / "snapshots" / "step_20" / "model.safetensors").is_file()
+    assert Snapshots.at([0.25, 0.5], 1000) == [250, 500] and Snapshots.at([0.01], 10) == [1]
+    with pytest.raises(ValueError, match="snapshots: 1.5"):
+        Snapshots.at([1.5], 10)

@@ -5,7 +5,9 @@ for the per-round oracle (both drafters draft from the same state each round, th
 acceptance advances: the bound a router between EAGLE-3 and DFlash can reach). Also checks that
 every output equals plain autoregressive decoding (the engine is lossless). The headroom is the
 oracle's tau over the best single drafter's tau, per category; the switching figures say whether
-the drafter that wins a round changes within sequences (``switching``).
+the drafter that wins a round changes within sequences (``switching``). Drafter snapshots saved
+during training (``snapshots/step_N``) are measured on the same prompts: ``training_curve`` is tau
+per category against the response tokens each had learned from.
 tau of a round = accepted draft tokens + 1 (bonus included); reported tau = mean over rounds
 per sequence, then mean over sequences (``whiflash.summarize``).
 """
@@ -75,11 +77,13 @@ def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8,
     stats: dict[str, dict[str, list]] = {k: {c: [] for c in CATEGORIES} for k in drafters}
     mismatches = 0
     rows = []
+    cases = []  # (category, prompt ids, AR output) of every prompt, for the snapshots' curve below
     for cat in CATEGORIES:
         for i, prompt in enumerate(tqdm(eval_prompts(root, cat, prompts_per_category), desc=f"acceptance {cat}",
                                         leave=False)):
             ids = tok(prompt, add_special_tokens=False)["input_ids"][-max_prompt_tokens:]
             ref, _ = whiflash.generate(target, None, ids, max_new_tokens, stop_token_ids=[tok.eos_token_id])
+            cases.append((cat, ids, ref))
             row = {"category": cat, "prompt": i}
             for kind, drafter in drafters.items():
                 out, st = whiflash.generate(target, drafter, ids, max_new_tokens, stop_token_ids=[tok.eos_token_id])
@@ -89,6 +93,26 @@ def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8,
                 if kind == "oracle":
                     row["oracle_slot_taus"] = st.slot_taus  # (DFlash, EAGLE-3) tau of every round
             rows.append(row)
+    curve: dict[str, list[dict]] = {}
+    for kind in ("eagle3", "dflash"):
+        points = []
+        for folder in sorted((root / kind / "snapshots").glob("step_*"), key=lambda f: int(f.name.split("_")[1])):
+            snap = whiflash.load_drafter(kind, folder, target, **({"num_steps": eagle3_steps} if kind == "eagle3" else {}))
+            if cuda_graphs and target.device.type == "cuda":
+                snap.use_cuda_graphs(True)
+            per: dict[str, list] = {c: [] for c in CATEGORIES}
+            for cat, ids, ref in cases:
+                out, st = whiflash.generate(target, snap, ids, max_new_tokens, stop_token_ids=[tok.eos_token_id])
+                mismatches += int(out != ref)
+                per[cat].append(st)
+            points.append({**json.loads((folder / "snapshot.json").read_text()),
+                           "tau": {c: round(whiflash.summarize(v)["tau"], 3) for c, v in per.items() if v}})
+        final = root / kind / "snapshot.json"
+        if points and final.is_file():
+            points.append({**json.loads(final.read_text()),
+                           "tau": {c: round(whiflash.summarize(v)["tau"], 3) for c, v in stats[kind].items() if v}})
+        if points:
+            curve[kind] = points
     with open(out_dir / "acceptance.jsonl", "w") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
@@ -98,6 +122,9 @@ def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8,
     switch = {cat: switching([st.slot_taus for st in stats["oracle"][cat]]) for cat in CATEGORIES}
     log.info("acceptance (tau, bonus included): %s; oracle headroom over the best single drafter: %s; "
              "round winners: %s", tau, headroom, switch)
+    if curve:
+        log.info("tau against drafter training tokens: %s", curve)
     return {"tau": tau, "oracle_headroom": headroom, "switching": switch, "lossless_mismatches": mismatches,
+            "training_curve": curve,
             "prompts_per_category": prompts_per_category, "max_new_tokens": max_new_tokens,
             "eagle3_steps": eagle3_steps, "tau_definition": TAU_DEFINITION}

@@ -158,7 +158,7 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
                                            cuda_graphs=acc.cuda_graphs, eagle3_steps=config.eagle3.ttt_length))
     if rec is not None:
         man.data["acceptance"] = {"tau": rec["tau"], "oracle_headroom": rec.get("oracle_headroom"),
-                                  "switching": rec.get("switching"),
+                                  "switching": rec.get("switching"), "training_curve": rec.get("training_curve"),
                                   "tau_definition": rec["tau_definition"]}
     return _finish(man, t_start)
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from .drafter_data import TargetFeatures, load_features, pad_batch, response_samples, sample_loader, tap_layers, with_features
 from .presets import CATEGORIES, DFlashConfig
-from .target import adamw_schedule, make_trainer
+from .target import Snapshots, adamw_schedule, make_trainer
 
 __all__ = ["dflash_config", "DFlashModule", "sample_anchors", "train_dflash"]
 
@@ -182,7 +182,9 @@ def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = 
     with torch.no_grad():
         drafter.norm.weight.copy_(target.model.norm.weight)  # the frozen LM head expects the target's scale
     module = DFlashModule(drafter, load_features(root, taps, device), target.model.embed_tokens.weight, target.lm_head.weight, cfg, seed)
-    trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, stage="dflash")
+    snapshots = Snapshots(out_dir, config, Snapshots.at(cfg.snapshots, cfg.max_steps))
+    trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, stage="dflash",
+                           extra=[snapshots])
     t0 = time.perf_counter()
     trainer.fit(module, train_dataloaders=sample_loader(samples, cfg.batch_size, pad_id, seed + 1))
     seconds = time.perf_counter() - t0
@@ -200,4 +202,5 @@ def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = 
     return {"taps": taps, "mask_token_id": mask_id, "steps": int(trainer.global_step),
             "train_seconds": round(seconds, 1), "final_loss": float(trainer.callback_metrics.get("loss", float("nan"))),
             "train_acc_per_slot": acc, "sequences": len(samples),
-            "response_tokens": int(sum(int(x.loss_mask.sum()) for x in samples))}
+            "response_tokens": int(sum(int(x.loss_mask.sum()) for x in samples)),
+            "response_tokens_seen": snapshots.tokens, "snapshots": snapshots.steps}

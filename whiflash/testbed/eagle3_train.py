@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from .drafter_data import Sample, TargetFeatures, load_features, pad_batch, response_samples, sample_loader, tap_layers, with_features
 from .presets import CATEGORIES, Eagle3Config
-from .target import adamw_schedule, make_trainer
+from .target import Snapshots, adamw_schedule, make_trainer
 
 __all__ = ["build_draft_vocab", "eagle3_config", "Eagle3Module", "train_eagle3"]
 
@@ -188,7 +188,9 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
     drafter.to(device)
     module = Eagle3Module(drafter, load_features(root, taps, device), target.model.embed_tokens.weight, target.lm_head.weight, used.to(device),
                           cfg, pad_id)
-    trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, stage="eagle3")
+    snapshots = Snapshots(out_dir, config, Snapshots.at(cfg.snapshots, cfg.max_steps))
+    trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, stage="eagle3",
+                           extra=[snapshots])
     t0 = time.perf_counter()
     trainer.fit(module, train_dataloaders=sample_loader(samples, cfg.batch_size, pad_id, seed))
     seconds = time.perf_counter() - t0
@@ -204,5 +206,6 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
     return {"taps": taps, "steps": int(trainer.global_step), "train_seconds": round(seconds, 1),
             "final_loss": float(trainer.callback_metrics.get("loss", float("nan"))),
             "train_acc_per_step": acc, "draft_vocab_size": cfg.draft_vocab_size, "sequences": len(samples),
-            "response_tokens": int(sum(int(x.loss_mask.sum()) for x in samples))}
+            "response_tokens": int(sum(int(x.loss_mask.sum()) for x in samples)),
+            "response_tokens_seen": snapshots.tokens, "snapshots": snapshots.steps}
 

@@ -183,6 +183,10 @@ class Eagle3Config:
     sequences: int | None = None
     """Train on this many response sequences, the categories in turn (None: all); with ``max_steps`` the
     knob of a drafter's data-scaling curve."""
+    snapshots: list[float] = field(default_factory=list)
+    """Fractions of ``max_steps`` after which a copy of the drafter goes to ``snapshots/step_N`` (with the
+    response tokens it has learned from): the acceptance stage measures their tau, a curve of tau against
+    training tokens from one run (earlier points have not annealed their learning rate: a lower bound)."""
     max_minutes: float | None = None
     """Optional wall-clock cap: training past it stops the build with a message (it never trains fewer steps)."""
 
@@ -210,6 +214,10 @@ class DFlashConfig:
     sequences: int | None = None
     """Train on this many response sequences, the categories in turn (None: all); with ``max_steps`` the
     knob of a drafter's data-scaling curve."""
+    snapshots: list[float] = field(default_factory=list)
+    """Fractions of ``max_steps`` after which a copy of the drafter goes to ``snapshots/step_N`` (with the
+    response tokens it has learned from): the acceptance stage measures their tau, a curve of tau against
+    training tokens from one run (earlier points have not annealed their learning rate: a lower bound)."""
     max_minutes: float | None = None
     """Optional wall-clock cap: training past it stops the build with a message (it never trains fewer steps)."""
 
@@ -276,9 +284,10 @@ def _micro() -> TestbedConfig:
             sharpen=SharpenConfig(steps=4, prompts_per_category=4, max_new_tokens=24, batch_size=4, eval_prompts=2),
         ),
         responses=ResponsesConfig(prompts_per_category=8, max_new_tokens=32, max_prompt_tokens=64, batch_size=8),
-        eagle3=Eagle3Config(draft_vocab_size=512, intermediate_size=352, ttt_length=3, max_steps=40, batch_size=4),
+        eagle3=Eagle3Config(draft_vocab_size=512, intermediate_size=352, ttt_length=3, max_steps=40, batch_size=4,
+                            snapshots=[0.5]),
         dflash=DFlashConfig(block_size=4, num_hidden_layers=1, intermediate_size=352, num_anchors=8, max_steps=40,
-                            batch_size=4),
+                            batch_size=4, snapshots=[0.5]),
         acceptance=AcceptanceConfig(prompts_per_category=2, max_new_tokens=24),
     )
 
@@ -345,9 +354,10 @@ def _small() -> TestbedConfig:
         responses=ResponsesConfig(prompts_per_category=4096, split={"prose": "validation", "agentic": "validation"},
                                   max_new_tokens=256, max_prompt_tokens=256, batch_size=1024, max_passes=64),
         eagle3=Eagle3Config(draft_vocab_size=4096, intermediate_size=1408, ttt_length=7, max_steps=1200,
-                            batch_size=32, lr=1e-3),
+                            batch_size=32, lr=1e-3, snapshots=[0.25, 0.5]),
         dflash=DFlashConfig(block_size=16, num_hidden_layers=5, intermediate_size=1408, num_anchors=128,
-                            loss_decay_gamma=7.0, max_steps=1000, batch_size=32, lr=1e-3),
+                            loss_decay_gamma=7.0, max_steps=1000, batch_size=32, lr=1e-3,
+                            snapshots=[0.25, 0.5]),
         acceptance=AcceptanceConfig(prompts_per_category=10, max_new_tokens=96),
     )
 

@@ -9,6 +9,7 @@ a block drafter can win (low entropy) and where it cannot.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -132,13 +133,54 @@ class TimeCap(L.Callback):
                 f"(--set+ {self.stage}.max_minutes=...) or remove it (null), or lower {self.stage}.max_steps.")
 
 
+class Snapshots(L.Callback):
+    """Copies of a drafter during training, for a curve of tau against training tokens.
+
+    After the optimiser steps in ``steps`` the drafter (``module.drafter``) is written to
+    ``stage_dir/snapshots/step_N`` in the checkpoint layout, with ``snapshot.json``: the steps and the
+    response tokens (``loss_mask``) of the batches seen so far; at the end of training the same record
+    of the whole run goes to ``stage_dir/snapshot.json``.
+    """
+
+    def __init__(self, stage_dir: Path, config: dict, steps: list[int]) -> None:
+        self.stage_dir, self.config, self.steps = stage_dir, config, sorted(set(steps))
+        self.tokens = 0
+
+    @staticmethod
+    def at(fractions: list[float], max_steps: int) -> list[int]:
+        """Step numbers of ``fractions`` of ``max_steps`` (each in (0, 1); at least step 1, before the last)."""
+        for f in fractions:
+            if not 0 < f < 1:
+                raise ValueError(f"snapshots: {f!r} is not a fraction of max_steps in (0, 1)")
+        return sorted({min(max_steps - 1, max(1, round(f * max_steps))) for f in fractions} - {0})
+
+    def _record(self, folder: Path, steps: int) -> None:
+        (folder / "snapshot.json").write_text(json.dumps({"steps": steps, "response_tokens_seen": self.tokens}) + "\n")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: object,
+                           batch: dict, batch_idx: int) -> None:
+        self.tokens += int(batch["loss_mask"].sum())
+        if trainer.global_step in self.steps:
+            from whiflash.drafters import write_checkpoint
+
+            folder = self.stage_dir / "snapshots" / f"step_{trainer.global_step}"
+            write_checkpoint(folder, self.config, {k: v.detach().float() for k, v in pl_module.drafter.state_dict().items()})
+            self._record(folder, trainer.global_step)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.stage_dir.mkdir(parents=True, exist_ok=True)
+        self._record(self.stage_dir, trainer.global_step)
+
+
 def make_trainer(max_steps: int, device: str, precision: str, log_dir: Path, max_minutes: float | None,
-                 val_every: int | None = None, grad_clip: float = 1.0, stage: str = "training") -> L.Trainer:
-    """A quiet Lightning trainer with a CSV log and a tqdm progress bar; ``max_minutes`` aborts (``TimeCap``)."""
+                 val_every: int | None = None, grad_clip: float = 1.0, stage: str = "training",
+                 extra: list[L.Callback] | None = None) -> L.Trainer:
+    """A quiet Lightning trainer with a CSV log and a tqdm progress bar; ``max_minutes`` aborts (``TimeCap``);
+    ``extra`` callbacks are added."""
     from lightning.pytorch.callbacks import TQDMProgressBar
     from lightning.pytorch.loggers import CSVLogger
 
-    callbacks: list[L.Callback] = [TQDMProgressBar(refresh_rate=10)]
+    callbacks: list[L.Callback] = [TQDMProgressBar(refresh_rate=10), *(extra or [])]
     if max_minutes:
         callbacks.append(TimeCap(stage, max_minutes, max_steps))
     return L.Trainer(
