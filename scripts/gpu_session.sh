@@ -128,7 +128,7 @@ PY
         --methods "${METHODS:-ar,eagle3,dflash,ddtree,whiflash-entropy${neural},oracle}" "${router[@]}" "${gpu[@]}" \
         ${EVAL_FLAGS:-} --out "$LOG/eval" --name "${PRESET}_$PAIR${EVAL_TAG:-}" 2>&1 | tee "$LOG/eval_$PAIR${EVAL_TAG:-}.log" | quiet | tail -5
       run_dir=$(ls -d "$LOG"/eval/*"${PRESET}_$PAIR${EVAL_TAG:-}" 2>/dev/null | tail -1)
-      for f in results.md samples.jsonl; do  # run folders nest too deep for the device's copy-back
+      for f in results.md results.json samples.jsonl; do  # run folders nest too deep for the device's copy-back
         [ -f "$run_dir/$f" ] && cp "$run_dir/$f" "$LOG/eval_$PAIR${EVAL_TAG:-}_$f"
       done
       head -60 "$LOG/eval_$PAIR${EVAL_TAG:-}_results.md" 2>/dev/null ;;

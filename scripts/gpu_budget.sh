@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Steps of scripts/gpu_session.sh inside one device command of BUDGET seconds: each step runs only while
+# its estimate fits in what is left, under a time limit of what is left (a build stage cut by its limit is
+# lost whole, so stop before one that cannot finish; the next command on the warm machine resumes it).
+#   build-STAGE   build the testbed up to STAGE (UNTIL=STAGE; corpus ... acceptance)
+#   eval-t0       whiflash-eval bench, greedy: AR, EAGLE-3, DFlash, DDTree at budgets 16/32/64, oracle;
+#                 E0_SAMPLES prompts (80), E_TOKENS new tokens (256); the fp32 margins of any bf16 mismatch
+#                 are in the run's results.json, copied beside results.md
+#   eval-t1       the same methods but the oracle at temperature 1 (one DDTree budget), E1_SAMPLES prompts (40)
+#   gputest       the testbed generator's CUDA-graph test
+# Usage: scripts/gpu_budget.sh LOG_DIR TESTBED_DIR BUDGET_S STEP:ESTIMATE_S ...
+#   e.g. scripts/gpu_budget.sh $OUT/L /tmp/tb 545 build-target:430 build-responses:150
+# PRESET=micro E0_SAMPLES=8 E1_SAMPLES=4 E_TOKENS=24 checks it on a CPU in two minutes.
+set -u
+cd "$(dirname "$0")/.."
+L=${1:?LOG_DIR}; TB=${2:?TESTBED_DIR}; budget=${3:?BUDGET_S}; shift 3
+start=$(date +%s)
+for item in "$@"; do
+  name=${item%%:*}; est=${item##*:}
+  left=$(( budget - ($(date +%s) - start) ))
+  if [ "$left" -lt "$est" ]; then echo "=== stop before $name (${left}s left < ${est}s estimate)"; break; fi
+  echo "=== $name (${left}s left, estimate ${est}s) $(date +%T)"
+  case $name in
+    build-*) UNTIL=${name#build-} BUILD_TIMEOUT=$left bash scripts/gpu_session.sh "$L" "$TB" build ;;
+    eval-t0) EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
+               METHODS=ar,eagle3,dflash,ddtree,oracle EVAL_FLAGS="--tree-budget 16,32,64" EVAL_TAG=_t0 \
+               bash scripts/gpu_session.sh "$L" "$TB" eval ;;
+    eval-t1) EVAL_TIMEOUT=$left EVAL_SAMPLES=${E1_SAMPLES:-40} EVAL_TOKENS=${E_TOKENS:-256} \
+               METHODS=ar,eagle3,dflash,ddtree EVAL_FLAGS="--temperature 1" EVAL_TAG=_t1 \
+               bash scripts/gpu_session.sh "$L" "$TB" eval ;;
+    gputest) timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k batched_generation 2>&1 | tail -3 ;;
+    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, gputest)"; exit 2 ;;
+  esac
+  echo "=== $name done, ${left}s were left before it; $(( $(date +%s) - start ))s in all"
+done
+# the device copies back a limited number of files: the manifest first, then the acceptance rows
+mkdir -p "$L"; cp "$TB/manifest.json" "$L/manifest.json" 2>/dev/null
+cp "$TB/acceptance/acceptance.jsonl" "$L/" 2>/dev/null
+exit 0
