@@ -327,7 +327,7 @@ def _small() -> TestbedConfig:
     # Half the agent thoughts end with a few lines of library code (uncertain for this target) inside
     # transcripts whose templated spans DFlash drafts whole, so the better drafter changes within them.
     # The target is sharpened on its own low-temperature continuations (the instruction-tuning stand-in)
-    # and the drafters learn from ~16k of its continuations (~2.5M tokens) in about two epochs: released
+    # and the drafters learn from ~15k of its continuations (~2.4M tokens) in two to three epochs: released
     # drafters learn from tens of millions of tokens, and ten epochs over a few thousand sequences overfit.
     # Every stage fits one 10-minute device command; the batched generator's rate (responses) and the
     # per-batch target forward (drafter steps) are what bound the data (results/ has the measured rates).
