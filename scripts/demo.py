@@ -102,6 +102,8 @@ def main() -> int:
     print("plots:\n" + "\n".join(f"  {p}" for p in sorted((run / "plots").glob("*.png"))))
     n = len(json.loads((run / "results.json").read_text())["mismatches"])
     print(f"lossless: {'every output equals AR' if not n else f'{n} outputs differ from AR'}")
+    # equal hashes = the same models: a reader compares their world with the README's by these
+    print("models (output sha256): " + ", ".join(f"{s} {stages[s]['output_sha256'][:16]}" for s in ("target", "eagle3", "dflash")))
     return 1 if n else 0
 
 

@@ -52,9 +52,13 @@ def presets() -> None:
 
 
 def summary(manifest: dict) -> str:
-    """A plain-text table of stage timings and the target's held-out figures."""
+    """A plain-text table of stage timings and output hashes, and the target's held-out figures.
+
+    The hashes (first 16 hex digits of each stage's output sha256) say whether two builds made the
+    same world: equal target, eagle3 and dflash hashes mean equal models.
+    """
     lines = [f"testbed preset {manifest.get('preset')}  corpus sha256 {manifest.get('corpus_sha256', '')[:16]}",
-             f"{'stage':<10} {'seconds':>8}  action"]
+             f"{'stage':<10} {'seconds':>8}  {'action':<7}  output sha256"]
     actions = {}
     for entry in manifest.get("log", []):
         actions[entry["stage"]] = entry["action"]
@@ -64,7 +68,8 @@ def summary(manifest: dict) -> str:
         rec = manifest["stages"].get(name)
         if rec is None:
             continue
-        lines.append(f"{name:<10} {rec.get('seconds', 0):>8.1f}  {actions.get(name, '')}")
+        lines.append(f"{name:<10} {rec.get('seconds', 0):>8.1f}  {actions.get(name, ''):<7}  "
+                     f"{rec.get('output_sha256', '')[:16]}")
     target = manifest["stages"].get("target")
     if target and "test" in target:
         lines.append(f"\ntarget {target['parameters'] / 1e6:.2f}M params, {target['steps']} steps, "
