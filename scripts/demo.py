@@ -66,6 +66,9 @@ def main() -> int:
     root = args.out or default_dir(args.preset)
     work = args.work or root / "demo"
     device = ["--device", args.device]
+    # A batch-1 decode of the tiny models is latency-bound: on a CPU, more than one intra-op thread makes
+    # single decodes stall (they wait on each other's cores), which turns the bench's timings into noise.
+    timing = ["--threads", "1"] if args.device == "cpu" else []
     step("testbed", "python -m whiflash.testbed", testbed_main,
          ["build", "--preset", args.preset, "--out", str(root), *device])
     # the rows and the router belong to these exact models: a rebuilt testbed gets folders of its own
@@ -82,7 +85,7 @@ def main() -> int:
     profile, thresholds = work / "profile.json", work / "thresholds.json"
     step("latency profile", "whiflash-eval", eval_main,
          ["profile", "--testbed", str(root), "--context", "256", "--repeats", "10", "--out", str(work / "eval"),
-          "--output", str(profile), *device])
+          "--output", str(profile), *device, *timing])
     step("threshold calibration (replay)", "whiflash-eval", eval_main,
          ["calibrate", "--replay", str(data), "--latency-profile", str(profile), "--calibrate-method",
           "whiflash-entropy", "--thresholds", "0.05,0.1,0.2,0.3,0.5,0.75,1,1.5,2,3", "--out", str(work / "eval"),
@@ -94,7 +97,7 @@ def main() -> int:
           "--methods", "eagle3,dflash,ddtree,whiflash-entropy,whiflash-neural,oracle",
           "--whiflash-thresholds", str(thresholds), "--whiflash-neural-router-path", str(router),
           "--max-new-tokens", str(args.max_new_tokens), "--max-prompt-tokens", "256", "--dtype", "float32",
-          "--out", str(work / "eval"), "--name", name, *device])
+          "--out", str(work / "eval"), "--name", name, *device, *timing])
     run = sorted((work / "eval").glob(f"*_{name}"))[-1]
     print(f"\ntestbed {root} ({args.preset}), {args.prompts} held-out prompts per category, greedy, "
           f"{args.max_new_tokens} new tokens, {args.device}; run folder {run}\n")
