@@ -92,6 +92,9 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
     else:
         score, router_ms, sign = _neural_scores(neural_router, manifest, cols["hidden"]), profile.router_ms("neural"), 1.0
     ar = profile.ar_step
+    from .speed_oracle import DEFINITION, speed_oracle  # it replays through `simulate` here
+
+    oracle = speed_oracle({k: v for k, v in cols.items() if k != "hidden"}, kinds, profile, budget, lazy)["categories"]
     details: dict[str, Any] = {}
     for cat in [*sorted(set(cols["category"].tolist())), "all"]:
         sel = np.ones(len(score), bool) if cat == "all" else cols["category"] == cat
@@ -107,13 +110,27 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
                         "tau": sweep[best][1], "sweep": {str(v): s for v, (s, _) in sweep.items()},
                         "tau_sweep": {str(v): t for v, (_, t) in sweep.items()},
                         "fixed": {f"slot{s}": speedup(np.full(sel.sum(), s == 0))[0] for s in (0, 1)}}
+        details[cat].update(_oracle_columns(oracle[cat], details[cat]["tokens_per_second"], ar))
     overall = details.pop("all")
     return {"method": method, "mode": "replay", "thresholds": {c: d["threshold"] for c, d in details.items()},
             "default": overall["threshold"], "details": details, "overall": overall,
             "samples": sorted(set(cols["prompt_id"].tolist())), "data": str(data_dir),
             "latency_profile": str(profile_path), "pair": str(manifest.pair), "tree_budget": manifest.tree_budget,
             "slots": [slot_kind(k, budget) for k in kinds], "rounds": int(len(score)),
-            "device": profile.meta.get("device"), "lazy_catchup": lazy, "estimate": ESTIMATE}
+            "device": profile.meta.get("device"), "lazy_catchup": lazy, "estimate": ESTIMATE,
+            "speed_oracle_definition": DEFINITION}
+
+
+def _oracle_columns(oracle: dict[str, Any], router_tps: float, ar_ms: float) -> dict[str, Any]:
+    """The speed oracle's figures beside a router's estimate, and the router's share of the oracle's gain."""
+    from .speed_oracle import oracle_gain_share
+
+    best = oracle["best_standalone_tokens_per_second"]
+    return {"speed_oracle_tokens_per_second": oracle["tokens_per_second"], "speed_oracle_speedup": oracle["speedup"],
+            "speed_oracle_tau": oracle["tau"], "best_standalone": oracle["best_standalone"],
+            "best_standalone_tokens_per_second": best, "best_standalone_speedup": best * ar_ms / 1e3,
+            "speed_oracle_gain": oracle["oracle_gain"],
+            "share_of_speed_oracle_gain": oracle_gain_share(router_tps, best, oracle["tokens_per_second"])}
 
 
 def _neural_scores(path: str | None, manifest: Any, hidden: np.ndarray) -> np.ndarray:
