@@ -92,3 +92,28 @@ def test_categories_are_separate_and_pooled() -> None:
     assert res["categories"]["math"]["tokens_per_second"] == pytest.approx(20 / 6.0 * 1e3)
     assert res["categories"]["all"]["tokens_per_second"] == pytest.approx(40 / 11.5 * 1e3)
     assert res["categories"]["all"]["rounds"] == 8
+
+
+def test_report_shares_of_measured_routers(tmp_path) -> None:
+    from whiflash.errors import UsageError
+    from whiflash.eval.oracle_share import oracle_shares, shares_markdown
+    from whiflash.eval.report import report
+    from whiflash.train.synthetic import write_synthetic_dataset
+
+    data = tmp_path / "rows"
+    write_synthetic_dataset(data, num_prompts=6, rounds_per_prompt=8, hidden_size=8, categories=("code", "math"),
+                            progress=False)
+    prof = _profile().write(tmp_path / "p.json")
+    cells = {"code": {"ar": {"speedup": 1.0}, "dflash": {"speedup": 2.0}, "eagle3": {"speedup": 1.6},
+                      "whiflash-neural": {"speedup": 2.1}, "whiflash-entropy": {"speedup": 1.9}},
+             "prose": {"dflash": {"speedup": 2.0}}}  # no such category in the rows: left out
+    shares = oracle_shares({"cells": cells}, data, prof)
+    code = shares["categories"]["code"]
+    assert set(shares["categories"]) == {"code"} and code["best_standalone"] == "dflash"
+    gain = code["speed_oracle_gain"]
+    assert gain > 0 and code["speed_oracle_speedup"] == pytest.approx(2.0 * (1 + gain))
+    assert code["share_of_speed_oracle_gain"]["whiflash-neural"] == pytest.approx((2.1 / 2.0 - 1) / gain)
+    assert code["share_of_speed_oracle_gain"]["whiflash-entropy"] < 0  # slower than DFlash alone
+    assert "| code | whiflash-neural | dflash (2.000×) |" in shares_markdown(shares)
+    with pytest.raises(UsageError, match="--replay DATA and --latency-profile FILE go together"):
+        report([str(tmp_path)], str(tmp_path / "out"), replay=str(data))
