@@ -1,6 +1,6 @@
 """`whiflash-eval report --replay DATA --latency-profile FILE`: measured routers against the speed oracle.
 
-The speed oracle (`whiflash.eval.speed_oracle`) comes from datagen rows and a latency profile, so it is
+The speed oracle (`whiflash.speed_oracle`) comes from datagen rows and a latency profile, so it is
 an estimate; a bench run measures. Per category the report takes the oracle's *relative* gain over the
 better standalone drafter from the replay (both costed the same way) and the better standalone drafter
 from the run itself (the faster of the pair's single-drafter methods, by upstream's speedup), so
@@ -31,7 +31,7 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
     it, and every routed method's share of that gain (None where the oracle gains nothing or a figure is
     missing)."""
     from .replay import read_rounds
-    from .speed_oracle import DEFINITION, oracle_gain_share, speed_oracle
+    from whiflash.speed_oracle import DEFINITION, oracle_gain_share, speed_oracle
 
     profile = LatencyProfile.read(profile_path, flag="--latency-profile")
     manifest, cols = read_rounds(data, with_hidden=False)

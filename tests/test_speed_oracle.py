@@ -6,9 +6,9 @@ import itertools
 import numpy as np
 import pytest
 
-from whiflash.eval.latency import LatencyProfile
+from whiflash.latency import LatencyProfile
 from whiflash.eval.replay import simulate
-from whiflash.eval.speed_oracle import oracle_gain_share, speed_oracle
+from whiflash.speed_oracle import oracle_gain_share, speed_oracle
 
 KINDS = ("dflash", "eagle3")
 

@@ -365,7 +365,7 @@ def test_push_offline_or_without_token_says_what_to_do(exported: Path, monkeypat
 
 
 def _profile(path: Path | None = None, **rounds: float):
-    from whiflash.eval.latency import LatencyProfile
+    from whiflash.latency import LatencyProfile
 
     prof = LatencyProfile(ar_step=1.0, round={"dflash": 2.0, "eagle3": 1.0, **rounds},
                           catchup={"dflash": {10: 1.0}, "eagle3": {10: 1.0}})  # 0.1 ms a row
@@ -392,7 +392,7 @@ def test_speed_label_needs_a_profile_with_the_slots(dataset: Path, tmp_path: Pat
         _dm(dataset, tmp_path, label="speed")
     with pytest.raises(UsageError, match=r"--data.label: expected one of tau, speed, got 'utility'"):
         _dm(dataset, tmp_path, label="utility")
-    from whiflash.eval.latency import LatencyProfile
+    from whiflash.latency import LatencyProfile
 
     bad = LatencyProfile(ar_step=1.0, round={"eagle3": 1.0}, catchup={"dflash": {1: 0.1}, "eagle3": {1: 0.1}})
     with pytest.raises(UsageError, match=r"--data.latency_profile: latency profile .*b.json: no round time for dflash"):

@@ -214,7 +214,7 @@ def test_push_uploads_no_local_paths(local_paths_run: dict, fake_hub: type) -> N
 def test_fit_with_a_latency_profile_reports_tokens_per_second(env, tmp_path: Path) -> None:
     """`--data.latency_profile` adds the speed replay to results.json, the manifest and the card; `--data.label
     speed` trains on the tokens/s label, and the export keeps the released-router contract."""
-    from whiflash.eval.latency import LatencyProfile
+    from whiflash.latency import LatencyProfile
 
     data = tmp_path / "data"
     write_synthetic_dataset(data, num_prompts=40, rounds_per_prompt=12, hidden_size=H, seed=2, progress=False)

@@ -182,7 +182,7 @@ class RouterDataModule(L.LightningDataModule):
                 raise UsageError("--data.label speed needs --data.latency_profile FILE (a latency profile from "
                                  "`whiflash-eval profile` on the device the router will run on)")
             return None
-        from whiflash.eval.latency import LatencyProfile
+        from whiflash.latency import LatencyProfile
 
         profile = LatencyProfile.read(path, flag="--data.latency_profile")
         for kind in self.manifest.pair.slots:

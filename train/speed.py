@@ -20,9 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from whiflash.eval.latency import LatencyProfile, catchup_model
-from whiflash.eval.replay import simulate
-from whiflash.eval.speed_oracle import DEFINITION, oracle_gain_share, speed_oracle
+from whiflash.latency import LatencyProfile, catchup_model
+from whiflash.speed_oracle import DEFINITION, oracle_gain_share, simulate, speed_oracle
 
 __all__ = ["LABELS", "speed_gain", "speed_report"]
 

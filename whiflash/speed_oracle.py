@@ -2,7 +2,7 @@
 
 A router dataset logs both slots' τ every round of every prompt. Routing picks one slot per round;
 the round then yields that slot's τ and costs what `whiflash-eval calibrate --replay` charges
-(`whiflash.eval.replay.simulate`): the chosen slot's round (draft + verify) plus its catch-up of the
+(`simulate`, which `whiflash.eval.replay` uses): the chosen slot's round (draft + verify) plus its catch-up of the
 rows committed since it last drafted (the first round of a prompt catches up the prompt; without
 Lazy Catch-up the other slot's model catches up every round too). The oracle pays no routing decision.
 
@@ -30,9 +30,8 @@ from typing import Any
 import numpy as np
 
 from .latency import LatencyProfile, catchup_model, slot_kind
-from .replay import simulate
 
-__all__ = ["DEFINITION", "oracle_gain_share", "prompt_spans", "speed_oracle"]
+__all__ = ["DEFINITION", "oracle_gain_share", "prompt_spans", "simulate", "speed_oracle"]
 
 DEFINITION = ("speed oracle: the slot sequence maximising pooled sum tau / sum time over the category's logged rounds "
               "(exact dynamic programme per prompt + Dinkelbach over the ratio), costed like the replay but with no "
@@ -41,6 +40,29 @@ DEFINITION = ("speed oracle: the slot sequence maximising pooled sum tau / sum t
 """How the speed oracle and the share of its gain are defined, written beside the figures."""
 
 _MAX_ITERATIONS = 100
+
+
+def simulate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, str], rounds: tuple[float, float],
+             profile: LatencyProfile, router_ms: float, lazy: bool = True) -> tuple[int, float, int]:
+    """(tokens, milliseconds, rounds) of replaying slot choices `slot0` (True: slot 0) over `cols`;
+    `kinds` are the slots' drafter kinds, `rounds` their round times (ms). `lazy=False`: the other slot's
+    model catches up every round too (no Lazy Catch-up)."""
+    members = tuple(catchup_model(k) for k in kinds)  # df-ddt: both slots share one DFlash cache
+    pids, positions = cols["prompt_id"], cols["position"]
+    taus = np.where(slot0, cols["tau_0"], cols["tau_1"]).astype(np.int64)
+    tokens, ms = int(taus.sum()), 0.0
+    pos, kv = 0, {m: 0 for m in members}
+    for i in range(len(taus)):
+        if i == 0 or pids[i] != pids[i - 1]:  # a new prompt: after its prefill, no drafter holds anything
+            pos, kv = int(positions[i]), {m: 0 for m in members}
+        s = 0 if slot0[i] else 1
+        ms += router_ms + rounds[s] + profile.catchup_ms(kinds[s], pos - kv[members[s]])
+        kv[members[s]] = pos
+        if not lazy and members[1 - s] != members[s]:
+            ms += profile.catchup_ms(kinds[1 - s], pos - kv[members[1 - s]])
+            kv[members[1 - s]] = pos
+        pos += int(taus[i])
+    return tokens, ms, len(taus)
 
 
 def oracle_gain_share(router_tps: float, best_standalone_tps: float, oracle_tps: float) -> float | None:
