@@ -234,3 +234,21 @@ def test_fit_with_a_latency_profile_reports_tokens_per_second(env, tmp_path: Pat
     assert "share of the speed oracle's gain" in (run_dir / "router" / "README.md").read_text()
     router = load_router(run_dir / "router.safetensors", hidden_size=H, pair="df-e3")  # hidden state in, one score out
     assert router(torch.zeros(3, H)).shape == (3,)
+
+
+def test_label_comparison_fits_each_label(env, tmp_path: Path, capsys) -> None:
+    from whiflash.eval.latency import LatencyProfile
+    from whiflash.train.compare import main as compare_main
+
+    data = tmp_path / "data"
+    write_synthetic_dataset(data, num_prompts=30, rounds_per_prompt=10, hidden_size=H, seed=4, progress=False)
+    prof = LatencyProfile(ar_step=1.0, round={"dflash": 1.0, "eagle3": 1.0},
+                          catchup={"dflash": {1: 0.05}, "eagle3": {1: 0.05}}).write(tmp_path / "p.json")
+    compare_main([str(data), "--latency-profile", str(prof), "--out", str(tmp_path / "out"), "--",
+                  "--trainer.max_epochs", "1", "--model.mlp_dim", "8", "--data.cache_dir", str(tmp_path / "c"),
+                  "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
+    table = capsys.readouterr().out
+    assert "| tau |" in table and "| speed |" in table
+    saved = json.loads((tmp_path / "out" / "labels.json").read_text())
+    assert set(saved["labels"]) == {"tau", "speed"}
+    assert all(Path(r["run"]).name.split("_", 1)[1] == f"label-{k}" for k, r in saved["labels"].items())
