@@ -229,6 +229,7 @@ def test_fit_with_a_latency_profile_reports_tokens_per_second(env, tmp_path: Pat
     o = speed["overall"]
     assert o["speed_oracle_tokens_per_second"] >= max(o["router_tokens_per_second"], o["best_standalone_tokens_per_second"])
     assert o["threshold"] == pytest.approx(load_router(run_dir / "router").threshold)
+    assert o["threshold"] == o["speed_best_threshold"]  # with a profile the export recommends the fastest threshold
     assert json.loads((run_dir / "manifest.json").read_text())["val_speed"]["share_of_speed_oracle_gain"] == \
         o["share_of_speed_oracle_gain"]
     assert "share of the speed oracle's gain" in (run_dir / "router" / "README.md").read_text()

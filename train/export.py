@@ -1,7 +1,7 @@
 """Export the best checkpoint as a Hub-ready folder and a single ``.safetensors`` file, with a model card.
 
 ``export_run`` scores the validation split with the best router, picks the recommended threshold (the one
-with the highest replayed tau), writes ``router/{model.safetensors,config.json,README.md}``,
+with the highest replayed tau; with a latency profile the one of the highest replayed tokens/s), writes ``router/{model.safetensors,config.json,README.md}``,
 ``router.safetensors`` and ``results.json``, and checks that both exports load strictly with
 :func:`whiflash.router.load_router` and give identical outputs.
 """
@@ -154,11 +154,12 @@ def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt
     if dm.profile is not None:  # tokens/s terms: the router against the speed oracle and the better drafter
         from .speed import speed_report
 
-        results["speed"] = speed_report(scores, results["routing"]["best_threshold"], task.thresholds,
-                                        dm.categories, tuple(dm.manifest.pair.slots), dm.profile,
-                                        dm.manifest.tree_budget)
+        # the recommended threshold is then the grid's fastest in tokens/s, not the one of the highest tau
+        results["speed"] = speed_report(scores, None, task.thresholds, dm.categories,
+                                        tuple(dm.manifest.pair.slots), dm.profile, dm.manifest.tree_budget)
     # the exports are shared: name the target by Hub id or folder name, never by a local path
-    final = NeuralRouter(**{**router.config(), "threshold": results["routing"]["best_threshold"],
+    threshold = results["speed"]["overall"]["threshold"] if "speed" in results else results["routing"]["best_threshold"]
+    final = NeuralRouter(**{**router.config(), "threshold": threshold,
                             "target": public_name(router.target)})
     final.load_state_dict(router.state_dict(), strict=True)
     final.eval()

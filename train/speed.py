@@ -55,10 +55,12 @@ def speed_gain(prompt: np.ndarray, rnd: np.ndarray, position: np.ndarray, tau_0:
     return out
 
 
-def speed_report(scores: dict[str, np.ndarray], threshold: float, thresholds: Sequence[float], categories: list[str],
-                 kinds: tuple[str, str], profile: LatencyProfile, tree_budget: int | None = None) -> dict[str, Any]:
+def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresholds: Sequence[float],
+                 categories: list[str], kinds: tuple[str, str], profile: LatencyProfile,
+                 tree_budget: int | None = None) -> dict[str, Any]:
     """The router's replayed tokens/s beside the speed oracle and the better standalone drafter, per category
-    and overall, at ``threshold`` (the exported one); overall also at every threshold of ``thresholds``.
+    and overall, at ``threshold`` (None: the fastest of ``thresholds``, overall); overall also the fastest
+    threshold of ``thresholds`` and its figures.
 
     ``scores`` holds ``pred``, ``prompt``, ``round``, ``position``, ``tau_0``, ``tau_1`` and ``category`` codes."""
     order = _order(scores["prompt"], scores["round"])
@@ -74,9 +76,13 @@ def speed_report(scores: dict[str, np.ndarray], threshold: float, thresholds: Se
         tok, ms, _ = simulate(part["pred"] > theta, part, kinds, rounds, profile, router_ms)
         return tok / ms * 1e3
 
+    every = np.ones(len(order), bool)
+    sweep = {float(t): tps(every, float(t)) for t in thresholds}
+    fastest = max(sweep, key=lambda t: (sweep[t], -t))
+    threshold = fastest if threshold is None else threshold
     out: dict[str, Any] = {}
     for cat, o in oracle.items():
-        sel = np.ones(len(order), bool) if cat == "all" else cols["category"] == cat
+        sel = every if cat == "all" else cols["category"] == cat
         router = tps(sel, threshold)
         best = o["best_standalone_tokens_per_second"]
         out[cat] = {"rows": int(sel.sum()), "router_tokens_per_second": router,
@@ -84,8 +90,6 @@ def speed_report(scores: dict[str, np.ndarray], threshold: float, thresholds: Se
                     "best_standalone_tokens_per_second": best, "speed_oracle_gain": o["oracle_gain"],
                     "share_of_speed_oracle_gain": oracle_gain_share(router, best, o["tokens_per_second"])}
     overall = out.pop("all")
-    sweep = {float(t): tps(np.ones(len(order), bool), float(t)) for t in thresholds}
-    fastest = max(sweep, key=lambda t: (sweep[t], -t))
     overall.update(threshold=threshold, speed_best_threshold=fastest, speed_best_tokens_per_second=sweep[fastest],
                    speed_best_share_of_speed_oracle_gain=oracle_gain_share(
                        sweep[fastest], overall["best_standalone_tokens_per_second"],
