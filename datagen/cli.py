@@ -214,6 +214,10 @@ def datagen(
     )
     write_manifest(out, manifest)
     log.info("wrote %d rounds from %d prompts to %s", manifest.num_rows, len(items), out)
+    if manifest.num_rows:
+        from .plots import plot_tau_pairs
+
+        log.info("tau_0 against tau_1 per category: %s", plot_tau_pairs(out))
     distributed.barrier()
     return out
 

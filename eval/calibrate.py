@@ -138,6 +138,9 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
                           "neural_router": cfg.whiflash_neural_router_path}, command="calibrate --replay")
     result["run"] = str(run)
     path = _write(result, run, output)
-    log.info("replayed thresholds per category %s (estimated speedup %s) written to %s", result["thresholds"],
-             {c: round(d["speedup"], 3) for c, d in result["details"].items()}, path)
+    log.info("replayed thresholds per category %s (estimated speedup %s, share of the speed oracle's gain over the "
+             "better standalone drafter %s) written to %s", result["thresholds"],
+             {c: round(d["speedup"], 3) for c, d in result["details"].items()},
+             {c: None if d["share_of_speed_oracle_gain"] is None else round(d["share_of_speed_oracle_gain"], 3)
+              for c, d in result["details"].items()}, path)
     return path

@@ -69,6 +69,11 @@ def build_parser() -> ArgumentParser:
     report.add_argument("runs", nargs="+", type=str, help="run folders (each with results.json)")
     report.add_argument("--out", type=str | None, default=None,
                         help="folder for report.md/.csv/.tex and plots (default: runs/eval/report_<timestamp>)")
+    report.add_argument("--replay", type=str | None, default=None,
+                        help="a whiflash-datagen dataset folder: with --latency-profile, add every routed method's "
+                             "share of the speed oracle's gain over the better standalone drafter")
+    report.add_argument("--latency-profile", type=str | None, default=None,
+                        help="with --replay: the profile JSON of `whiflash-eval profile` for these models and device")
     sub.add_subcommand("report", report, help="tables and plots from finished runs")
 
     cal = _flags_parser("Per category, sweep a routing threshold end to end on prompts disjoint from the benchmark "
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "report":
         from .report import report
 
-        report(args.runs, args.out)
+        report(args.runs, args.out, args.replay, args.latency_profile)
         return 0
     if cmd == "calibrate":
         from .calibrate import calibrate, calibrate_replay

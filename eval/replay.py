@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .latency import LatencyProfile, catchup_model, slot_kind
+from whiflash.latency import LatencyProfile, slot_kind
+from whiflash.speed_oracle import simulate  # the cost model, shared with the speed oracle and whiflash-train
 
 log = logging.getLogger(__name__)
 
@@ -53,29 +54,6 @@ def read_rounds(data_dir: str | Path, with_hidden: bool) -> tuple[Any, dict[str,
     return manifest, {k: v[order] for k, v in cols.items()}
 
 
-def simulate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, str], rounds: tuple[float, float],
-             profile: LatencyProfile, router_ms: float, lazy: bool = True) -> tuple[int, float, int]:
-    """(tokens, milliseconds, rounds) of replaying slot choices `slot0` (True: slot 0) over `cols`;
-    `kinds` are the slots' drafter kinds, `rounds` their round times (ms). `lazy=False`: the other slot's
-    model catches up every round too (no Lazy Catch-up)."""
-    members = tuple(catchup_model(k) for k in kinds)  # df-ddt: both slots share one DFlash cache
-    pids, positions = cols["prompt_id"], cols["position"]
-    taus = np.where(slot0, cols["tau_0"], cols["tau_1"]).astype(np.int64)
-    tokens, ms = int(taus.sum()), 0.0
-    pos, kv = 0, {m: 0 for m in members}
-    for i in range(len(taus)):
-        if i == 0 or pids[i] != pids[i - 1]:  # a new prompt: after its prefill, no drafter holds anything
-            pos, kv = int(positions[i]), {m: 0 for m in members}
-        s = 0 if slot0[i] else 1
-        ms += router_ms + rounds[s] + profile.catchup_ms(kinds[s], pos - kv[members[s]])
-        kv[members[s]] = pos
-        if not lazy and members[1 - s] != members[s]:
-            ms += profile.catchup_ms(kinds[1 - s], pos - kv[members[1 - s]])
-            kv[members[1 - s]] = pos
-        pos += int(taus[i])
-    return tokens, ms, len(taus)
-
-
 def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: str, values: list[float],
                       neural_router: str | None = None, lazy: bool = True) -> dict[str, Any]:
     """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
@@ -92,6 +70,9 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
     else:
         score, router_ms, sign = _neural_scores(neural_router, manifest, cols["hidden"]), profile.router_ms("neural"), 1.0
     ar = profile.ar_step
+    from whiflash.speed_oracle import DEFINITION, speed_oracle
+
+    oracle = speed_oracle({k: v for k, v in cols.items() if k != "hidden"}, kinds, profile, budget, lazy)["categories"]
     details: dict[str, Any] = {}
     for cat in [*sorted(set(cols["category"].tolist())), "all"]:
         sel = np.ones(len(score), bool) if cat == "all" else cols["category"] == cat
@@ -107,13 +88,27 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
                         "tau": sweep[best][1], "sweep": {str(v): s for v, (s, _) in sweep.items()},
                         "tau_sweep": {str(v): t for v, (_, t) in sweep.items()},
                         "fixed": {f"slot{s}": speedup(np.full(sel.sum(), s == 0))[0] for s in (0, 1)}}
+        details[cat].update(_oracle_columns(oracle[cat], details[cat]["tokens_per_second"], ar))
     overall = details.pop("all")
     return {"method": method, "mode": "replay", "thresholds": {c: d["threshold"] for c, d in details.items()},
             "default": overall["threshold"], "details": details, "overall": overall,
             "samples": sorted(set(cols["prompt_id"].tolist())), "data": str(data_dir),
             "latency_profile": str(profile_path), "pair": str(manifest.pair), "tree_budget": manifest.tree_budget,
             "slots": [slot_kind(k, budget) for k in kinds], "rounds": int(len(score)),
-            "device": profile.meta.get("device"), "lazy_catchup": lazy, "estimate": ESTIMATE}
+            "device": profile.meta.get("device"), "lazy_catchup": lazy, "estimate": ESTIMATE,
+            "speed_oracle_definition": DEFINITION}
+
+
+def _oracle_columns(oracle: dict[str, Any], router_tps: float, ar_ms: float) -> dict[str, Any]:
+    """The speed oracle's figures beside a router's estimate, and the router's share of the oracle's gain."""
+    from whiflash.speed_oracle import oracle_gain_share
+
+    best = oracle["best_standalone_tokens_per_second"]
+    return {"speed_oracle_tokens_per_second": oracle["tokens_per_second"], "speed_oracle_speedup": oracle["speedup"],
+            "speed_oracle_tau": oracle["tau"], "best_standalone": oracle["best_standalone"],
+            "best_standalone_tokens_per_second": best, "best_standalone_speedup": best * ar_ms / 1e3,
+            "speed_oracle_gain": oracle["oracle_gain"],
+            "share_of_speed_oracle_gain": oracle_gain_share(router_tps, best, oracle["tokens_per_second"])}
 
 
 def _neural_scores(path: str | None, manifest: Any, hidden: np.ndarray) -> np.ndarray:

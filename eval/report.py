@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from whiflash.errors import UsageError
 from whiflash.folders import EVAL, MANIFEST, check_folder
 from whiflash.io import atomic_write_json, atomic_write_text
 from whiflash.locks import claim, owning_folders
@@ -55,9 +56,20 @@ def load_results(run: str | Path) -> dict[str, Any]:
 
 
 @owning_folders()  # the report folder's lock ends with the call
-def report(runs: list[str], out: str | None = None) -> Path:
-    """Write report.md, report.csv, report.tex and plots for `runs` into `out`; return the folder."""
+def report(runs: list[str], out: str | None = None, replay: str | None = None,
+           latency_profile: str | None = None) -> Path:
+    """Write report.md, report.csv, report.tex and plots for `runs` into `out`; return the folder. With
+    `replay` (datagen rows) and `latency_profile`, also every routed method's share of the speed oracle's
+    gain (`whiflash.eval.oracle_share`, in report.md and speed_oracle.json)."""
+    if (replay is None) != (latency_profile is None):
+        raise UsageError("report: --replay DATA and --latency-profile FILE go together (the speed oracle needs "
+                         "both datagen rows and a latency profile)")
     loaded = [(Path(r).name, load_results(r)) for r in runs]
+    shares = None
+    if replay is not None:
+        from .oracle_share import oracle_shares
+
+        shares = {label: oracle_shares(res, replay, latency_profile) for label, res in loaded}
     folder = Path(out) if out else Path("runs/eval") / f"report_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     check_folder(folder, EVAL, "--out")  # never into another tool's folder (or a folder of foreign files)
     claim(folder, "--out")  # creates it
@@ -72,8 +84,15 @@ def report(runs: list[str], out: str | None = None) -> Path:
         md.append(f"## {label}\n\n{markdown_table(res, label)}")
         if res.get("mismatches"):
             md.append(f"Lossless mismatches: {len(res['mismatches'])} (see the run's results.json)\n")
+        if shares is not None:
+            from .oracle_share import shares_markdown
+
+            md.append(f"Share of the speed oracle's gain over the better standalone drafter:\n\n"
+                      f"{shares_markdown(shares[label])}\n")
     atomic_write_text(folder / "report.md", "\n".join(md))
     atomic_write_text(folder / "report.csv", csv_text(rows))
+    if shares is not None:
+        atomic_write_json(folder / "speed_oracle.json", shares)
     atomic_write_text(folder / "report.tex", latex_table(rows, tau_def, loaded[0][1]["speedup_definition"]))
     plots = folder / "plots"
     plots.mkdir(exist_ok=True)

@@ -69,6 +69,22 @@ def test_rows_follow_the_contract_and_the_oracle(worlds, tmp_path, prompt_file, 
             p = torch.softmax(ref.logits[-1], -1)
             assert abs(row["entropy"] + float((p * p.clamp_min(1e-30).log()).sum())) < 1e-4
     assert (table["tau_0"] != table["tau_1"]).any(), "the two drafters should disagree somewhere"
+    assert (out / "tau0_tau1.png").stat().st_size > 0  # written when datagen finishes
+
+
+def test_tau_pair_plot_of_an_existing_dataset(tmp_path):
+    from whiflash.datagen.plots import main as plot_main
+    from whiflash.datagen.plots import plot_tau_pairs
+    from whiflash.train.synthetic import write_synthetic_dataset
+
+    data = tmp_path / "rows"
+    write_synthetic_dataset(data, num_prompts=5, rounds_per_prompt=6, hidden_size=8, categories=("code", "math",
+                            "prose", "agentic", "chat"), progress=False)
+    path = plot_tau_pairs(data)
+    assert path == data / "tau0_tau1.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plot_main([str(data), "--out", str(tmp_path / "p" / "t.png")])
+    assert (tmp_path / "p" / "t.png").is_file()
+    read_manifest(data)  # the plot beside the shards leaves the dataset readable
 
 
 def test_resume_reuses_finished_shards_and_refuses_other_arguments(worlds, tmp_path, prompt_file):

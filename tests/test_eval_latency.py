@@ -158,6 +158,12 @@ def test_calibrate_replay_writes_thresholds_bench_reads(router_data: Path, tmp_p
         assert set(d["sweep"]) == {"1e-09", "1.0", "1000.0"} and d["speedup"] == max(d["sweep"].values())
         assert d["sweep"]["1000.0"] == pytest.approx(d["fixed"]["slot0"])  # entropy always below: slot 0
         assert d["sweep"]["1e-09"] == pytest.approx(d["fixed"]["slot1"])  # never below: slot 1
+        # the speed oracle bounds every routing; the share is the router's part of its gain over the better drafter
+        best, oracle = d["best_standalone_tokens_per_second"], d["speed_oracle_tokens_per_second"]
+        assert oracle >= d["tokens_per_second"] and oracle >= best and d["best_standalone"] in ("slot0", "slot1")
+        assert d["share_of_speed_oracle_gain"] == pytest.approx((d["tokens_per_second"] - best) / (oracle - best))
+        assert d["speed_oracle_gain"] == pytest.approx(oracle / best - 1)
+    assert thr["overall"]["speed_oracle_tokens_per_second"] > 0 and "Dinkelbach" in thr["speed_oracle_definition"]
     assert thr["default"] in (1e-9, 1.0, 1000.0)
     manifest = json.loads((Path(thr["run"]) / "manifest.json").read_text())  # a typed run folder
     assert manifest["kind"] == "whiflash.eval" and manifest["tool"] == "whiflash-eval calibrate --replay"

@@ -359,3 +359,69 @@ def test_push_offline_or_without_token_says_what_to_do(exported: Path, monkeypat
     with pytest.raises(HubPushError, match=r"Hub repo <your namespace>/Qwen3-8B-NeuralRouter-ddt-e3-b128 .*"
                                            r"LocalTokenNotFoundError.*HF_TOKEN"):
         run(["push", "--router", str(exported)])
+
+
+# ---------------------------------------------------------------- tokens/s terms
+
+
+def _profile(path: Path | None = None, **rounds: float):
+    from whiflash.latency import LatencyProfile
+
+    prof = LatencyProfile(ar_step=1.0, round={"dflash": 2.0, "eagle3": 1.0, **rounds},
+                          catchup={"dflash": {10: 1.0}, "eagle3": {10: 1.0}})  # 0.1 ms a row
+    return prof.write(path) if path else prof
+
+
+def test_speed_label_by_hand() -> None:
+    from whiflash.train.speed import speed_gain
+
+    # one prompt, rounds given out of order; slot 0 advanced rounds 0 and 1, slot 1 round 2
+    rnd, pos = np.array([2, 0, 1]), np.array([17, 10, 14])
+    t0, t1, active = np.array([1, 4, 3]), np.array([2, 1, 1]), np.array([1, 0, 0])
+    gain = speed_gain(np.zeros(3, int), rnd, pos, t0, t1, active, ("dflash", "eagle3"), _profile())
+    # round 0: both catch up the prompt (10 rows): 4 / 3.0 vs 1 / 2.0; round 1: dflash its own 4 rows, eagle3 14;
+    # round 2: dflash 3 rows, eagle3 17 (the switch); times the mean round 1.5 ms
+    expect = [(1 / 2.3 - 2 / 2.7) * 1.5, (4 / 3.0 - 1 / 2.0) * 1.5, (3 / 2.4 - 1 / 2.4) * 1.5]
+    assert gain == pytest.approx(np.array(expect, np.float32))
+
+
+def test_speed_label_needs_a_profile_with_the_slots(dataset: Path, tmp_path: Path) -> None:
+    from whiflash.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"--data.label speed needs --data.latency_profile FILE"):
+        _dm(dataset, tmp_path, label="speed")
+    with pytest.raises(UsageError, match=r"--data.label: expected one of tau, speed, got 'utility'"):
+        _dm(dataset, tmp_path, label="utility")
+    from whiflash.latency import LatencyProfile
+
+    bad = LatencyProfile(ar_step=1.0, round={"eagle3": 1.0}, catchup={"dflash": {1: 0.1}, "eagle3": {1: 0.1}})
+    with pytest.raises(UsageError, match=r"--data.latency_profile: latency profile .*b.json: no round time for dflash"):
+        _dm(dataset, tmp_path, latency_profile=str(bad.write(tmp_path / "b.json")))
+    dm = _dm(dataset, tmp_path, latency_profile=str(_profile(tmp_path / "p.json")), label="speed")
+    dm.setup("fit")
+    tau = _dm(dataset, tmp_path)
+    tau.setup("fit")
+    speed, plain = dm.data.scalars["gain"], tau.data.scalars["gain"]
+    assert not np.allclose(speed, plain)  # the speed label, not tau_0 - tau_1
+    assert np.array_equal(plain, (tau.data.scalars["tau_0"] - tau.data.scalars["tau_1"]).astype(np.float32))
+    assert np.mean(np.sign(speed) == np.sign(plain)) > 0.5  # the same decision most of the time
+
+
+def test_speed_report_standalone_router_has_share_zero(dataset: Path, tmp_path: Path) -> None:
+    from whiflash.train.export import score_split
+    from whiflash.train.speed import speed_report
+
+    # equal round times: the slots' taus alone decide, so switching pays somewhere
+    dm = _dm(dataset, tmp_path, latency_profile=str(_profile(tmp_path / "p.json", dflash=1.0)))
+    dm.setup("fit")
+    scores = score_split(NeuralRouter(hidden_size=H, mlp_dim=8), dm, "val")
+    rep = speed_report(scores, 0.0, [-100.0, 100.0], dm.categories, ("dflash", "eagle3"), dm.profile)
+    o = rep["overall"]
+    assert o["speed_oracle_tokens_per_second"] > o["best_standalone_tokens_per_second"]
+    assert set(rep["per_category"]) == set(dm.categories) and o["speed_best_threshold"] in (-100.0, 100.0)
+    # a threshold below every score always drafts with slot 0, one above none with slot 1: the better of
+    # them is the best standalone drafter, whose share of the oracle's gain is 0
+    theta = -100.0 if o["best_standalone"] == "slot0" else 100.0
+    alone = speed_report(scores, theta, [theta], dm.categories, ("dflash", "eagle3"), dm.profile)["overall"]
+    assert alone["router_tokens_per_second"] == pytest.approx(o["best_standalone_tokens_per_second"])
+    assert alone["share_of_speed_oracle_gain"] == pytest.approx(0.0, abs=1e-9)

@@ -209,3 +209,47 @@ def test_push_uploads_no_local_paths(local_paths_run: dict, fake_hub: type) -> N
     assert sorted(p.name for p in pushed.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert _files_mentioning(pushed, local_paths_run["models"]) == []
     assert all(local_paths_run["models"] not in str(c) for c in fake_hub.calls)
+
+
+def test_fit_with_a_latency_profile_reports_tokens_per_second(env, tmp_path: Path) -> None:
+    """`--data.latency_profile` adds the speed replay to results.json, the manifest and the card; `--data.label
+    speed` trains on the tokens/s label, and the export keeps the released-router contract."""
+    from whiflash.latency import LatencyProfile
+
+    data = tmp_path / "data"
+    write_synthetic_dataset(data, num_prompts=40, rounds_per_prompt=12, hidden_size=H, seed=2, progress=False)
+    prof = LatencyProfile(ar_step=1.0, round={"dflash": 1.2, "eagle3": 1.0},
+                          catchup={"dflash": {1: 0.05, 64: 0.4}, "eagle3": {1: 0.05, 64: 0.6}}).write(tmp_path / "p.json")
+    cli = run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(tmp_path / "out"),
+               "--trainer.max_epochs", "2", "--model.mlp_dim", "16", "--data.batch_size", "128",
+               "--data.latency_profile", str(prof), "--data.label", "speed", "--data.cache_dir", str(tmp_path / "c"),
+               "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
+    run_dir = Path(cli.trainer.log_dir)
+    speed = json.loads((run_dir / "results.json").read_text())["speed"]
+    o = speed["overall"]
+    assert o["speed_oracle_tokens_per_second"] >= max(o["router_tokens_per_second"], o["best_standalone_tokens_per_second"])
+    assert o["threshold"] == pytest.approx(load_router(run_dir / "router").threshold)
+    assert o["threshold"] == o["speed_best_threshold"]  # with a profile the export recommends the fastest threshold
+    assert json.loads((run_dir / "manifest.json").read_text())["val_speed"]["share_of_speed_oracle_gain"] == \
+        o["share_of_speed_oracle_gain"]
+    assert "share of the speed oracle's gain" in (run_dir / "router" / "README.md").read_text()
+    router = load_router(run_dir / "router.safetensors", hidden_size=H, pair="df-e3")  # hidden state in, one score out
+    assert router(torch.zeros(3, H)).shape == (3,)
+
+
+def test_label_comparison_fits_each_label(env, tmp_path: Path, capsys) -> None:
+    from whiflash.eval.latency import LatencyProfile
+    from whiflash.train.compare import main as compare_main
+
+    data = tmp_path / "data"
+    write_synthetic_dataset(data, num_prompts=30, rounds_per_prompt=10, hidden_size=H, seed=4, progress=False)
+    prof = LatencyProfile(ar_step=1.0, round={"dflash": 1.0, "eagle3": 1.0},
+                          catchup={"dflash": {1: 0.05}, "eagle3": {1: 0.05}}).write(tmp_path / "p.json")
+    compare_main([str(data), "--latency-profile", str(prof), "--out", str(tmp_path / "out"), "--",
+                  "--trainer.max_epochs", "1", "--model.mlp_dim", "8", "--data.cache_dir", str(tmp_path / "c"),
+                  "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
+    table = capsys.readouterr().out
+    assert "| tau |" in table and "| speed |" in table
+    saved = json.loads((tmp_path / "out" / "labels.json").read_text())
+    assert set(saved["labels"]) == {"tau", "speed"}
+    assert all(Path(r["run"]).name.split("_", 1)[1] == f"label-{k}" for k, r in saved["labels"].items())

@@ -128,6 +128,7 @@ class RouterCLI(LightningCLI):
             "stopping_reason": str(getattr(es, "stopping_reason", None)) if es is not None else None,
             "val": {k: results[k] for k in ("mse", "mae", "spearman", "auroc")},
             "val_routing": {k: v for k, v in results["routing"].items() if k not in ("tau_router", "thresholds")},
+            "val_speed": results["speed"]["overall"] if "speed" in results else None,
             "outputs": {"router_dir": results["router_dir"], "router_file": results["router_file"]},
         })
 

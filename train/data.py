@@ -18,7 +18,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from whiflash.data import DatasetFormatError, check_row_values, check_shards, manifest_hash, read_manifest
+from whiflash.errors import UsageError
 from whiflash.flags import check_int
+
+from .speed import LABELS
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +127,12 @@ class RouterDataModule(L.LightningDataModule):
         verify_hashes: check every shard's sha256 against the manifest before training.
         cache_dir: where ``datasets`` keeps the memory-mapped Arrow copy (default: its own cache).
         predict_split: split whose rows ``predict`` scores.
+        latency_profile: a latency profile JSON (``whiflash-eval profile``) of the device the router will
+            run on; with it the validation report gives the router's replayed tokens/s and its share of the
+            speed oracle's gain over the better standalone drafter, and ``label speed`` becomes available.
+        label: what the router regresses: ``tau`` (upstream's ``tau_0 - tau_1``) or ``speed`` (the
+            tokens/s difference of the two slots with each slot's round and catch-up time, in tau units:
+            ``whiflash.train.speed``; needs ``latency_profile``).
     """
 
     def __init__(
@@ -140,6 +149,8 @@ class RouterDataModule(L.LightningDataModule):
         verify_hashes: bool = True,
         cache_dir: str | None = None,
         predict_split: Literal["train", "val", "test"] = "test",
+        latency_profile: str | None = None,
+        label: Literal["tau", "speed"] = "tau",
     ) -> None:
         super().__init__()
         check_int(batch_size, "--data.batch_size")
@@ -156,10 +167,31 @@ class RouterDataModule(L.LightningDataModule):
         self.tree_budget: int | None = self.manifest.tree_budget
         self.target: str = self.manifest.target
         self.tap_layers: list[int] = list(self.manifest.tap_layers)
+        self.profile = self._read_profile(latency_profile, label)
         self.data: RoundBatches | None = None
         self.split_indices: dict[str, np.ndarray] = {}
         self.norm_mean: torch.Tensor | None = None
         self.norm_std: torch.Tensor | None = None
+
+    def _read_profile(self, path: str | None, label: str) -> Any:
+        """The latency profile, checked against the data's slots now rather than after training."""
+        if label not in LABELS:
+            raise UsageError(f"--data.label: expected one of {', '.join(LABELS)}, got {label!r}")
+        if path is None:
+            if label == "speed":
+                raise UsageError("--data.label speed needs --data.latency_profile FILE (a latency profile from "
+                                 "`whiflash-eval profile` on the device the router will run on)")
+            return None
+        from whiflash.latency import LatencyProfile
+
+        profile = LatencyProfile.read(path, flag="--data.latency_profile")
+        for kind in self.manifest.pair.slots:
+            try:
+                profile.round_ms(kind, self.manifest.tree_budget)
+                profile.catchup_ms(kind, 1)
+            except ValueError as err:
+                raise UsageError(f"--data.latency_profile: {err} (needed for the slots of {self.path})") from None
+        return profile
 
     @property
     def manifest_sha256(self) -> str:
@@ -225,7 +257,17 @@ class RouterDataModule(L.LightningDataModule):
             "tau_1": table.column("tau_1").to_numpy().astype(np.int64),
             "category": cat_codes,
             "row": np.arange(table.num_rows, dtype=np.int64),
+            # where each round sits in its prompt: the speed label and replay follow a prompt's rounds in order
+            "prompt": codes,
+            "round": table.column("round").to_numpy().astype(np.int64),
+            "position": table.column("position").to_numpy().astype(np.int64),
         }
+        if self.hparams.label == "speed":
+            from .speed import speed_gain
+
+            scalars["gain"] = speed_gain(codes, scalars["round"], scalars["position"], scalars["tau_0"],
+                                         scalars["tau_1"], table.column("active").to_numpy(),
+                                         tuple(self.manifest.pair.slots), self.profile, self.manifest.tree_budget)
         self.data = RoundBatches(ds.data, self.hidden_size, scalars)
         log.info("opened %s: %d rows, %s", self.path, table.num_rows,
                  {s: f"{len(self.split_prompts[s])} prompts/{len(self.split_indices[s])} rows" for s in SPLITS})

@@ -1,7 +1,7 @@
 """Export the best checkpoint as a Hub-ready folder and a single ``.safetensors`` file, with a model card.
 
 ``export_run`` scores the validation split with the best router, picks the recommended threshold (the one
-with the highest replayed tau), writes ``router/{model.safetensors,config.json,README.md}``,
+with the highest replayed tau; with a latency profile the one of the highest replayed tokens/s), writes ``router/{model.safetensors,config.json,README.md}``,
 ``router.safetensors`` and ``results.json``, and checks that both exports load strictly with
 :func:`whiflash.router.load_router` and give identical outputs.
 """
@@ -31,11 +31,12 @@ log = logging.getLogger(__name__)
 def score_split(router: NeuralRouter, dm: RouterDataModule, split: str = "val") -> dict[str, np.ndarray]:
     """Predicted gains plus the logged gain/taus/category of every row of ``split``."""
     router.eval()
-    out: dict[str, list[np.ndarray]] = {k: [] for k in ("pred", "gain", "tau_0", "tau_1", "category")}
+    logged = ("gain", "tau_0", "tau_1", "category", "prompt", "round", "position")
+    out: dict[str, list[np.ndarray]] = {k: [] for k in ("pred", *logged)}
     loader = dm.loader(split)
     for batch in loader:
         out["pred"].append(router(batch["hidden"]).numpy())
-        for k in ("gain", "tau_0", "tau_1", "category"):
+        for k in logged:
             out[k].append(batch[k].numpy())
     return {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
 
@@ -116,12 +117,31 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
         "| category | rounds | tau slot 0 | tau slot 1 | tau router | tau oracle |", "|---|---|---|---|---|---|",
         *[f"| {c} | {v['rows']} | {v['tau_slot0']:.3f} | {v['tau_slot1']:.3f} | {v['tau_router']:.3f} | "
           f"{v['tau_oracle']:.3f} |" for c, v in results["per_category"].items()], "",
+        *_speed_lines(results.get("speed")),
         "## Usage", "", "```python", "from whiflash.router import load_router",
         f"router = load_router(\"<this repo or folder>\", pair=\"{router.pair}\""
         + (f", tree_budget={router.tree_budget})" if router.pair.uses_tree and router.tree_budget else ")"),
         "gain = router(hidden_states)  # [N, H] -> [N]; draft with slot 0 where gain > threshold", "```", "",
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
+
+
+def _speed_lines(speed: dict[str, Any] | None) -> list[str]:
+    """The model card's tokens/s table (with a latency profile only)."""
+    if not speed:
+        return []
+    share = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731  (no oracle gain: undefined)
+    o = speed["overall"]
+    rows = [("all", o), *speed["per_category"].items()]
+    return ["## Tokens per second (replayed with the latency profile)", "",
+            f"{speed['definition']}. Router at threshold {o['threshold']:g}; the fastest threshold "
+            f"{o['speed_best_threshold']:g} gets {o['speed_best_tokens_per_second']:.1f} tok/s "
+            f"(share {share(o['speed_best_share_of_speed_oracle_gain'])}).", "",
+            "| category | rounds | router tok/s | better standalone tok/s | speed oracle tok/s | "
+            "share of the speed oracle's gain |", "|---|---|---|---|---|---|",
+            *[f"| {c} | {v['rows']} | {v['router_tokens_per_second']:.1f} | {v['best_standalone_tokens_per_second']:.1f}"
+              f" ({v['best_standalone']}) | {v['speed_oracle_tokens_per_second']:.1f} | "
+              f"{share(v['share_of_speed_oracle_gain'])} |" for c, v in rows], ""]
 
 
 def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt: str | None) -> dict[str, Any]:
@@ -131,8 +151,15 @@ def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt
     router = src.router.cpu().eval()
     scores = score_split(router, dm, "val")
     results = evaluate_scores(scores, task.thresholds, dm.categories)
+    if dm.profile is not None:  # tokens/s terms: the router against the speed oracle and the better drafter
+        from .speed import speed_report
+
+        # the recommended threshold is then the grid's fastest in tokens/s, not the one of the highest tau
+        results["speed"] = speed_report(scores, None, task.thresholds, dm.categories,
+                                        tuple(dm.manifest.pair.slots), dm.profile, dm.manifest.tree_budget)
     # the exports are shared: name the target by Hub id or folder name, never by a local path
-    final = NeuralRouter(**{**router.config(), "threshold": results["routing"]["best_threshold"],
+    threshold = results["speed"]["overall"]["threshold"] if "speed" in results else results["routing"]["best_threshold"]
+    final = NeuralRouter(**{**router.config(), "threshold": threshold,
                             "target": public_name(router.target)})
     final.load_state_dict(router.state_dict(), strict=True)
     final.eval()

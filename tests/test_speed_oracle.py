@@ -1,0 +1,119 @@
+"""The speed oracle: hand-computed small cases, and the dynamic programme against brute force."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from whiflash.latency import LatencyProfile
+from whiflash.eval.replay import simulate
+from whiflash.speed_oracle import oracle_gain_share, speed_oracle
+
+KINDS = ("dflash", "eagle3")
+
+
+def _profile(catchup: dict[str, dict[int, float]] | None = None, **rounds: float) -> LatencyProfile:
+    """Rounds of 1 ms and a catch-up of 0.1 ms a row for both models (unless given)."""
+    return LatencyProfile(ar_step=0.5, round={"dflash": 1.0, "eagle3": 1.0, "ddtree-b4": 1.0, **rounds},
+                          catchup=catchup or {"dflash": {10: 1.0}, "eagle3": {10: 1.0}})
+
+
+def _cols(taus: list[tuple[list[int], list[int]]], starts: list[int], cats: list[str] | None = None) -> dict:
+    cats = cats or ["code"] * len(taus)
+    pid, cat, pos, t0, t1 = [], [], [], [], []
+    for i, ((a, b), p, c) in enumerate(zip(taus, starts, cats)):
+        pid += [f"p{i}"] * len(a)
+        cat += [c] * len(a)
+        pos += [p] * len(a)  # only a prompt's first position matters: later ones follow the routing
+        t0 += a
+        t1 += b
+    return {"prompt_id": np.array(pid), "category": np.array(cat), "position": np.array(pos),
+            "tau_0": np.array(t0), "tau_1": np.array(t1)}
+
+
+def test_switching_not_worth_its_catch_up() -> None:
+    # round 2 has the larger tau on slot 1 (6 > 5), but switching there and back costs 1.0 + 1.1 ms of catch-up:
+    # always slot 0: 20 tokens in 1 + 3 * (1 + 0.5) = 5.5 ms; via slot 1 in round 2: 21 tokens in 6.6 ms
+    cols = _cols([([5, 5, 5, 5], [1, 1, 6, 1])], [0])
+    res = speed_oracle(cols, KINDS, _profile())["categories"]["code"]
+    assert res["tokens_per_second"] == pytest.approx(20 / 5.5 * 1e3)
+    assert res["best_standalone"] == "slot0" and res["oracle_gain"] == pytest.approx(0.0, abs=1e-12)
+    assert res["slot0_rounds"] == 1.0 and res["tau"] == 5.0
+    assert oracle_gain_share(3000.0, res["best_standalone_tokens_per_second"], res["tokens_per_second"]) is None
+
+
+def test_switching_worth_its_catch_up() -> None:
+    # slot 0, 0, then slot 1 twice: 20 tokens; 1 + (1 + 0.5) + (1 + 1.0: slot 1's backlog of 10) + (1 + 0.5) = 6 ms.
+    # Standalone: slot 0 12 tokens in 5.1 ms, slot 1 12 tokens in 4.7 ms.
+    cols = _cols([([5, 5, 1, 1], [1, 1, 5, 5])], [0])
+    res = speed_oracle(cols, KINDS, _profile())["categories"]["code"]
+    assert res["tokens_per_second"] == pytest.approx(20 / 6.0 * 1e3)
+    assert res["standalone"] == pytest.approx({"slot0": 12 / 5.1 * 1e3, "slot1": 12 / 4.7 * 1e3})
+    assert res["best_standalone"] == "slot1"
+    assert res["oracle_gain"] == pytest.approx((20 / 6.0) / (12 / 4.7) - 1)
+    assert res["speedup"] == pytest.approx(20 / 6.0 * 0.5) and res["slot0_rounds"] == 0.5
+    best, oracle = res["best_standalone_tokens_per_second"], res["tokens_per_second"]
+    assert oracle_gain_share(best, best, oracle) == pytest.approx(0.0)
+    assert oracle_gain_share(oracle, best, oracle) == pytest.approx(1.0)
+    assert oracle_gain_share((best + oracle) / 2, best, oracle) == pytest.approx(0.5)
+
+
+def _brute(cols: dict, kinds: tuple[str, str], prof: LatencyProfile, lazy: bool, budget: int | None = None) -> float:
+    """The best pooled tokens/s over every slot sequence of every prompt (through the replay's own costs)."""
+    rounds = tuple(prof.round_ms(k, budget) for k in kinds)
+    best = 0.0
+    for choice in itertools.product((True, False), repeat=len(cols["tau_0"])):
+        tok, ms, _ = simulate(np.array(choice), cols, kinds, rounds, prof, 0.0, lazy)
+        best = max(best, tok / ms * 1e3)
+    return best
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize("case", ["linear", "falling", "shared"])
+def test_dynamic_programme_matches_brute_force(lazy: bool, case: str) -> None:
+    rng = np.random.default_rng(7)
+    kinds: tuple[str, str] = ("ddtree", "dflash") if case == "shared" else KINDS
+    catchup = {"dflash": {1: 0.3, 8: 0.2, 20: 1.5}, "eagle3": {4: 0.9, 30: 0.4}} if case == "falling" else None
+    prof = _profile(catchup, dflash=1.3, eagle3=0.8)
+    for _ in range(4):
+        taus = [(rng.integers(1, 9, 5).tolist(), rng.integers(1, 9, 5).tolist()),
+                (rng.integers(1, 9, 4).tolist(), rng.integers(1, 9, 4).tolist())]
+        cols = _cols(taus, rng.integers(0, 40, 2).tolist())
+        res = speed_oracle(cols, kinds, prof, tree_budget=4, lazy=lazy)["categories"]
+        assert res["all"]["tokens_per_second"] == pytest.approx(_brute(cols, kinds, prof, lazy, 4), rel=1e-12)
+        assert res["all"]["oracle_gain"] >= -1e-12
+
+
+def test_categories_are_separate_and_pooled() -> None:
+    cols = _cols([([5, 5, 1, 1], [1, 1, 5, 5]), ([5, 5, 5, 5], [1, 1, 6, 1])], [0, 0], ["math", "prose"])
+    res = speed_oracle(cols, KINDS, _profile())
+    assert set(res["categories"]) == {"math", "prose", "all"} and res["slots"] == ["dflash", "eagle3"]
+    assert res["categories"]["math"]["tokens_per_second"] == pytest.approx(20 / 6.0 * 1e3)
+    assert res["categories"]["all"]["tokens_per_second"] == pytest.approx(40 / 11.5 * 1e3)
+    assert res["categories"]["all"]["rounds"] == 8
+
+
+def test_report_shares_of_measured_routers(tmp_path) -> None:
+    from whiflash.errors import UsageError
+    from whiflash.eval.oracle_share import oracle_shares, shares_markdown
+    from whiflash.eval.report import report
+    from whiflash.train.synthetic import write_synthetic_dataset
+
+    data = tmp_path / "rows"
+    write_synthetic_dataset(data, num_prompts=6, rounds_per_prompt=8, hidden_size=8, categories=("code", "math"),
+                            progress=False)
+    prof = _profile().write(tmp_path / "p.json")
+    cells = {"code": {"ar": {"speedup": 1.0}, "dflash": {"speedup": 2.0}, "eagle3": {"speedup": 1.6},
+                      "whiflash-neural": {"speedup": 2.1}, "whiflash-entropy": {"speedup": 1.9}},
+             "prose": {"dflash": {"speedup": 2.0}}}  # no such category in the rows: left out
+    shares = oracle_shares({"cells": cells}, data, prof)
+    code = shares["categories"]["code"]
+    assert set(shares["categories"]) == {"code"} and code["best_standalone"] == "dflash"
+    gain = code["speed_oracle_gain"]
+    assert gain > 0 and code["speed_oracle_speedup"] == pytest.approx(2.0 * (1 + gain))
+    assert code["share_of_speed_oracle_gain"]["whiflash-neural"] == pytest.approx((2.1 / 2.0 - 1) / gain)
+    assert code["share_of_speed_oracle_gain"]["whiflash-entropy"] < 0  # slower than DFlash alone
+    assert "| code | whiflash-neural | dflash (2.000×) |" in shares_markdown(shares)
+    with pytest.raises(UsageError, match="--replay DATA and --latency-profile FILE go together"):
+        report([str(tmp_path)], str(tmp_path / "out"), replay=str(data))

@@ -1,0 +1,98 @@
+"""Tokens/s terms for the router: the speed training label and the speed replay of a validation split.
+
+Both take a latency profile (`whiflash-eval profile`, given as ``--data.latency_profile FILE``) and cost a
+round as `whiflash-eval calibrate --replay` does: the slot's round (draft + verify) plus its catch-up of
+the rows committed since it last drafted (Lazy Catch-up).
+
+The speed label (``--data.label speed``) of a round is the difference of the two slots' tokens per
+millisecond had that slot drafted it, in τ units::
+
+    gain = (tau_0 / time_0 - tau_1 / time_1) * (round_0 + round_1) / 2
+    time_s = round_s + catchup_s(rows committed since slot s last drafted on the logged path)
+
+The logged path is the one datagen followed (``active``): the slot that advanced the sequence last
+round pays the catch-up of its own τ; the other one the longer backlog a switch costs. Scaling by the
+mean round time keeps the label in τ units, so the threshold grid of the τ label still fits.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from whiflash.latency import LatencyProfile, catchup_model
+from whiflash.speed_oracle import DEFINITION, oracle_gain_share, simulate, speed_oracle
+
+__all__ = ["LABELS", "speed_gain", "speed_report"]
+
+LABELS = ("tau", "speed")
+"""Training labels: ``tau`` = tau_0 - tau_1 (upstream's), ``speed`` = the tokens/s difference above."""
+
+
+def _order(prompt: np.ndarray, rnd: np.ndarray) -> np.ndarray:
+    """Row order by prompt, then round."""
+    return np.lexsort((rnd, prompt))
+
+
+def speed_gain(prompt: np.ndarray, rnd: np.ndarray, position: np.ndarray, tau_0: np.ndarray, tau_1: np.ndarray,
+               active: np.ndarray, kinds: tuple[str, str], profile: LatencyProfile,
+               tree_budget: int | None = None) -> np.ndarray:
+    """The speed label of every row (float32, in the rows' own order); see the module docstring."""
+    rounds = tuple(profile.round_ms(k, tree_budget) for k in kinds)
+    members = tuple(catchup_model(k) for k in kinds)
+    scale = (rounds[0] + rounds[1]) / 2
+    order = _order(prompt, rnd)
+    out = np.empty(len(order), dtype=np.float32)
+    taus = (tau_0.astype(np.int64), tau_1.astype(np.int64))
+    kv: dict[str, int] = {}
+    for j, i in enumerate(order.tolist()):
+        if j == 0 or prompt[i] != prompt[order[j - 1]]:  # a new prompt: no drafter holds anything yet
+            kv = {m: 0 for m in members}
+        pos = int(position[i])
+        u = [taus[s][i] / (rounds[s] + profile.catchup_ms(kinds[s], pos - kv[members[s]])) for s in (0, 1)]
+        out[i] = (u[0] - u[1]) * scale
+        kv[members[int(active[i])]] = pos
+    return out
+
+
+def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresholds: Sequence[float],
+                 categories: list[str], kinds: tuple[str, str], profile: LatencyProfile,
+                 tree_budget: int | None = None) -> dict[str, Any]:
+    """The router's replayed tokens/s beside the speed oracle and the better standalone drafter, per category
+    and overall, at ``threshold`` (None: the fastest of ``thresholds``, overall); overall also the fastest
+    threshold of ``thresholds`` and its figures.
+
+    ``scores`` holds ``pred``, ``prompt``, ``round``, ``position``, ``tau_0``, ``tau_1`` and ``category`` codes."""
+    order = _order(scores["prompt"], scores["round"])
+    cols = {k: np.asarray(scores[k])[order] for k in ("prompt", "position", "tau_0", "tau_1", "category", "pred")}
+    cols["prompt_id"] = cols["prompt"]
+    cols["category"] = np.asarray(categories, dtype=object)[cols["category"]] if len(categories) else cols["category"]
+    rounds = tuple(profile.round_ms(k, tree_budget) for k in kinds)
+    router_ms = profile.router_ms("neural")
+    oracle = speed_oracle(cols, kinds, profile, tree_budget)["categories"]
+
+    def tps(sel: np.ndarray, theta: float) -> float:
+        part = {k: v[sel] for k, v in cols.items()}
+        tok, ms, _ = simulate(part["pred"] > theta, part, kinds, rounds, profile, router_ms)
+        return tok / ms * 1e3
+
+    every = np.ones(len(order), bool)
+    sweep = {float(t): tps(every, float(t)) for t in thresholds}
+    fastest = max(sweep, key=lambda t: (sweep[t], -t))
+    threshold = fastest if threshold is None else threshold
+    out: dict[str, Any] = {}
+    for cat, o in oracle.items():
+        sel = every if cat == "all" else cols["category"] == cat
+        router = tps(sel, threshold)
+        best = o["best_standalone_tokens_per_second"]
+        out[cat] = {"rows": int(sel.sum()), "router_tokens_per_second": router,
+                    "speed_oracle_tokens_per_second": o["tokens_per_second"], "best_standalone": o["best_standalone"],
+                    "best_standalone_tokens_per_second": best, "speed_oracle_gain": o["oracle_gain"],
+                    "share_of_speed_oracle_gain": oracle_gain_share(router, best, o["tokens_per_second"])}
+    overall = out.pop("all")
+    overall.update(threshold=threshold, speed_best_threshold=fastest, speed_best_tokens_per_second=sweep[fastest],
+                   speed_best_share_of_speed_oracle_gain=oracle_gain_share(
+                       sweep[fastest], overall["best_standalone_tokens_per_second"],
+                       overall["speed_oracle_tokens_per_second"]))
+    return {"overall": overall, "per_category": out, "slots": list(kinds), "definition": DEFINITION,
+            "latency_profile": profile.source}

@@ -1,0 +1,180 @@
+"""The latency profile: component times of one target and its drafters on one device.
+
+`whiflash-eval profile` writes it (`profile.json`); the `utility-oracle` method reads each slot's
+round time from it, `whiflash-eval calibrate --replay` and `whiflash-train --data.latency_profile` turn
+datagen rows into tokens/s with it (`whiflash.speed_oracle`).
+All times are milliseconds of one call. Slot kinds are `eagle3`, `dflash` and `ddtree-b<budget>`
+(DDTree reuses the DFlash model, so its catch-up is DFlash's).
+
+    ar_step            one target decode step (1 token, logits)
+    verify[w]          chain verify of w tokens (EAGLE-3: steps + 1; DFlash: the block)
+    tree_verify[w]     tree verify of w nodes (DDTree budget + 1)
+    draft[kind]        the drafter's proposal with an empty backlog
+    round[kind]        draft[kind] + verify at that kind's width: one round, catch-up excluded
+    catchup[model][n]  KV-only catch-up of a backlog of n committed rows (model: eagle3 or dflash)
+    router[name]       one routing decision (entropy, neural)
+    floor              (weight + KV bytes) / copy bandwidth: the memory floor of an AR step
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from whiflash.io import atomic_write_json
+
+__all__ = ["PROFILE_KIND", "LatencyProfile", "catchup_model", "slot_kind"]
+
+PROFILE_KIND = "whiflash-latency-profile"
+"""The `kind` field of a profile JSON."""
+VERSION = 1
+
+
+def slot_kind(kind: str, tree_budget: int | None = None) -> str:
+    """The profile key of a slot: `ddtree-b<budget>` for DDTree, else the drafter kind (a budget, such
+    as a tree pair's, does not apply to its chain slot)."""
+    if kind == "ddtree":
+        if tree_budget is None:
+            raise ValueError("a DDTree slot needs its tree budget to look up its round time")
+        return f"ddtree-b{tree_budget}"
+    return kind
+
+
+def catchup_model(kind: str) -> str:
+    """The model whose catch-up a slot kind pays: DDTree catches up with its DFlash model."""
+    return "dflash" if kind.startswith("ddtree") else kind
+
+
+@dataclass
+class LatencyProfile:
+    """Component latencies in milliseconds (see the module docstring); `meta` says where and how."""
+
+    ar_step: float
+    verify: dict[int, float] = field(default_factory=dict)
+    tree_verify: dict[int, float] = field(default_factory=dict)
+    draft: dict[str, float] = field(default_factory=dict)
+    round: dict[str, float] = field(default_factory=dict)
+    catchup: dict[str, dict[int, float]] = field(default_factory=dict)
+    router: dict[str, float] = field(default_factory=dict)
+    floor: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    """device, dtype, timing, cuda_graphs, context, models, widths (and anything a writer adds)."""
+    source: str = "(in memory)"
+    """Where it was read from, for error messages."""
+
+    # ------------------------------------------------------------------ queries
+
+    def round_ms(self, kind: str, tree_budget: int | None = None) -> float:
+        """One round of a slot (draft + verify, catch-up excluded)."""
+        key = slot_kind(kind, tree_budget)
+        if key not in self.round:
+            hint = f" (profile with --tree-budgets {tree_budget})" if kind == "ddtree" else ""
+            raise ValueError(f"latency profile {self.source}: no round time for {key}; it has "
+                             f"{', '.join(sorted(self.round)) or 'none'}{hint}")
+        return self.round[key]
+
+    def catchup_ms(self, kind: str, rows: int) -> float:
+        """Catch-up of `rows` backlog rows for a slot kind: linear between the measured backlog
+        lengths, extended linearly beyond them (0 for an empty backlog)."""
+        if rows <= 0:
+            return 0.0
+        model = catchup_model(kind)
+        table = sorted(self.catchup.get(model, {}).items())
+        if not table:
+            raise ValueError(f"latency profile {self.source}: no catch-up times for {model}")
+        (n0, t0) = table[0]
+        if rows <= n0 or len(table) == 1:  # below the first point (or one point only): proportional
+            return t0 * rows / n0
+        for (n0, t0), (n1, t1) in zip(table, table[1:]):
+            if rows <= n1:
+                break
+        return t0 + (t1 - t0) * (rows - n0) / (n1 - n0)  # the last segment extends past the last point
+
+    def router_ms(self, name: str) -> float:
+        """One decision of router `name` (0 when not profiled: a router costs one small kernel chain)."""
+        return self.router.get(name, 0.0)
+
+    def ratios(self) -> dict[str, float]:
+        """Every component over one AR step (the table that transfers between devices of a kind)."""
+        rows: dict[str, float] = {}
+        rows.update({f"verify {w}": ms for w, ms in sorted(self.verify.items())})
+        rows.update({f"tree verify {w}": ms for w, ms in sorted(self.tree_verify.items())})
+        rows.update({f"draft {k}": ms for k, ms in self.draft.items()})
+        rows.update({f"round {k}": ms for k, ms in self.round.items()})
+        for model, per in self.catchup.items():
+            rows.update({f"catch-up {model} n={n}": ms for n, ms in sorted(per.items())})
+        rows.update({f"router {k}": ms for k, ms in self.router.items()})
+        return {k: v / self.ar_step for k, v in rows.items()}
+
+    def table(self) -> str:
+        """A plain-text table: every component in ms and over the AR step."""
+        m = self.meta
+        head = (f"latency profile: {m.get('device_name', m.get('device', '?'))}, {m.get('dtype', '?')}, "
+                f"{m.get('timing', '?')}, CUDA graphs {'on' if m.get('cuda_graphs') else 'off'}, "
+                f"context {m.get('context', '?')}")
+        floor = f" (memory floor {self.floor:.3f} ms: {self.ar_step / self.floor:.2f}x)" if self.floor else ""
+        lines = [head, f"AR step {self.ar_step:.3f} ms{floor}", f"{'component':<28}{'ms':>10}{'x AR':>8}"]
+        for name, ratio in self.ratios().items():
+            lines.append(f"{name:<28}{ratio * self.ar_step:>10.3f}{ratio:>8.2f}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ files
+
+    def to_json(self) -> dict[str, Any]:
+        """The on-disk object (integer keys as strings, ratios included for readers of the file)."""
+        ints = lambda d: {str(k): v for k, v in sorted(d.items())}  # noqa: E731
+        return {"kind": PROFILE_KIND, "version": VERSION, **self.meta, "ms": {
+            "ar_step": self.ar_step, "floor": self.floor, "verify": ints(self.verify),
+            "tree_verify": ints(self.tree_verify), "draft": self.draft, "round": self.round,
+            "catchup": {k: ints(v) for k, v in self.catchup.items()}, "router": self.router},
+            "ratios": self.ratios()}
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, self.to_json())
+        return path
+
+    @classmethod
+    def read(cls, path: str | Path, flag: str = "--whiflash-latency-profile") -> LatencyProfile:
+        """Read and check a profile JSON; errors name `flag`, the file and what was expected."""
+        try:
+            obj = json.loads(Path(path).read_text())
+        except OSError as err:
+            raise FileNotFoundError(f"{flag} {path}: cannot read ({err.strerror}); write one with "
+                                    "`whiflash-eval profile`") from None
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{flag} {path}: not valid JSON ({err})") from None
+        return cls.from_json(obj, path, flag)
+
+    @classmethod
+    def from_json(cls, obj: Any, path: str | Path = "(in memory)", flag: str = "profile") -> LatencyProfile:
+        """Check and type the object `to_json` gives (read from `path`, given by `flag`)."""
+        if not isinstance(obj, dict) or obj.get("kind") != PROFILE_KIND or not isinstance(obj.get("ms"), dict):
+            raise ValueError(f"{flag} {path}: expected a latency profile (kind {PROFILE_KIND!r} with an 'ms' "
+                             "object) as `whiflash-eval profile` writes")
+        ms = obj["ms"]
+        try:
+            ints = lambda d: {int(k): _positive(v) for k, v in (d or {}).items()}  # noqa: E731
+            prof = cls(
+                ar_step=_positive(ms["ar_step"]), verify=ints(ms.get("verify")),
+                tree_verify=ints(ms.get("tree_verify")),
+                draft={k: _positive(v) for k, v in (ms.get("draft") or {}).items()},
+                round={k: _positive(v) for k, v in (ms.get("round") or {}).items()},
+                catchup={k: ints(v) for k, v in (ms.get("catchup") or {}).items()},
+                router={k: float(v) for k, v in (ms.get("router") or {}).items()},
+                floor=ms.get("floor"),
+                meta={k: v for k, v in obj.items() if k not in ("kind", "version", "ms", "ratios")},
+                source=str(path))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{flag} {path}: malformed 'ms' object ({type(err).__name__}: {err})") from None
+        return prof
+
+
+def _positive(value: Any) -> float:
+    x = float(value)
+    if not math.isfinite(x) or x <= 0:
+        raise ValueError(f"time {value!r} is not a finite number of ms > 0")
+    return x

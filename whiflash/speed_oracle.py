@@ -1,0 +1,205 @@
+"""The speed oracle: the tokens/s of perfect per-round routing, from datagen rows and a latency profile.
+
+A router dataset logs both slots' τ every round of every prompt. Routing picks one slot per round;
+the round then yields that slot's τ and costs what `whiflash-eval calibrate --replay` charges
+(`simulate`, which `whiflash.eval.replay` uses): the chosen slot's round (draft + verify) plus its catch-up of the
+rows committed since it last drafted (the first round of a prompt catches up the prompt; without
+Lazy Catch-up the other slot's model catches up every round too). The oracle pays no routing decision.
+
+Its tokens/s is the maximum over all per-round slot sequences of Σ τ / Σ time, pooled over the
+rounds of a category (or of all rows), found exactly:
+
+- for a fixed price λ (ms per token), each prompt's best sequence under Σ τ - λ Σ time is a dynamic
+  programme over its rounds whose state is the slot that drafted last and the other model's backlog
+  (rows committed since it last drafted; the last slot's own backlog is its previous τ). A switch
+  collapses every state of a slot into one, so a prompt of R rounds holds at most R + 1 states per
+  slot, and with a catch-up time that does not fall with the backlog a state with a longer backlog
+  and no higher value is dropped;
+- Dinkelbach's iteration λ ← Σ τ / Σ time of the best sequences converges to the largest ratio
+  (the optimum is reached when the best value at λ is 0).
+
+Like the replay, this assumes a round's τ does not depend on which slot drafted earlier rounds (the
+data followed the τ oracle's path) and that a prompt has the rounds it was logged with. Beside it:
+each standalone drafter under the same cost model (always that slot, through `simulate`), the better
+of them, the oracle's gain over it and :func:`oracle_gain_share`, the share of that gain a router gets.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .latency import LatencyProfile, catchup_model, slot_kind
+
+__all__ = ["DEFINITION", "oracle_gain_share", "prompt_spans", "simulate", "speed_oracle"]
+
+DEFINITION = ("speed oracle: the slot sequence maximising pooled sum tau / sum time over the category's logged rounds "
+              "(exact dynamic programme per prompt + Dinkelbach over the ratio), costed like the replay but with no "
+              "routing decision; best standalone: the faster single slot under the same costs; "
+              "share of the oracle gain = (router - best standalone) / (oracle - best standalone), in tokens/s")
+"""How the speed oracle and the share of its gain are defined, written beside the figures."""
+
+_MAX_ITERATIONS = 100
+
+
+def simulate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, str], rounds: tuple[float, float],
+             profile: LatencyProfile, router_ms: float, lazy: bool = True) -> tuple[int, float, int]:
+    """(tokens, milliseconds, rounds) of replaying slot choices `slot0` (True: slot 0) over `cols`;
+    `kinds` are the slots' drafter kinds, `rounds` their round times (ms). `lazy=False`: the other slot's
+    model catches up every round too (no Lazy Catch-up)."""
+    members = tuple(catchup_model(k) for k in kinds)  # df-ddt: both slots share one DFlash cache
+    pids, positions = cols["prompt_id"], cols["position"]
+    taus = np.where(slot0, cols["tau_0"], cols["tau_1"]).astype(np.int64)
+    tokens, ms = int(taus.sum()), 0.0
+    pos, kv = 0, {m: 0 for m in members}
+    for i in range(len(taus)):
+        if i == 0 or pids[i] != pids[i - 1]:  # a new prompt: after its prefill, no drafter holds anything
+            pos, kv = int(positions[i]), {m: 0 for m in members}
+        s = 0 if slot0[i] else 1
+        ms += router_ms + rounds[s] + profile.catchup_ms(kinds[s], pos - kv[members[s]])
+        kv[members[s]] = pos
+        if not lazy and members[1 - s] != members[s]:
+            ms += profile.catchup_ms(kinds[1 - s], pos - kv[members[1 - s]])
+            kv[members[1 - s]] = pos
+        pos += int(taus[i])
+    return tokens, ms, len(taus)
+
+
+def oracle_gain_share(router_tps: float, best_standalone_tps: float, oracle_tps: float) -> float | None:
+    """(router - best standalone) / (oracle - best standalone) in tokens/s: 1 = the oracle, 0 = no better than
+    the better standalone drafter, negative = slower than it. None when the oracle gains nothing (within
+    1e-9 relative), where the share is undefined."""
+    gain = oracle_tps - best_standalone_tps
+    if not gain > 1e-9 * max(abs(best_standalone_tps), 1e-12):
+        return None
+    return (router_tps - best_standalone_tps) / gain
+
+
+def prompt_spans(prompt_id: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) row ranges of consecutive rows of one prompt (rows ordered by prompt and round)."""
+    if len(prompt_id) == 0:
+        return []
+    cuts = np.flatnonzero(prompt_id[1:] != prompt_id[:-1]) + 1
+    return list(zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(prompt_id)].tolist()))
+
+
+class _Costs:
+    """Per-slot round times and integer-backlog catch-up tables of one pair under one profile."""
+
+    def __init__(self, kinds: tuple[str, str], rounds: tuple[float, float], profile: LatencyProfile,
+                 max_rows: int, lazy: bool) -> None:
+        self.rounds, self.lazy = rounds, lazy
+        self.shared = catchup_model(kinds[0]) == catchup_model(kinds[1])  # df-ddt: one DFlash cache
+        n = np.arange(max_rows + 1)
+        self.catchup = tuple([profile.catchup_ms(k, int(r)) for r in n] for k in kinds)
+        # dropping dominated states is exact only while catch-up does not fall as the backlog grows
+        self.monotone = all(bool(np.all(np.diff(c) >= 0)) for c in self.catchup)
+
+
+def _best_path(t0: np.ndarray, t1: np.ndarray, start: int, costs: _Costs, lam: float) -> tuple[int, float, int]:
+    """(tokens, ms, rounds on slot 0) of one prompt's slot sequence maximising tokens - lam * ms."""
+    taus = (t0.tolist(), t1.tolist())
+    cu, rr, lazy, shared = costs.catchup, costs.rounds, costs.lazy, costs.shared
+    # a state: (backlog of the other model, tokens, ms, rounds on slot 0); one list per last slot
+    states: list[list[tuple[int, int, float, int]]] = [[], []]
+    for c in (0, 1):
+        ms = rr[c] + cu[c][start] + (cu[1 - c][start] if not lazy and not shared else 0.0)
+        tau = taus[c][0]
+        states[c] = [(start + tau if lazy else tau, tau, ms, 1 - c)]
+    for t in range(1, len(taus[0])):
+        new: list[list[tuple[int, int, float, int]]] = [[], []]
+        for s in (0, 1):
+            if not states[s]:
+                continue
+            c, a = 1 - s, taus[s][t - 1]  # the last slot's own backlog is the tau it committed
+            # keep drafting with s
+            tau = taus[s][t]
+            for b, tok, ms, n0 in states[s]:
+                extra = cu[c][b] if not lazy and not shared else 0.0
+                new[s].append((b + tau if lazy else tau, tok + tau, ms + rr[s] + cu[s][a] + extra, n0 + (s == 0)))
+            # switch to c: it catches up its backlog (the shared cache: the last tau); s catches up too without lazy
+            tau = taus[c][t]
+            best, best_v = None, -np.inf
+            for b, tok, ms, n0 in states[s]:
+                step = rr[c] + (cu[c][a] if shared else cu[c][b]) + (cu[s][a] if not lazy and not shared else 0.0)
+                v = tok + tau - lam * (ms + step)
+                if v > best_v:
+                    best, best_v = (a + tau if lazy else tau, tok + tau, ms + step, n0 + (c == 0)), v
+            new[c].append(best)
+        states = [_prune(new[s], lam, costs.monotone or not lazy or shared) for s in (0, 1)]
+    final = [st for per in states for st in per]
+    tok, ms, n0 = max(final, key=lambda st: st[1] - lam * st[2])[1:]
+    return tok, ms, n0
+
+
+def _prune(states: list[tuple[int, int, float, int]], lam: float, dominance: bool) -> list[tuple[int, int, float, int]]:
+    """The states worth keeping: the best per backlog, and with `dominance` only those whose value beats every
+    state of a shorter backlog (a longer backlog can only cost more later)."""
+    best: dict[int, tuple[int, int, float, int]] = {}
+    for st in states:
+        old = best.get(st[0])
+        if old is None or st[1] - lam * st[2] > old[1] - lam * old[2]:
+            best[st[0]] = st
+    if not dominance:
+        return list(best.values())
+    kept, top = [], -np.inf
+    for b in sorted(best):
+        v = best[b][1] - lam * best[b][2]
+        if v > top:
+            kept.append(best[b])
+            top = v
+    return kept
+
+
+def _oracle_ratio(spans: list[tuple[int, int]], cols: dict[str, np.ndarray], costs: _Costs,
+                  lam: float) -> tuple[int, float, int, int]:
+    """(tokens, ms, rounds on slot 0, iterations) of the best pooled ratio over `spans`, starting from the
+    feasible price `lam` (tokens per ms)."""
+    t0, t1, pos = cols["tau_0"], cols["tau_1"], cols["position"]
+    for it in range(1, _MAX_ITERATIONS + 1):
+        tok, ms, n0 = 0, 0.0, 0
+        for lo, hi in spans:
+            a, b, c = _best_path(t0[lo:hi], t1[lo:hi], int(pos[lo]), costs, lam)
+            tok, ms, n0 = tok + a, ms + b, n0 + c
+        if tok - lam * ms <= 1e-9 * max(tok, 1):  # no sequence beats the price: it is the optimum
+            return tok, ms, n0, it
+        lam = tok / ms
+    raise RuntimeError(f"speed oracle: Dinkelbach did not converge in {_MAX_ITERATIONS} iterations")
+
+
+def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
+                 tree_budget: int | None = None, lazy: bool = True) -> dict[str, Any]:
+    """Per category (and `all`): the speed oracle, both standalone drafters and the oracle's gain.
+
+    `cols` holds `prompt_id`, `category`, `position`, `tau_0`, `tau_1`, rows ordered by prompt and round;
+    `kinds` are the slots' drafter kinds. Each entry: `tokens_per_second` and `speedup` (over one token per
+    AR step) of the oracle, its `tau` and `slot0_rounds` share, `standalone` tokens/s per slot,
+    `best_standalone` (`slot0`/`slot1`) with its `best_standalone_tokens_per_second`, and
+    `oracle_gain` = oracle / best standalone - 1."""
+    rounds = tuple(profile.round_ms(k, tree_budget) for k in kinds)
+    spans_all = prompt_spans(np.asarray(cols["prompt_id"]))
+    if not spans_all:
+        raise ValueError("speed oracle: no rows")
+    t0, t1 = np.asarray(cols["tau_0"], np.int64), np.asarray(cols["tau_1"], np.int64)
+    cols = {**cols, "tau_0": t0, "tau_1": t1, "position": np.asarray(cols["position"], np.int64)}
+    longest = max(int(cols["position"][lo]) + int(np.maximum(t0[lo:hi], t1[lo:hi]).sum()) for lo, hi in spans_all)
+    costs = _Costs(kinds, rounds, profile, longest, lazy)
+    category = np.asarray(cols["category"])
+    out: dict[str, Any] = {}
+    for cat in [*sorted(set(category.tolist())), "all"]:
+        spans = spans_all if cat == "all" else [(lo, hi) for lo, hi in spans_all if category[lo] == cat]
+        idx = np.concatenate([np.arange(lo, hi) for lo, hi in spans])
+        part = {k: np.asarray(v)[idx] for k, v in cols.items() if k in ("prompt_id", "position", "tau_0", "tau_1")}
+        alone = {}
+        for s in (0, 1):
+            tok, ms, _ = simulate(np.full(len(idx), s == 0), part, kinds, rounds, profile, 0.0, lazy)
+            alone[f"slot{s}"] = tok / ms * 1e3
+        best = max(alone, key=lambda k: alone[k])
+        tok, ms, n0, iterations = _oracle_ratio(spans, cols, costs, alone[best] / 1e3)
+        tps = tok / ms * 1e3
+        out[cat] = {"tokens_per_second": tps, "speedup": tps * profile.ar_step / 1e3, "tau": tok / len(idx),
+                    "slot0_rounds": n0 / len(idx), "rounds": int(len(idx)), "standalone": alone,
+                    "best_standalone": best, "best_standalone_tokens_per_second": alone[best],
+                    "oracle_gain": tps / alone[best] - 1.0, "iterations": iterations}
+    return {"slots": [slot_kind(k, tree_budget) for k in kinds], "lazy_catchup": lazy, "definition": DEFINITION,
+            "categories": out}
