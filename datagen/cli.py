@@ -25,23 +25,22 @@ import torch
 from tqdm import tqdm
 
 import whiflash
-from whiflash import distributed
+from whiflash import distributed, session
 from whiflash.data import RouterDatasetManifest, ShardEntry, shard_entry, write_manifest, write_shard
 from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, read_source, resolve_source
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding import prompt_room
 from whiflash.decoding.routed import OracleDrafter
-from whiflash.engine import engine_defaults
+from whiflash.engine import describe, engine_defaults, engine_options
 from whiflash.errors import UsageError, run_cli
 from whiflash.folders import DATAGEN, DATAGEN_RECORD, TESTBED, check_folder, require_kind
 from whiflash.hub import local_or_hub
 from whiflash.io import atomic_write_json, checkpoint_stamp
 from whiflash.locks import claim, owning_folders
 from whiflash.pairs import Pair
-from whiflash.prompts import encode_chat
 from whiflash.records import UniqueIds
-from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
 from whiflash.runtime.weights import read_json
+from whiflash.session import Session
 from whiflash.versions import package_versions
 
 log = logging.getLogger("whiflash.datagen")
@@ -154,7 +153,11 @@ def datagen(
     if resuming:  # a resume with other arguments or inputs is refused before any model is loaded
         _pin(out / DATAGEN_RECORD, resuming, record)
 
-    model = whiflash.load_target(paths["target"], device=device, dtype=getattr(torch, dtype))
+    # graphs are on by default, so on the CPU they are dropped without a warning; the drafters take the
+    # target's options when they attach
+    run = Session.open(paths, str(device), dtype, engine_options(str(device), cuda_graphs and str(device).startswith("cuda"),
+                                                                 engine["compile_layers"]))
+    model = run.target
     # the DFlash checkpoint fills the parallel slot, drafting a tree when the pair has a DDTree slot
     slots = {"dflash": (whiflash.load_drafter("ddtree", paths["dflash"], model, tree_budget=tree_budget) if parsed.uses_tree
                         else whiflash.load_drafter("dflash", paths["dflash"], model))}
@@ -164,14 +167,6 @@ def datagen(
     _check_room(model, paths["target"], max_new_tokens, recorder.max_nodes)
     if not resuming:  # pinned once the target has room for the run (a resumed record already passed this)
         _pin(out / DATAGEN_RECORD, resuming, record)
-    graphs = cuda_graphs and model.device.type == "cuda"
-    if graphs:
-        model.use_cuda_graphs()
-        recorder.use_cuda_graphs()
-    if compile_layers and not graphs:
-        log.warning("--compile_layers ignored: it compiles the CUDA graphs' passes (on CUDA, with --cuda_graphs)")
-    compile_fixed_passes(bool(engine["compile_layers"]) and graphs)
-    tokenizer = _tokenizer(paths["target"])
 
     # Shards are the unit of work: under torchrun rank r takes shards r, r + N, ...; names and contents do not
     # depend on N, so the dataset equals a single process's and a killed launch resumes with any N.
@@ -189,7 +184,7 @@ def datagen(
             done[index] = shard_entry(path)
             bar.update(len(chunks[index]))
             continue
-        columns = _record_chunk(model, recorder, tokenizer, chunks[index], max_prompt_tokens, max_new_tokens,
+        columns = _record_chunk(run, recorder, chunks[index], max_prompt_tokens, max_new_tokens,
                                 on_prompt=lambda cols: meter.add(cols, bar))
         done[index] = write_shard(path, columns, model.config.hidden_size)
         decoded += done[index].rows
@@ -209,8 +204,7 @@ def datagen(
         seed=seed, shards=shards, versions=package_versions("whiflash", "torch", "transformers"),
         generator={"name": "whiflash.datagen", "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
                    "num_steps": num_steps, "prompts_sha256": record["prompts_sha256"],
-                   "engine": {"device": str(device), "dtype": dtype, "cuda_graphs": graphs,
-                              "compiled_layers": layers_compiled()}},
+                   "engine": describe(str(device), dtype, model.engine)},
     )
     write_manifest(out, manifest)
     log.info("wrote %d rounds from %d prompts to %s", manifest.num_rows, len(items), out)
@@ -231,7 +225,7 @@ def _check_room(model, target: str, max_new_tokens: int, max_nodes: int) -> None
 def _model_paths(pair: Pair, testbed: Path | None, **given: str | None) -> dict[str, str | None]:
     """The checkpoints the pair uses, as given by a flag or else the testbed's folder; None for a slot the
     pair does not have."""
-    paths = {k: v or (str(Path(testbed) / k) if testbed else None) for k, v in given.items()}
+    paths = session.model_paths(testbed, **given)
     if not pair.needs_eagle3:
         paths["eagle3"] = None
     if paths["target"] is None or paths["dflash"] is None or (pair.needs_eagle3 and paths["eagle3"] is None):
@@ -283,35 +277,26 @@ class TauMeter:
         bar.update(1)
 
 
-def _tokenizer(target_path: str):
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(target_path)
-    except Exception as err:  # a target folder without tokenizer files: only input_ids prompts work
-        log.warning("no tokenizer for %s (%s); only input_ids prompts can be used", target_path, err)
-        return None
-
-
-def _encode(tokenizer, item: PromptItem, max_tokens: int) -> list[int]:
+def _encode(run: Session, item: PromptItem, max_tokens: int) -> list[int]:
     """The prompt's ids, its last `max_tokens` (a long agent transcript keeps its most recent steps)."""
     if item.input_ids is not None:
         ids = list(item.input_ids)
-    elif tokenizer is None:
+    elif run.tokenizer is None:
         raise ValueError(f"prompt {item.prompt_id} is text, but the target has no tokenizer files")
     else:  # the chat template (thinking off) when the tokenizer has one, as whiflash-eval renders prompts
-        ids = encode_chat(tokenizer, [item.text])
+        ids = run.encode([item.text])
     return ids[-max_tokens:]
 
 
-def _record_chunk(model, recorder: OracleDrafter, tokenizer, chunk: list[PromptItem], max_prompt_tokens: int,
+def _record_chunk(run: Session, recorder: OracleDrafter, chunk: list[PromptItem], max_prompt_tokens: int,
                   max_new_tokens: int, on_prompt: Callable[[dict[str, np.ndarray]], None]) -> dict[str, np.ndarray]:
-    """The rows of one shard's prompts; `on_prompt` sees each prompt's columns as it finishes (progress)."""
-    stop = [tokenizer.eos_token_id] if tokenizer is not None and tokenizer.eos_token_id is not None else None
+    """The rows of one shard's prompts; `on_prompt` sees each prompt's columns as it finishes (progress). Decoding
+    stops at the session's stop ids (the tokenizer's EOS and the generation config's), as in whiflash-eval."""
+    model = run.target
     keep = min(max_prompt_tokens, prompt_room(model, max_new_tokens, recorder.max_nodes))
     parts = []
     for item in chunk:
-        cols = record_prompt(model, recorder, _encode(tokenizer, item, keep), max_new_tokens, stop)
+        cols = record_prompt(model, recorder, _encode(run, item, keep), max_new_tokens, run.stops or None)
         on_prompt(cols)
         if cols:
             n = len(cols["round"])
