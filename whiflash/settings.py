@@ -14,7 +14,7 @@ variable                       what it sets the default of                      
 ``WHIFLASH_TREE_KERNEL``       DDTree's beam kernel (0: the sort-based tensor ops)          on
 ``WHIFLASH_CHECK_TREES``       check every verified tree's shape (1: on)                    off
 ``WHIFLASH_DEBUG``             tracebacks with the error line (``--debug``)                 off
-``WHIFLASH_DIST_TIMEOUT``      seconds a torchrun rank waits at a barrier                    1800
+``WHIFLASH_DIST_TIMEOUT``      seconds a torchrun rank waits at a barrier                    86400
 ``WHIFLASH_CHECKPOINTS``       the checkpoint registry folder of ``whiflash-eval``         the repo's
 =============================  =========================================================  ==========
 """
