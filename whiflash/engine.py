@@ -80,7 +80,7 @@ def engine_options(device: str, cuda_graphs: bool, compile_layers: bool) -> Engi
     if cuda_graphs and not graphs:
         log.warning("--cuda-graphs ignored on %s (CUDA only)", device)
     if compile_layers and not graphs:
-        log.warning("--compile-layers ignored: it compiles the CUDA graphs' passes (on CUDA, with --cuda-graphs)")
+        log.warning("--compile-layers ignored: it compiles the CUDA graphs' passes (give --cuda-graphs on CUDA)")
     return EngineOptions.from_environment(cuda_graphs=graphs, compiled_layers=bool(compile_layers) and graphs)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -26,7 +26,7 @@ from torch import Tensor
 from whiflash.decoding.stats import DecodeStats, RoundRecord
 from whiflash.decoding.verify import accept, branch_taus, row, target_tokens
 from whiflash.drafters.base import Commit, Drafter, Proposal
-from whiflash.runtime.model import Target
+from whiflash.runtime.model import Target, TargetOutput
 
 
 def _sync(device: torch.device) -> None:
@@ -103,17 +103,20 @@ class RoundRead(NamedTuple):
     @staticmethod
     def of(verdict: Verdict) -> RoundRead:
         """Read `verdict` in one `tolist()` and name its parts (the round's only host synchronisation)."""
-        m1 = verdict.path_ids.shape[0]
-        parts = [verdict.count, verdict.path_ids, verdict.next_token, verdict.decision, verdict.slot_taus,
-                 verdict.advanced]
-        host = torch.cat([v.reshape(-1).long() for v in parts if v is not None]).tolist()
-        tau, path, nxt, rest = host[0], host[1 : 1 + m1], host[1 + m1], host[2 + m1 :]
-        next_slot = rest.pop(0) if verdict.decision is not None else None
-        taus, advanced = ((rest[0], rest[1]), rest[2]) if verdict.slot_taus is not None else (None, None)
-        return RoundRead(tau, path[1:tau] + [nxt], next_slot, taus, advanced)
+        parts = (verdict.count, verdict.path_ids, verdict.next_token, verdict.decision, verdict.slot_taus,
+                 verdict.advanced)
+        fields = [v.reshape(-1).long() if v is not None else None for v in parts]
+        host = iter(torch.cat([v for v in fields if v is not None]).tolist())
+        # each field back by its own length, in order (an absent one is None)
+        count, path, nxt, decision, taus, advanced = (
+            [next(host) for _ in range(v.numel())] if v is not None else None for v in fields)
+        tau = count[0]
+        return RoundRead(tau, path[1:tau] + nxt, decision[0] if decision else None,
+                         (taus[0], taus[1]) if taus else None, advanced[0] if advanced else None)
 
 
-def _verify(target: Target, pending: Tensor, proposal: Proposal, n: int, taps: tuple[int, ...]) -> tuple[Tensor, Any]:
+def _verify(target: Target, pending: Tensor, proposal: Proposal, n: int,
+            taps: tuple[int, ...]) -> tuple[Tensor, TargetOutput]:
     """`[pending, proposal]` and the target's one pass over it (depth positions and ancestor mask for trees)."""
     verify_ids = torch.cat([pending, proposal.tokens])
     positions = None
@@ -122,7 +125,7 @@ def _verify(target: Target, pending: Tensor, proposal: Proposal, n: int, taps: t
     return verify_ids, target(verify_ids, n, positions, proposal.tree_mask, taps, logits="all")
 
 
-def _accept(target: Target, drafter: Drafter | None, proposal: Proposal, verify_ids: Tensor, out: Any,
+def _accept(target: Target, drafter: Drafter | None, proposal: Proposal, verify_ids: Tensor, out: TargetOutput,
             picked: Tensor) -> Verdict:
     """The walk over the target's picks (only the advancing slot's branch of a union), and the next decision."""
     slot_taus = advanced = None
