@@ -331,5 +331,6 @@ def test_flags_are_kebab_case_switches_and_old_spellings_run_with_a_warning(caps
                    "whiflash-datagen: warning: --cuda_graphs is deprecated; use --cuda-graphs / --no-cuda-graphs",
                    "whiflash-datagen: warning: --compile_layers is deprecated; use --compile-layers / --no-compile-layers"]
     assert dashed_argv(["--max-new-tokens=8"], kinds, "t") == ["--max_new_tokens=8"]
+    assert dashed_argv(["--cuda-graphs", "false", "--out", "o"], kinds, "t") == ["--cuda_graphs", "false", "--out", "o"]
     help_text = dashed_help("[--max_new_tokens MAX_NEW_TOKENS] [--cuda_graphs {true,false,null}]", kinds)
     assert help_text == "[--max-new-tokens MAX_NEW_TOKENS] [--cuda-graphs|--no-cuda-graphs]"

@@ -69,7 +69,11 @@ def dashed_argv(argv: Sequence[str], params: Mapping[str, bool], tool: str) -> l
     by_flag = {kebab(p): p for p in params}
     out: list[str] = []
     warned: set[str] = set()
-    for arg in argv:
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
         head, eq, value = arg.partition("=")
         if not head.startswith("--") or head == "--":
             out.append(arg)
@@ -77,7 +81,11 @@ def dashed_argv(argv: Sequence[str], params: Mapping[str, bool], tool: str) -> l
         if head in by_flag:
             name = by_flag[head]
             if params[name] and not eq:
-                out += [f"--{name}", "true"]
+                # a switch; an explicit value after it (`--cuda-graphs false`) is taken as well
+                given = argv[i].lower() if i < len(argv) else ""
+                explicit = given in ("true", "false", "yes", "no", "null")
+                out += [f"--{name}", given if explicit else "true"]
+                i += explicit
             else:
                 out.append(f"--{name}{eq}{value}")
             continue
