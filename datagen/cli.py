@@ -25,23 +25,23 @@ import torch
 from tqdm import tqdm
 
 import whiflash
-from whiflash import distributed
+from whiflash import distributed, session
 from whiflash.data import RouterDatasetManifest, ShardEntry, shard_entry, write_manifest, write_shard
 from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, read_source, resolve_source
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding import prompt_room
 from whiflash.decoding.routed import OracleDrafter
-from whiflash.engine import engine_defaults
+from whiflash.engine import describe, engine_defaults, engine_options
 from whiflash.errors import UsageError, run_cli
+from whiflash.flags import dashed_argv, dashed_help, kebab
 from whiflash.folders import DATAGEN, DATAGEN_RECORD, TESTBED, check_folder, require_kind
 from whiflash.hub import local_or_hub
 from whiflash.io import atomic_write_json, checkpoint_stamp
 from whiflash.locks import claim, owning_folders
 from whiflash.pairs import Pair
-from whiflash.prompts import encode_chat
 from whiflash.records import UniqueIds
-from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
 from whiflash.runtime.weights import read_json
+from whiflash.session import Session
 from whiflash.versions import package_versions
 
 log = logging.getLogger("whiflash.datagen")
@@ -55,18 +55,18 @@ def _check_arguments(args: dict, pair: Pair) -> None:
     for flag in ("num_steps", "per_category", "max_prompt_tokens", "max_new_tokens", "shard_size"):
         value = args[flag]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"--{flag}: expected an integer >= 1, got {value!r}")
+            raise ValueError(f"{kebab(flag)}: expected an integer >= 1, got {value!r}")
     if args["max_prompts"] is not None and (not isinstance(args["max_prompts"], int) or args["max_prompts"] < 1):
-        raise ValueError(f"--max_prompts: expected an integer >= 1 (or none), got {args['max_prompts']!r}")
+        raise ValueError(f"--max-prompts: expected an integer >= 1 (or none), got {args['max_prompts']!r}")
     if args["dtype"] not in DTYPES:
         raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {args['dtype']!r}")
     if args["eagle3"] is not None and not pair.needs_eagle3:
         raise ValueError(f"--eagle3 {args['eagle3']}: --pair {pair} has no EAGLE-3 slot")
     budget = args["tree_budget"]
     if budget is not None and not pair.uses_tree:
-        raise ValueError(f"--tree_budget {budget}: --pair {pair} has no DDTree slot")
+        raise ValueError(f"--tree-budget {budget}: --pair {pair} has no DDTree slot")
     if budget is not None and (not isinstance(budget, int) or budget < 1):
-        raise ValueError(f"--tree_budget: expected an integer >= 1, got {budget!r}")
+        raise ValueError(f"--tree-budget: expected an integer >= 1, got {budget!r}")
 
 
 @owning_folders()  # --out is this run's from its first check to its last write
@@ -88,7 +88,7 @@ def datagen(
     shard_size: int = 16,
     device: str = "cuda" if torch.cuda.is_available() else "cpu",
     dtype: str | None = None,
-    cuda_graphs: bool = True,
+    cuda_graphs: bool | None = None,
     compile_layers: bool | None = None,
     seed: int = 0,
 ) -> Path:
@@ -113,10 +113,10 @@ def datagen(
         shard_size: prompts per Parquet shard (the unit of resumption).
         device: torch device. Under torchrun give the type (`cuda`): each rank takes cuda:LOCAL_RANK.
         dtype: float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 elsewhere).
-        cuda_graphs: on CUDA, replay captured graphs for the fixed-shape passes (target verify, drafting,
-            catch-up); the eager path rebuilds its work every round. Ignored on the CPU.
+        cuda_graphs: replay captured CUDA graphs for the fixed-shape passes (target verify, drafting,
+            catch-up); the eager path rebuilds its work every round (default: on with CUDA, off elsewhere).
         compile_layers: with CUDA graphs, torch.compile the layer stages and drafter passes inside them
-            (default: on where torch.compile runs, Triton installed; false for uncompiled passes). Compiled
+            (default: on where torch.compile runs, Triton installed; --no-compile-layers for uncompiled passes). Compiled
             kernels round differently, so a row may differ at a near-tie; resuming may switch it.
         seed: recorded in the manifest (decoding is greedy and deterministic).
     """
@@ -154,7 +154,10 @@ def datagen(
     if resuming:  # a resume with other arguments or inputs is refused before any model is loaded
         _pin(out / DATAGEN_RECORD, resuming, record)
 
-    model = whiflash.load_target(paths["target"], device=device, dtype=getattr(torch, dtype))
+    # the engine the flags resolve to (`whiflash.engine`); the drafters take the target's options when they attach
+    run = Session.open(paths, str(device), dtype,
+                       engine_options(str(device), engine["cuda_graphs"], engine["compile_layers"]))
+    model = run.target
     # the DFlash checkpoint fills the parallel slot, drafting a tree when the pair has a DDTree slot
     slots = {"dflash": (whiflash.load_drafter("ddtree", paths["dflash"], model, tree_budget=tree_budget) if parsed.uses_tree
                         else whiflash.load_drafter("dflash", paths["dflash"], model))}
@@ -164,14 +167,6 @@ def datagen(
     _check_room(model, paths["target"], max_new_tokens, recorder.max_nodes)
     if not resuming:  # pinned once the target has room for the run (a resumed record already passed this)
         _pin(out / DATAGEN_RECORD, resuming, record)
-    graphs = cuda_graphs and model.device.type == "cuda"
-    if graphs:
-        model.use_cuda_graphs()
-        recorder.use_cuda_graphs()
-    if compile_layers and not graphs:
-        log.warning("--compile_layers ignored: it compiles the CUDA graphs' passes (on CUDA, with --cuda_graphs)")
-    compile_fixed_passes(bool(engine["compile_layers"]) and graphs)
-    tokenizer = _tokenizer(paths["target"])
 
     # Shards are the unit of work: under torchrun rank r takes shards r, r + N, ...; names and contents do not
     # depend on N, so the dataset equals a single process's and a killed launch resumes with any N.
@@ -189,7 +184,7 @@ def datagen(
             done[index] = shard_entry(path)
             bar.update(len(chunks[index]))
             continue
-        columns = _record_chunk(model, recorder, tokenizer, chunks[index], max_prompt_tokens, max_new_tokens,
+        columns = _record_chunk(run, recorder, chunks[index], max_prompt_tokens, max_new_tokens,
                                 on_prompt=lambda cols: meter.add(cols, bar))
         done[index] = write_shard(path, columns, model.config.hidden_size)
         decoded += done[index].rows
@@ -209,8 +204,7 @@ def datagen(
         seed=seed, shards=shards, versions=package_versions("whiflash", "torch", "transformers"),
         generator={"name": "whiflash.datagen", "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
                    "num_steps": num_steps, "prompts_sha256": record["prompts_sha256"],
-                   "engine": {"device": str(device), "dtype": dtype, "cuda_graphs": graphs,
-                              "compiled_layers": layers_compiled()}},
+                   "engine": describe(str(device), dtype, model.engine)},
     )
     write_manifest(out, manifest)
     log.info("wrote %d rounds from %d prompts to %s", manifest.num_rows, len(items), out)
@@ -223,11 +217,11 @@ def datagen(
 
 
 def _check_room(model, target: str, max_new_tokens: int, max_nodes: int) -> None:
-    """Refuse a `--max_new_tokens` that leaves no room for a prompt in the target's positions, before the
+    """Refuse a `--max-new-tokens` that leaves no room for a prompt in the target's positions, before the
     arguments are pinned."""
     if prompt_room(model, max_new_tokens, max_nodes) < 1:
         positions = model.config.max_position_embeddings
-        raise UsageError(f"--max_new_tokens {max_new_tokens}: the target {target} has {positions} positions, and "
+        raise UsageError(f"--max-new-tokens {max_new_tokens}: the target {target} has {positions} positions, and "
                          f"a round's drafts take {2 * max_nodes + 2} of them, so no prompt token fits; expected at "
                          f"most {positions - 2 * max_nodes - 3}")
 
@@ -235,7 +229,7 @@ def _check_room(model, target: str, max_new_tokens: int, max_nodes: int) -> None
 def _model_paths(pair: Pair, testbed: Path | None, **given: str | None) -> dict[str, str | None]:
     """The checkpoints the pair uses, as given by a flag or else the testbed's folder; None for a slot the
     pair does not have."""
-    paths = {k: v or (str(Path(testbed) / k) if testbed else None) for k, v in given.items()}
+    paths = session.model_paths(testbed, **given)
     if not pair.needs_eagle3:
         paths["eagle3"] = None
     if paths["target"] is None or paths["dflash"] is None or (pair.needs_eagle3 and paths["eagle3"] is None):
@@ -264,7 +258,7 @@ def _pin(saved: Path, resuming: bool, record: dict[str, Any]) -> None:
     differ = sorted(k for k in pinned.keys() | record.keys() if pinned.get(k) != record.get(k))
     if differ:
         flags = inspect.signature(datagen).parameters
-        changes = ", ".join(f"{'--' if k in flags else ''}{k} {pinned.get(k)!r} -> {record.get(k)!r}" for k in differ)
+        changes = ", ".join(f"{kebab(k) if k in flags else k} {pinned.get(k)!r} -> {record.get(k)!r}" for k in differ)
         raise ValueError(f"{saved.parent} holds a datagen run with other arguments or prompts ({saved}: {changes}); "
                          "resume with the same arguments and prompts or choose another --out")
 
@@ -287,35 +281,26 @@ class TauMeter:
         bar.update(1)
 
 
-def _tokenizer(target_path: str):
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(target_path)
-    except Exception as err:  # a target folder without tokenizer files: only input_ids prompts work
-        log.warning("no tokenizer for %s (%s); only input_ids prompts can be used", target_path, err)
-        return None
-
-
-def _encode(tokenizer, item: PromptItem, max_tokens: int) -> list[int]:
+def _encode(run: Session, item: PromptItem, max_tokens: int) -> list[int]:
     """The prompt's ids, its last `max_tokens` (a long agent transcript keeps its most recent steps)."""
     if item.input_ids is not None:
         ids = list(item.input_ids)
-    elif tokenizer is None:
+    elif run.tokenizer is None:
         raise ValueError(f"prompt {item.prompt_id} is text, but the target has no tokenizer files")
     else:  # the chat template (thinking off) when the tokenizer has one, as whiflash-eval renders prompts
-        ids = encode_chat(tokenizer, [item.text])
+        ids = run.encode([item.text])
     return ids[-max_tokens:]
 
 
-def _record_chunk(model, recorder: OracleDrafter, tokenizer, chunk: list[PromptItem], max_prompt_tokens: int,
+def _record_chunk(run: Session, recorder: OracleDrafter, chunk: list[PromptItem], max_prompt_tokens: int,
                   max_new_tokens: int, on_prompt: Callable[[dict[str, np.ndarray]], None]) -> dict[str, np.ndarray]:
-    """The rows of one shard's prompts; `on_prompt` sees each prompt's columns as it finishes (progress)."""
-    stop = [tokenizer.eos_token_id] if tokenizer is not None and tokenizer.eos_token_id is not None else None
+    """The rows of one shard's prompts; `on_prompt` sees each prompt's columns as it finishes (progress). Decoding
+    stops at the session's stop ids (the tokenizer's EOS and the generation config's), as in whiflash-eval."""
+    model = run.target
     keep = min(max_prompt_tokens, prompt_room(model, max_new_tokens, recorder.max_nodes))
     parts = []
     for item in chunk:
-        cols = record_prompt(model, recorder, _encode(tokenizer, item, keep), max_new_tokens, stop)
+        cols = record_prompt(model, recorder, _encode(run, item, keep), max_new_tokens, run.stops or None)
         on_prompt(cols)
         if cols:
             n = len(cols["round"])
@@ -326,13 +311,35 @@ def _record_chunk(model, recorder: OracleDrafter, tokenizer, chunk: list[PromptI
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
+def flag_kinds() -> dict[str, bool]:
+    """Every `datagen` parameter and whether it is a yes/no option (a ``--x`` / ``--no-x`` switch)."""
+    return {name: "bool" in str(p.annotation) for name, p in inspect.signature(datagen).parameters.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run `whiflash-datagen` in-process, errors raised to the caller; `argv` replaces `sys.argv[1:]` (the demo
-    runs it in-process). The console script is :func:`console`."""
+    runs it in-process). The console script is :func:`console`.
+
+    Flags are kebab-case (``--max-new-tokens``) with yes/no options as switches (``--cuda-graphs`` /
+    ``--no-cuda-graphs``), as in whiflash-eval; the old spellings (``--max_new_tokens``, ``--cuda_graphs false``)
+    still run, with a deprecation warning (`whiflash.flags.dashed_argv`)."""
+    import contextlib
+    import io
+
     from jsonargparse import CLI
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
-    CLI(datagen, args=sys.argv[1:] if argv is None else argv)
+    kinds = flag_kinds()
+    args = dashed_argv(sys.argv[1:] if argv is None else argv, kinds, "whiflash-datagen")
+    if not {"-h", "--help"} & set(args):
+        CLI(datagen, args=args)
+        return
+    text = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(text):
+            CLI(datagen, args=args)
+    finally:  # --help exits: print it in the kebab-case spelling
+        print(dashed_help(text.getvalue(), kinds), end="")
 
 
 def console(argv: list[str] | None = None) -> None:

@@ -15,9 +15,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from whiflash.records import UniqueIds, jsonl_records, prompt_text, text_turns, token_ids
+from whiflash.records import prompt_records
 
 __all__ = ["PromptItem", "parse_sources", "prompts_sha256", "read_source", "resolve_source"]
 
@@ -66,23 +65,6 @@ def read_source(source: str, testbed: Path | None, per_category: int) -> list[Pr
     path = Path(source)
     if not path.is_file():
         raise FileNotFoundError(f"--prompts {source!r}: no such file (expected a JSONL file or testbed:SPLIT)")
-    items, ids = [], UniqueIds()
-    for line_no, rec in jsonl_records(path):
-        item = _item(rec, f"{path}:{line_no}", path.stem, line_no)
-        ids.add(item.prompt_id, item.source)
-        items.append(item)
-    return items
-
-
-def _item(rec: dict[str, Any], where: str, stem: str, line_no: int) -> PromptItem:
-    """One record (at `where`, FILE:LINE) as a prompt; a field of the wrong type, an empty prompt or bad token
-    ids are refused here, naming the line."""
-    pid = f"{stem}-{rec.get('question_id', rec.get('id', line_no))}"
-    cat = str(rec.get("category") or stem)
-    if "input_ids" in rec:
-        return PromptItem(pid, cat, input_ids=token_ids(rec, where), source=where)
-    if rec.get("turns") is not None:
-        return PromptItem(pid, cat, text=text_turns(rec, where)[0], source=where)
-    if "prompt" in rec:
-        return PromptItem(pid, cat, text=prompt_text(rec, where), source=where)
-    raise ValueError(f"{where}: expected a field 'turns', 'prompt' or 'input_ids'")
+    # the toolkit's one prompt-file reader; a datagen row keeps the first turn, categories default to the stem
+    return [PromptItem(r.id, r.category or path.stem, text=r.turns[0] if r.turns is not None else None,
+                       input_ids=r.input_ids, source=r.where) for r in prompt_records(path)]

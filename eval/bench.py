@@ -22,13 +22,11 @@ import whiflash
 from whiflash import distributed
 from whiflash.decoding import prompt_room
 from whiflash.decoding.stats import TAU_DEFINITION
-from whiflash.engine import resolve_engine
+from whiflash.engine import describe, engine_options, resolve_engine
 from whiflash.inputs import samples_sha256
 from whiflash.io import atomic_write_text, checkpoint_stamp
 from whiflash.locks import owning_folders
-from whiflash.prompts import encode_chat
-from whiflash.runtime import decode_attention
-from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
+from whiflash.session import Session
 
 from .checks import check_bench_config
 from .config import BenchConfig
@@ -55,35 +53,6 @@ class BenchResult:
     exit_code: int = 0
 
 
-def load_tokenizer(path: str | None) -> Any:
-    """The target's tokenizer, or None (then only `input_ids` samples can be used)."""
-    if path is None:
-        return None
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path)
-    except Exception as err:
-        log.warning("no tokenizer for %s (%s: %s); only input_ids samples can be used", path, type(err).__name__, err)
-        return None
-
-
-def stop_ids(tokenizer: Any, path: str | None) -> list[int]:
-    """End-of-sequence ids from the tokenizer and the target's generation config."""
-    ids: set[int] = set()
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    if path is not None:
-        try:
-            from transformers import GenerationConfig
-
-            eos = GenerationConfig.from_pretrained(path).eos_token_id
-            ids.update([eos] if isinstance(eos, int) else list(eos or []))
-        except Exception:  # no generation_config.json: the tokenizer's eos is enough
-            pass
-    return sorted(ids)
-
-
 class Runner:
     """Loaded target, tokenizer and methods of one configuration; decodes samples side by side."""
 
@@ -104,9 +73,10 @@ class Runner:
             raise ValueError("give --model-name-or-path (Hub id or folder) or --testbed DIR")
         self.names = method_names(cfg.speculative_algorithm, cfg.methods, cfg.whiflash_router,
                                   parse_values(cfg.tree_budget, "--tree-budget", int))
-        self.target = whiflash.load_target(self.paths["target"], device=cfg.device, dtype=getattr(torch, cfg.dtype))
-        self.tokenizer = load_tokenizer(self.paths["target"])
-        self.stops = stop_ids(self.tokenizer, self.paths["target"])
+        # the target owns the engine options; every method's drafter takes them when it attaches
+        self.session = Session.open(self.paths, cfg.device, cfg.dtype,
+                                    engine_options(cfg.device, cfg.cuda_graphs, cfg.compile_layers))
+        self.target, self.tokenizer, self.stops = self.session.target, self.session.tokenizer, self.session.stops
         self.factory = MethodFactory(
             self.target, self.paths, pair=cfg.whiflash_drafters, tree_budget=cfg.ddtree_tree_budget,
             block_size=cfg.block_size, eagle_num_steps=cfg.eagle_num_steps, router=cfg.whiflash_router,
@@ -115,14 +85,7 @@ class Runner:
             time_catchup=cfg.whiflash_time_catchup, latency_profile=cfg.whiflash_latency_profile)
         self.thresholds = read_thresholds(cfg.whiflash_thresholds) if cfg.whiflash_thresholds else None
         self._methods: dict[tuple[str, float | None], Method] = {}
-        self.graphs = cfg.cuda_graphs and self.target.device.type == "cuda"
-        if cfg.cuda_graphs and not self.graphs:
-            log.warning("--cuda-graphs ignored on %s (CUDA only)", self.target.device)
-        if self.graphs:
-            self.target.use_cuda_graphs(True)
-        if cfg.compile_layers and not self.graphs:
-            log.warning("--compile-layers ignored: it compiles the CUDA graphs' passes (give --cuda-graphs on CUDA)")
-        compile_fixed_passes(cfg.compile_layers and self.graphs)
+        self.graphs = self.target.engine.cuda_graphs
 
     def method(self, name: str, category: str | None = None) -> Method:
         """Method `name`, with the calibrated threshold of `category` when thresholds were given for it."""
@@ -131,16 +94,11 @@ class Runner:
             thr = self.thresholds["thresholds"].get(category, self.thresholds.get("default"))
         key = (name, thr)
         if key not in self._methods:
-            m = self.factory.build(name, thr)
-            if self.graphs and m.drafter is not None:
-                m.drafter.use_cuda_graphs(True)
-            self._methods[key] = m
+            self._methods[key] = self.factory.build(name, thr)
         return self._methods[key]
 
     def add_method(self, method: Method) -> None:
         """Register an extra method under its own name (calibration: one per swept threshold) and run it."""
-        if self.graphs and method.drafter is not None:
-            method.drafter.use_cuda_graphs(True)
         self._methods[(method.name, None)] = method
         if method.name not in self.names:
             self.names.append(method.name)
@@ -154,8 +112,7 @@ class Runner:
         elif sample.source.startswith("testbed:"):  # raw document prefixes: no chat template
             ids = self.tokenizer(sample.turns[0], add_special_tokens=False)["input_ids"]
         else:
-            ids = encode_chat(self.tokenizer, sample.turns[: turn + 1], replies[:turn],
-                              enable_thinking=self.cfg.enable_thinking)
+            ids = self.session.encode(sample.turns[: turn + 1], replies[:turn], enable_thinking=self.cfg.enable_thinking)
         limit = prompt_room(self.target, self.cfg.max_new_tokens, self.max_nodes())
         keep = min(limit, self.cfg.max_prompt_tokens or limit)
         if keep < 1:
@@ -273,13 +230,11 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
                        samples=samples,
                        extra={"methods": runner.names, "tau_definition": TAU_DEFINITION, "protocol": PROTOCOL,
                               "cache_max_len": max_len, "cuda_graphs": runner.graphs,
-                              "compiled_layers": layers_compiled(), "attention_kernel": decode_attention.available(),
-                              "engine": {"device": runner.cfg.device, "dtype": cfg.dtype, "cuda_graphs": runner.graphs,
-                                         "compiled_layers": layers_compiled(),
-                                         "attention_kernel": decode_attention.available(),
-                                         "requested": {"cuda_graphs": cfg.cuda_graphs,
-                                                       "compile_layers": cfg.compile_layers},
-                                         "flash_attn_flag": cfg.flash_attn},
+                              "compiled_layers": runner.target.engine.compiled_layers,
+                              "engine": describe(runner.cfg.device, cfg.dtype, runner.target.engine,
+                                                 requested={"cuda_graphs": cfg.cuda_graphs,
+                                                            "compile_layers": cfg.compile_layers},
+                                                 flash_attn_flag=cfg.flash_attn),
                               "selection": [sel.to_dict() for sel in selection], "resumed": resumed,
                               "catchup": catchup_note, "strict_tolerance": cfg.strict_tolerance,
                               **({"ranks": per_rank} if ranks.world > 1 else {})})

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from whiflash.engine import resolve_engine
+from whiflash.calibration import best_threshold
+from whiflash.engine import describe, resolve_engine
 from whiflash.folders import check_folder
 from whiflash.inputs import samples_sha256
 from whiflash.io import atomic_write_json
 from whiflash.locks import owning_folders
-from whiflash.runtime.layers import layers_compiled
 
 from .checks import check_bench_config
 from .config import BenchConfig
@@ -48,10 +47,9 @@ def pick_thresholds(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for thr in sorted({r["threshold"] for r in rows if r["category"] == cat and r["method"] != "ar"}):
             sel = [r for r in rows if r["category"] == cat and r["method"] != "ar" and r["threshold"] == thr]
             sweep[thr] = summarize_rows(sel)["speedup"]
-        valid = {t: s for t, s in sweep.items() if not math.isnan(s)}
-        if valid:
-            best = max(sorted(valid), key=lambda t: valid[t])
-            out[cat] = {"threshold": best, "speedup": valid[best], "sweep": {str(t): s for t, s in sweep.items()}}
+        best = best_threshold(sweep)
+        if best is not None:
+            out[cat] = {"threshold": best, "speedup": sweep[best], "sweep": {str(t): s for t, s in sweep.items()}}
     return out
 
 
@@ -85,8 +83,7 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     run, _ = prepare_run_dir(cfg.out, cfg.run_name(), config)
     write_manifest(run, argv=sys.argv, seed=cfg.seed, device=cfg.device, models=runner.paths, samples=samples,
                    extra={"calibrate_method": method, "values": values,
-                          "engine": {"device": cfg.device, "dtype": cfg.dtype, "cuda_graphs": runner.graphs,
-                                     "compiled_layers": layers_compiled()}}, command="calibrate")
+                          "engine": describe(cfg.device, cfg.dtype, runner.target.engine)}, command="calibrate")
     for v in values:
         m = runner.factory.build(method, v)
         m.name = f"{method}@{v:g}"

@@ -25,7 +25,7 @@ from . import benchmarks
 from .benchmarks import BENCHMARKS, canonical
 from .selection import SourceSelection, balanced, upstream_indices
 
-from whiflash.records import UniqueIds, jsonl_records, prompt_text, text_turns, token_ids
+from whiflash.records import prompt_records
 
 log = logging.getLogger(__name__)
 
@@ -129,20 +129,10 @@ def _read_jsonl(path: Path, category: str | None, source: str) -> list[Sample]:
     if not path.is_file():
         raise FileNotFoundError(f"--dataset {source!r}: no such file {path}")
     cat = category or benchmark_category(path.stem) or path.stem
-    out, ids = [], UniqueIds()
-    for line_no, rec in jsonl_records(path):  # fields typed and checked, errors name FILE:LINE
-        where = f"{path}:{line_no}"
-        sid = f"{path.stem}-{rec.get('question_id', rec.get('id', line_no))}"
-        ids.add(sid, where)
-        sub = str(rec.get("category") or "")
-        if "input_ids" in rec:
-            out.append(Sample(sid, cat, input_ids=token_ids(rec, where), subcategory=sub, source=source))
-        elif rec.get("turns") is not None:
-            out.append(Sample(sid, cat, text_turns(rec, where), subcategory=sub, source=source))
-        elif "prompt" in rec:
-            out.append(Sample(sid, cat, (prompt_text(rec, where),), subcategory=sub, source=source))
-        else:
-            raise ValueError(f"{where}: expected a field 'turns', 'prompt' or 'input_ids'")
+    # the toolkit's one prompt-file reader (fields typed and checked, errors name FILE:LINE); the record's
+    # category is the subcategory here, the file's (or --dataset's @CATEGORY) the category
+    out = [Sample(r.id, cat, r.turns or (), input_ids=r.input_ids, subcategory=r.category, source=source)
+           for r in prompt_records(path)]
     return [replace(s, dataset=path.stem, row=i) for i, s in enumerate(out)]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import whiflash
+from whiflash import session
 from whiflash.pairs import Pair
 
 from .families import budget_method, parse_method
@@ -86,11 +87,10 @@ def model_paths(algorithm: str, model: str | None, draft: str | None, eagle_draf
                 testbed: Path | None) -> dict[str, str | None]:
     """Target, EAGLE-3 and DFlash checkpoints with upstream meaning: `--draft-name-or-path` is the
     EAGLE-3 draft under `--speculative-algorithm EAGLE3` and the DFlash draft otherwise; `--testbed`
-    fills whatever is not given."""
-    tb = (lambda sub: str(Path(testbed) / sub)) if testbed else (lambda sub: None)
+    fills whatever is not given (`whiflash.session.model_paths`)."""
     eagle = draft if algorithm.upper() == "EAGLE3" and draft else eagle_draft
     dflash = draft if algorithm.upper() != "EAGLE3" else None
-    return {"target": model or tb("target"), "eagle3": eagle or tb("eagle3"), "dflash": dflash or tb("dflash")}
+    return session.model_paths(testbed, target=model, eagle3=eagle, dflash=dflash)
 
 
 class MethodFactory:

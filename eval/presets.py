@@ -9,22 +9,22 @@ values are defaults only: a flag given on the command line or in a `--config` fi
 from __future__ import annotations
 
 import json
-import os
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from whiflash import settings
 from whiflash.pairs import Pair
 
 __all__ = ["CHECKPOINTS_ENV", "bench_defaults", "checkpoints_dir", "get_preset", "registry", "router_key"]
 
-CHECKPOINTS_ENV = "WHIFLASH_CHECKPOINTS"
+CHECKPOINTS_ENV = settings.CHECKPOINTS
 """Environment variable naming a `checkpoints/` folder (default: the source checkout's)."""
 
 
 def checkpoints_dir() -> Path:
     """The `checkpoints/` folder: `$WHIFLASH_CHECKPOINTS`, else the one of the source checkout."""
-    env = os.environ.get(CHECKPOINTS_ENV)
+    env = settings.checkpoints_dir()
     # eval/ sits next to checkpoints/ in a checkout (editable installs included); a wheel has no copy
     root = Path(env) if env else Path(__file__).resolve().parents[1] / "checkpoints"
     if not (root / "registry.json").is_file():

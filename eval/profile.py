@@ -21,12 +21,12 @@ import torch
 import whiflash
 from whiflash.drafters import Commit, DFlashDrafter, Drafter, Eagle3Drafter
 from whiflash.drafters.trees import ancestor_mask
-from whiflash.engine import resolve_engine
+from whiflash.engine import describe, engine_options, resolve_engine
 from whiflash.folders import check_folder
 from whiflash.locks import owning_folders
 from whiflash.router import NeuralRouter
 from whiflash.routers import EntropyRouter, NeuralPolicy
-from whiflash.runtime.layers import compile_fixed_passes, layers_compiled
+from whiflash.session import Session
 
 from .checks import check_profile_config
 from .config import BACKLOGS, ProfileConfig
@@ -128,7 +128,7 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
             m.use_cuda_graphs(was)
     prof.meta.update({"device": str(device), "dtype": str(target.dtype).removeprefix("torch."),
                       "timing": "cuda-events (GPU time)" if device.type == "cuda" else "wall-clock",
-                      "cuda_graphs": graphs, "context": context, "compiled_layers": layers_compiled(),
+                      "cuda_graphs": graphs, "context": context, "compiled_layers": target.engine.compiled_layers,
                       "widths": {**widths, **{f"ddtree-b{b}": w for b, w in nodes.items()}}})
     if device.type == "cuda":
         prof.meta["device_name"] = torch.cuda.get_device_name(device)
@@ -179,7 +179,7 @@ def _load(cfg: ProfileConfig) -> tuple[Any, Eagle3Drafter | None, DFlashDrafter 
     if paths["target"] is None:
         raise ValueError("give --model-name-or-path, --testbed DIR, or --preset NAME (with --random-weights for "
                          "real shapes without a download)")
-    target = whiflash.load_target(paths["target"], device=cfg.device, dtype=dtype)
+    target = Session.open(paths, cfg.device, cfg.dtype).target  # the engine options are set by run_profile
     eagle = dflash = None
     if paths["eagle3"]:
         opts = {"num_steps": cfg.eagle_num_steps} if cfg.eagle_num_steps else {}
@@ -208,10 +208,11 @@ def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path
         neural = whiflash.load_router(cfg.whiflash_neural_router_path, hidden_size=target.config.hidden_size,
                                       device=target.device)
         models["neural_router"] = cfg.whiflash_neural_router_path
-    graphs = bool(cfg.cuda_graphs) and target.device.type == "cuda"
-    if cfg.compile_layers and not graphs:
-        log.warning("--compile-layers ignored: it compiles the CUDA graphs' passes (on CUDA, without --no-cuda-graphs)")
-    compile_fixed_passes(bool(cfg.compile_layers) and graphs)
+    target.set_engine(engine_options(str(target.device), bool(cfg.cuda_graphs), bool(cfg.compile_layers)))
+    for d in (eagle, dflash):
+        if d is not None:
+            d.set_engine(target.engine)  # before the models' graph modes are read and restored
+    graphs = target.engine.cuda_graphs
     prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=budgets,
                           neural=neural, context=cfg.context, backlogs=backlogs, graphs=graphs,
                           repeats=cfg.repeats)
@@ -221,8 +222,7 @@ def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path
     write_manifest(run, command="profile", argv=list(argv if argv is not None else sys.argv), seed=0,
                    device=cfg.device, models=models, samples=[],
                    extra={"context": cfg.context,
-                          "engine": {"device": cfg.device, "dtype": cfg.dtype, "cuda_graphs": graphs,
-                                     "compiled_layers": layers_compiled()}})
+                          "engine": describe(cfg.device, cfg.dtype, target.engine)})
     prof.write(run / "profile.json")
     if cfg.output:
         prof.write(cfg.output)

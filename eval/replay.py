@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from whiflash.calibration import METHODS, best_threshold, picks_slot0
 from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.speed_oracle import simulate  # the cost model, shared with the speed oracle and whiflash-train
 
@@ -58,17 +59,17 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
                       neural_router: str | None = None, lazy: bool = True) -> dict[str, Any]:
     """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
     thresholds.json (without the run bookkeeping)."""
-    if method not in ("whiflash-entropy", "whiflash-neural"):
+    if method not in METHODS:
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
     profile = LatencyProfile.read(profile_path, flag="--latency-profile")
     manifest, cols = read_rounds(data_dir, with_hidden=method == "whiflash-neural")
     kinds, budget = manifest.pair.slots, manifest.tree_budget
     rounds = tuple(profile.round_ms(k, budget) for k in kinds)  # a slot missing from the profile fails here
-    # slot 0 when score > cut(v): entropy below v (-entropy > -v), or a predicted gain above v
+    # the router's input per round: the entropy, or the neural router's predicted gain
     if method == "whiflash-entropy":
-        score, router_ms, sign = -cols["entropy"].astype(np.float64), profile.router_ms("entropy"), -1.0
+        score, router_ms = cols["entropy"].astype(np.float64), profile.router_ms("entropy")
     else:
-        score, router_ms, sign = _neural_scores(neural_router, manifest, cols["hidden"]), profile.router_ms("neural"), 1.0
+        score, router_ms = _neural_scores(neural_router, manifest, cols["hidden"]), profile.router_ms("neural")
     ar = profile.ar_step
     from whiflash.speed_oracle import DEFINITION, speed_oracle
 
@@ -82,8 +83,8 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
             tokens, ms, n = simulate(slot0, part, kinds, rounds, profile, router_ms, lazy)
             return tokens * ar / ms, tokens / n
 
-        sweep = {v: speedup(score[sel] > sign * v) for v in sorted(values)}
-        best = max(sweep, key=lambda v: (sweep[v][0], -v))
+        sweep = {v: speedup(picks_slot0(method, score[sel], v)) for v in sorted(values)}
+        best = best_threshold({v: s for v, (s, _) in sweep.items()})
         details[cat] = {"threshold": best, "speedup": sweep[best][0], "tokens_per_second": sweep[best][0] / ar * 1e3,
                         "tau": sweep[best][1], "sweep": {str(v): s for v, (s, _) in sweep.items()},
                         "tau_sweep": {str(v): t for v, (_, t) in sweep.items()},

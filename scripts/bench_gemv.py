@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer settings (a one-minute run)")
     ap.add_argument("--top", type=int, default=3, help="settings printed per shape")
     ap.add_argument("--json", type=Path, help="write the best setting of every shape where it beat cuBLAS "
-                    "(summed over --rows) here, for WHIFLASH_GEMV_CONFIGS / gemv.load_configs")
+                    "(summed over --rows) here, for --gemv-configs / WHIFLASH_GEMV_CONFIGS (EngineOptions.gemv_configs)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     if not all(1 <= r <= gemv.MAX_ROWS for r in rows):
@@ -70,19 +70,15 @@ def main() -> None:
             share = lambda us: n * k * 2 / (us / 1e6) / bw  # noqa: E731
             cublas = [graph_us(lambda x=x: [F.linear(x, w) for w in ws], len(ws)) for x in xs.values()]
             results = []
-            listed, current = (n, k) in gemv.CONFIGS, gemv.config(n, k)  # the engine's setting now
+            current = gemv.config(n, k)  # the engine's setting now
             for setting in itertools.product(*grid):
-                gemv.CONFIGS[(n, k)] = setting
                 try:
-                    us = [graph_us(lambda x=x: [gemv.gemv(x, w) for w in ws], len(ws)) for x in xs.values()]
+                    us = [graph_us(lambda x=x, s=setting: [gemv.gemv(x, w, setting=s) for w in ws], len(ws))
+                          for x in xs.values()]
                 except Exception as exc:  # a setting the compiler refuses (registers, shared memory)
                     print(f"  {preset} {name} {setting}: {type(exc).__name__}")
                     continue
                 results.append((sum(us), us, setting))
-            if listed:  # the table as it was
-                gemv.CONFIGS[(n, k)] = current
-            else:
-                gemv.CONFIGS.pop((n, k))
             results.sort()
             now = next((us for _, us, st in results if st == current), None)
             fmt = lambda us: " ".join(f"{u:6.1f} ({share(u):.0%})" for u in us)  # noqa: E731

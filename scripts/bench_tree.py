@@ -47,23 +47,17 @@ def main() -> None:
                 logits = logits.round()
             out = []
             for on in (False, True):
-                trees.KERNEL = on
-                out.append(trees.tree_proposal(logits, budget))
+                out.append(trees.tree_proposal(logits, budget, kernel=on))
             same += all(torch.equal(getattr(out[0], f), getattr(out[1], f))
                         for f in ("tokens", "parents", "depths", "tree_mask"))
         logits = torch.randn(args.depth, args.vocab, device=dev, generator=gen) * 3
         top_logp, top_ids = torch.log_softmax(logits, -1).topk(budget, -1)
         row = []
-        for fn in (lambda: trees.tree_proposal(logits, budget),
-                   lambda: trees.build_tree_device(top_logp, top_ids, budget)):
+        for fn in (lambda on: trees.tree_proposal(logits, budget, on),
+                   lambda on: trees.build_tree_device(top_logp, top_ids, budget, on)):
             for on in (False, True):
-                trees.KERNEL = on
-                row.append(1e3 * device_ms(Graphed(fn), dev, n=50))
-        counts = []
-        for on in (False, True):
-            trees.KERNEL = on
-            counts.append(kernels(lambda: trees.build_tree_device(top_logp, top_ids, budget)))
-        trees.KERNEL = True
+                row.append(1e3 * device_ms(Graphed(lambda fn=fn, on=on: fn(on)), dev, n=50))
+        counts = [kernels(lambda on=on: trees.build_tree_device(top_logp, top_ids, budget, on)) for on in (False, True)]
         print(f"{budget:>6} {same:>3}/{args.cases:<2} {row[0]:>15.1f} {row[1]:>8.1f} {row[2]:>14.1f} {row[3]:>8.1f} "
               f"{counts[0]:>14} {counts[1]:>7}")
 

@@ -46,6 +46,7 @@ from whiflash.runtime.graphs import Graphed
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPE = torch.bfloat16
 _smoke = False
+_compiled = False  # --compile: the component profiles' targets run compiled layer stages
 
 
 def graphs_on(*modules: Any, enabled: bool = True) -> None:
@@ -81,6 +82,7 @@ def profile_model(name: str, ctx: int, bw: float, anchor: bool, rounds: bool = F
     diagnostics: the eager AR step, and for the anchor model the kernel table, torch.compile, the stock
     transformers anchor and whole rounds graph vs eager (`rounds`: whole rounds for this model too)."""
     target, eagle, dflash = random_models(name, DEV, DTYPE, toy=_smoke)
+    target.set_engine(target.engine.with_(compiled_layers=_compiled))  # the drafters take it at reset
     prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=(32, 128), context=ctx, graphs=True,
                           bandwidth=bw)
     res: dict[str, Any] = {"model": name, "layers": target.config.num_hidden_layers, "floor_ms": prof.floor,
@@ -134,13 +136,12 @@ def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str
               "verify16": lambda: target(ids[:16], ctx, None, None, taps, logits="all"),
               "tree33": lambda: target(ids[:33], ctx, pos, mask, taps, logits="all")}
     out: dict[str, dict[str, Any]] = {}
-    default = decode_attention.ENABLED, gemv.ENABLED, layers.layers_compiled()
+    default = target.engine
     try:
         for name, (kernel, compiled, products) in VARIANTS.items():
             if products and gemv.triton is None:
                 continue
-            decode_attention.ENABLED, gemv.ENABLED = kernel, products
-            layers.compile_fixed_passes(compiled)
+            target.set_engine(default.with_(attention_kernel=kernel, gemv=products, compiled_layers=compiled))
             target.drop_graphs()
             graphs_on(target)
             row: dict[str, Any] = {}
@@ -166,8 +167,7 @@ def engine_variants(target: Target, taps: tuple[int, ...], ctx: int) -> dict[str
             target.static = False
             out[name] = row
     finally:
-        decode_attention.ENABLED, gemv.ENABLED = default[:2]
-        layers.compile_fixed_passes(default[2])
+        target.set_engine(default)
         target.drop_graphs()
         graphs_on(target, enabled=False)
     return out
@@ -206,17 +206,15 @@ def attention_table(target: Target, ctx: int, bw: float) -> dict[str, dict[str, 
     v = torch.randn_like(k)
     kv_bytes = 2 * k[:, :ctx].numel() * k.element_size()
     out = {}
-    default = decode_attention.ENABLED, decode_attention.MAX_SPLITS
+    default = decode_attention.MAX_SPLITS
     try:
         for t in (1, 16, 33):
             q = torch.randn(cfg.num_attention_heads, t, cfg.head_dim, device=DEV, dtype=DTYPE)
             mask = torch.zeros(t, slots, dtype=torch.bool, device=DEV)
             mask[:, :ctx] = True
             mask[:, ctx:ctx + t] = torch.ones(t, t, dtype=torch.bool, device=DEV).tril_()
-            decode_attention.ENABLED = False
-            row = {"sdpa_us": graph_us(lambda: layers.attention(q, k, v, mask, fixed_shape=True)),
+            row = {"sdpa_us": graph_us(lambda: layers.attention(q, k, v, mask, fixed_shape=True, kernel=False)),
                    "kv_read_us": 1e6 * kv_bytes / bw}
-            decode_attention.ENABLED = default[0]
             if decode_attention.usable(q, k, mask):
                 row["kernel_us"] = graph_us(lambda: decode_attention.masked_attention(q, k, v, mask))  # its default
                 for splits in (8, 16, 32, 64):
@@ -224,7 +222,7 @@ def attention_table(target: Target, ctx: int, bw: float) -> dict[str, dict[str, 
                     row[f"kernel_{splits}_us"] = graph_us(lambda: decode_attention.masked_attention(q, k, v, mask))
             out[str(t)] = row
     finally:
-        decode_attention.ENABLED, decode_attention.MAX_SPLITS = default
+        decode_attention.MAX_SPLITS = default
     return out
 
 
@@ -503,10 +501,10 @@ def main() -> None:
     ap.add_argument("--options-only", action="store_true",
                     help="only the engine-option tables (variants, attention, weight products) of every model")
     ap.add_argument("--compile", action="store_true",
-                    help="the component profiles with torch.compile'd layer stages (whiflash.runtime.layers."
-                         "compile_fixed_passes); the anchor's variant table compares both either way")
+                    help="the component profiles with torch.compile'd layer stages (EngineOptions."
+                         "compiled_layers); the anchor's variant table compares both either way")
     args = ap.parse_args()
-    global DEV, DTYPE, _smoke
+    global DEV, DTYPE, _smoke, _compiled
     if args.smoke:
         DEV, DTYPE, _smoke = torch.device("cpu"), torch.float32, True
     elif DEV.type != "cuda":
@@ -514,7 +512,7 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     bw = copy_bandwidth(DEV)
     results = []
-    layers.compile_fixed_passes(args.compile)
+    _compiled = args.compile
     for i, m in enumerate(args.models.split(",")):
         if args.options_only:
             results.append(options_only(m, args.ctx, bw))

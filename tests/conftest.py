@@ -22,12 +22,12 @@ import torch  # noqa: E402
 if _WORKERS > 1:  # in case a plugin imported torch before this file
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-import whiflash
-import whiflash.decoding.verify
-from whiflash.testing import make_dflash, make_eagle3, make_target
+# every tree the suite verifies is checked for prefix-closure (one extra host read per round): targets take
+# their default engine options from the environment (subprocesses the tests start inherit it)
+os.environ.setdefault("WHIFLASH_CHECK_TREES", "1")
 
-# every tree the suite verifies is checked for prefix-closure (one extra host read per round)
-whiflash.decoding.verify.CHECK_TREES = True
+import whiflash  # noqa: E402
+from whiflash.testing import make_dflash, make_eagle3, make_target  # noqa: E402
 
 EAGLE_TAPS = [0, 1, 2]
 DFLASH_TAPS = [0, 1, 3]

@@ -47,8 +47,10 @@ def test_rows_follow_the_contract_and_the_oracle(worlds, tmp_path, prompt_file, 
     assert manifest.tree_budget == (10 if pair == "ddt-e3" else None)
     on_disk = json.loads((out / "manifest.json").read_text())  # built by the same dataclass as synthetic data
     assert on_disk["kind"] == KIND and on_disk["generator"]["name"] == "whiflash.datagen"
-    assert on_disk["generator"]["engine"] == {"device": "cpu", "dtype": "float32", "cuda_graphs": False,
-                                              "compiled_layers": False}  # the CPU's engine: float32, eager
+    engine = on_disk["generator"]["engine"]  # the target's EngineOptions, in full
+    assert {k: engine[k] for k in ("device", "dtype", "cuda_graphs", "compiled_layers")} == {
+        "device": "cpu", "dtype": "float32", "cuda_graphs": False, "compiled_layers": False}  # the CPU's: fp32, eager
+    assert set(whiflash.EngineOptions().to_dict()) <= set(engine)
     table = pq.read_table(files).to_pandas()
     target = whiflash.load_target(world.target_dir)
     for pid, rows in table.groupby("prompt_id", sort=False):
@@ -98,7 +100,7 @@ def test_resume_reuses_finished_shards_and_refuses_other_arguments(worlds, tmp_p
     again = read_manifest(out)
     assert again.shards == first.shards  # same rows, same hashes: nothing lost, nothing duplicated
     assert all((out / n).stat().st_mtime_ns == t for n, t in stamps.items() if n != "shard-00002.parquet")
-    with pytest.raises(ValueError, match=r"other arguments .*--max_prompts None -> 2"):
+    with pytest.raises(ValueError, match=r"other arguments .*--max-prompts None -> 2"):
         _run(world, out, prompt_file, max_prompts=2)
 
 
@@ -128,10 +130,10 @@ def test_bad_input_names_the_problem_and_leaves_the_folder_usable(worlds, tmp_pa
         datagen(out=out, prompts=[str(prompt_file)], max_new_tokens=30, device="cpu")
     with pytest.raises(ValueError, match="--pair: expected one of df-e3, ddt-e3, df-ddt, got 'e3-df'"):
         _run(world, out, prompt_file, pair="e3-df")
-    for bad, message in ((dict(shard_size=0), "--shard_size: expected an integer >= 1, got 0"),
+    for bad, message in ((dict(shard_size=0), "--shard-size: expected an integer >= 1, got 0"),
                          (dict(dtype="banana"), "--dtype: expected one of float32, bfloat16, float16, got 'banana'"),
-                         (dict(max_new_tokens=2.5), "--max_new_tokens: expected an integer >= 1"),
-                         (dict(tree_budget=9), "--tree_budget 9: --pair df-e3 has no DDTree slot")):
+                         (dict(max_new_tokens=2.5), "--max-new-tokens: expected an integer >= 1"),
+                         (dict(tree_budget=9), "--tree-budget 9: --pair df-e3 has no DDTree slot")):
         with pytest.raises(ValueError, match=message):
             _run(world, out, prompt_file, **bad)
     with pytest.raises(ValueError, match="--eagle3 .*: --pair df-ddt has no EAGLE-3 slot"):
@@ -157,14 +159,16 @@ def test_chat_template_prompts_encode_to_token_ids():
 
     from whiflash.datagen.cli import _encode
     from whiflash.datagen.prompts import PromptItem
+    from whiflash.session import Session
 
     backend = Tokenizer(models.WordLevel({"<unk>": 0, "hi": 1, "user": 2, "assistant": 3, ":": 4}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
     tok.chat_template = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
                          "{% if add_generation_prompt %}assistant :{% endif %}")
-    assert _encode(tok, PromptItem("p", "chat", text="hi"), 16) == [2, 4, 1, 3, 4]
-    assert _encode(tok, PromptItem("p", "chat", text="hi"), 2) == [3, 4]  # the prompt's last tokens
+    run = Session({"target": "t"}, target=None, tokenizer=tok)  # type: ignore[arg-type]  # encoding needs no model
+    assert _encode(run, PromptItem("p", "chat", text="hi"), 16) == [2, 4, 1, 3, 4]
+    assert _encode(run, PromptItem("p", "chat", text="hi"), 2) == [3, 4]  # the prompt's last tokens
 
 
 def test_whiflash_train_fits_on_datagen_output(worlds, tmp_path, prompt_file, monkeypatch):
@@ -291,7 +295,7 @@ def test_testbed_sources_without_brackets_and_clear_errors(micro, tmp_path, monk
         monkeypatch.setattr("sys.argv", ["whiflash-datagen", *argv])
         main()
 
-    fast = ["--max_prompts", "2", "--max_new_tokens", "8", "--device", "cpu"]
+    fast = ["--max_prompts", "2", "--max-new-tokens", "8", "--device", "cpu", "--no-cuda-graphs"]  # an old spelling too
     with pytest.raises(ValueError, match=r"--prompts 'testbed:nosuch': unknown testbed split 'nosuch'; expected one "
                                          r"of testbed:train, testbed:validation, testbed:test"):
         cli("--testbed", str(micro), "--prompts", "testbed:nosuch", "--out", str(tmp_path / "a"), *fast)
@@ -324,3 +328,25 @@ def test_prompts_longer_than_the_target_allows_keep_their_last_tokens(micro, tmp
     recorder = OracleDrafter(Pair.parse("df-e3"), eagle3=whiflash.load_drafter("eagle3", micro / "eagle3", target),
                              dflash=whiflash.load_drafter("dflash", micro / "dflash", target))
     assert len(rows) > 0 and rows["position"].min() == prompt_room(target, 8, recorder.max_nodes)
+
+
+def test_flags_are_kebab_case_switches_and_old_spellings_run_with_a_warning(capsys) -> None:
+    from whiflash.datagen.cli import flag_kinds
+    from whiflash.flags import dashed_argv, dashed_help
+
+    kinds = flag_kinds()
+    assert kinds["cuda_graphs"] and kinds["compile_layers"] and not kinds["max_new_tokens"]
+    parsed = ["--max_new_tokens", "8", "--cuda_graphs", "false", "--compile_layers", "true", "--out", "o"]
+    assert dashed_argv(["--max-new-tokens", "8", "--no-cuda-graphs", "--compile-layers", "--out", "o"], kinds,
+                       "whiflash-datagen") == parsed
+    assert capsys.readouterr().err == ""
+    assert dashed_argv(["--max_new_tokens", "8", "--cuda_graphs", "false", "--compile_layers", "true", "--out", "o"],
+                       kinds, "whiflash-datagen") == parsed
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["whiflash-datagen: warning: --max_new_tokens is deprecated; use --max-new-tokens",
+                   "whiflash-datagen: warning: --cuda_graphs is deprecated; use --cuda-graphs / --no-cuda-graphs",
+                   "whiflash-datagen: warning: --compile_layers is deprecated; use --compile-layers / --no-compile-layers"]
+    assert dashed_argv(["--max-new-tokens=8"], kinds, "t") == ["--max_new_tokens=8"]
+    assert dashed_argv(["--cuda-graphs", "false", "--out", "o"], kinds, "t") == ["--cuda_graphs", "false", "--out", "o"]
+    help_text = dashed_help("[--max_new_tokens MAX_NEW_TOKENS] [--cuda_graphs {true,false,null}]", kinds)
+    assert help_text == "[--max-new-tokens MAX_NEW_TOKENS] [--cuda-graphs|--no-cuda-graphs]"

@@ -85,11 +85,11 @@ def test_fixed_shape_decoding_with_the_kernel_equals_the_eager_path(tmp_path) ->
         from whiflash.runtime import decode_attention as da, gemv
         from whiflash.testing import make_dflash, make_eagle3, make_target
 
-        gemv.ENABLED = False
         root = Path({str(tmp_path)!r})
         target_dir = make_target(root / "target", "qwen3", crafted=True, mix=0.1, seed=4)
         cfg = json.loads((target_dir / "config.json").read_text())
         target = whiflash.load_target(target_dir)
+        target.set_engine(target.engine.with_(gemv=False))  # the drafters take it when they attach
         drafters = [whiflash.load_drafter("eagle3", make_eagle3(root / "e3", cfg, [0, 1, 2], draft_vocab=24,
                                                                 crafted=True), target, num_steps=4)]
         dflash_dir = make_dflash(root / "df", cfg, [0, 1, 3], block_size=8, crafted=True)
@@ -126,7 +126,6 @@ def test_gemv_kernel_matches_linear_and_decodes_alike(tmp_path) -> None:
         from whiflash.runtime import gemv
         from whiflash.testing import make_dflash, make_eagle3, make_target
 
-        gemv.ENABLED = True
         torch.manual_seed(0)
         for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 2e-2)):
             for rows, n, k, bias in ((1, 40, 600, False), (7, 16, 512, True), (16, 100, 64, True)):
@@ -139,18 +138,18 @@ def test_gemv_kernel_matches_linear_and_decodes_alike(tmp_path) -> None:
                 r = torch.randn(rows, n).to(dtype)
                 assert torch.equal(gemv.gemv(x, w, b, residual=r), r + gemv.gemv(x, w, b)), (dtype, rows, n, k)
                 # K split over 3 programs a strip: as close, the same on every call, counters left at zero
-                gemv.CONFIGS[(n, k)] = (16, 128, 3, 4, 3)
-                split = gemv.gemv(x, w, b, residual=r)
+                split_table = {{(n, k): (16, 128, 3, 4, 3)}}
+                split = gemv.gemv(x, w, b, residual=r, table=split_table)
                 assert (split.double() - want - r.double()).abs().max().item() < 2 * tol * k ** 0.5, (dtype, n, k)
-                assert torch.equal(split, gemv.gemv(x, w, b, residual=r))
+                assert torch.equal(split, gemv.gemv(x, w, b, residual=r, table=split_table))
                 assert not gemv.counters(x.device, 1).any()
-                del gemv.CONFIGS[(n, k)]
-        assert not gemv.usable(torch.randn(17, 8), torch.randn(4, 8))  # more rows than its tile
-        assert not gemv.usable(torch.randn(1, 8), torch.randn(16, 8))  # a widening product stays with cuBLAS
-        assert gemv.usable(torch.randn(1, 8), torch.randn(8, 8)) and gemv.usable(torch.randn(2, 16), torch.randn(8, 16))
-        gemv.CONFIGS[(16, 8)] = (16, 128, 1, 4, 3)  # a widening shape with a measured setting
-        assert gemv.usable(torch.randn(1, 8), torch.randn(16, 8))
-        del gemv.CONFIGS[(16, 8)]
+        table = gemv.CONFIGS
+        assert not gemv.usable(torch.randn(17, 8), torch.randn(4, 8), table)  # more rows than its tile
+        assert not gemv.usable(torch.randn(1, 8), torch.randn(16, 8), table)  # a widening product stays with cuBLAS
+        assert gemv.usable(torch.randn(1, 8), torch.randn(8, 8), table)
+        assert gemv.usable(torch.randn(2, 16), torch.randn(8, 16), table)
+        assert not gemv.usable(torch.randn(1, 8), torch.randn(8, 8), None)  # EngineOptions(gemv=False)
+        assert gemv.usable(torch.randn(1, 8), torch.randn(16, 8), {{(16, 8): (16, 128, 1, 4, 3)}})  # a measured setting
 
         root = Path({str(tmp_path)!r})
         target_dir = make_target(root / "target", "llama", crafted=True, mix=0.1, seed=5)
@@ -163,10 +162,11 @@ def test_gemv_kernel_matches_linear_and_decodes_alike(tmp_path) -> None:
         calls = [0]
         real = gemv._gemv_op
         gemv._gemv_op = lambda *a: (calls.__setitem__(0, calls[0] + 1), real(*a))[1]
+        on = target.engine
         for drafter in (eagle, dflash):
-            gemv.ENABLED = False  # the reference: cuBLAS's products, eager passes
+            target.set_engine(on.with_(gemv=False))  # the reference: cuBLAS's products, eager passes
             reference = whiflash.generate(target, drafter, [3, 1, 4, 1, 5], 12)
-            gemv.ENABLED = True
+            target.set_engine(on)
             for m in (target, eagle, dflash):
                 m.static = True
             fixed = whiflash.generate(target, drafter, [3, 1, 4, 1, 5], 12)
@@ -203,13 +203,14 @@ def test_compiled_layer_stages_decode_alike_and_compile_once_per_width(worlds, c
     members = [target, *drafters.values()]
     torch._dynamo.reset()
     counters.clear()
-    layers.compile_fixed_passes(True, backend="aot_eager")
+    before = target.engine
+    target.set_engine(before.with_(compiled_layers=True, compile_backend="aot_eager"))  # drafters follow at reset
     try:
         for m in members:
             m.static = True
         fixed = {k: whiflash.generate(target, d, prompt, 24) for k, d in drafters.items()}
     finally:
-        layers.compile_fixed_passes(False)
+        target.set_engine(before)
         for m in members:
             m.static = False
     for kind in eager:
@@ -223,26 +224,24 @@ def test_compiled_layer_stages_decode_alike_and_compile_once_per_width(worlds, c
     assert 0 < counters["stats"]["unique_graphs"] <= 12, dict(counters["stats"])
 
 
-def test_compile_refuses_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compile_refuses_where_it_cannot_run(worlds, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch._dynamo
 
     monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+    target, _ = worlds["qwen3-mixed"].load()
+    before = target.engine
     with pytest.raises(RuntimeError, match="--compile-layers: torch.compile does not run"):
-        layers.compile_fixed_passes(True)
-    assert not layers.layers_compiled()
+        target.set_engine(before.with_(compiled_layers=True, compile_backend="refused"))
+    assert target.engine is before and not target.engine.compiled_layers
 
 
 def test_a_pass_that_does_not_compile_warns_once_and_runs_uncompiled(caplog) -> None:
-    layers.compile_fixed_passes(True, backend="aot_eager")
-    try:
-        def data_dependent(x: torch.Tensor) -> torch.Tensor:  # a host read: no single graph
-            return x * 2 if x.sum().item() > 0 else x
+    def data_dependent(x: torch.Tensor) -> torch.Tensor:  # a host read: no single graph
+        return x * 2 if x.sum().item() > 0 else x
 
-        run = layers.compile_pass(data_dependent)
-        x = torch.ones(3)
-        assert torch.equal(run(x), x * 2) and torch.equal(run(-x), -x)
-    finally:
-        layers.compile_fixed_passes(False)
+    run = layers.compile_pass(data_dependent, backend="aot_eager")
+    x = torch.ones(3)
+    assert torch.equal(run(x), x * 2) and torch.equal(run(-x), -x)
     assert caplog.text.count("torch.compile failed on") == 1, caplog.text
 
 
@@ -250,21 +249,22 @@ def test_gemv_settings_file(tmp_path) -> None:
     """`scripts/bench_gemv.py --json` files load into the setting table; a bad one names itself and the form."""
     from whiflash.runtime import gemv
 
+    from whiflash.runtime.options import EngineOptions
+
     good = tmp_path / "gemv.json"
     good.write_text('{"24x8": [16, 128, 2, 4, 3]}')
-    try:
-        gemv.load_configs(good)
-        assert gemv.config(24, 8) == (16, 128, 2, 4, 3)
-    finally:
-        gemv.CONFIGS.pop((24, 8), None)
+    table = gemv.table_for(EngineOptions(gemv_configs=str(good)))
+    assert gemv.config(24, 8, table) == (16, 128, 2, 4, 3)
+    assert all(table[key] == setting for key, setting in gemv.CONFIGS.items())  # added to the built-in table
+    assert gemv.table_for(EngineOptions(gemv=False, gemv_configs=str(good))) is None  # off: cuBLAS only
     for text in ('{"24-8": [16, 128, 2, 4, 3]}', '[1, 2]', '{"24x8": 3}', '{"24x8": [16, 128]}'):
         bad = tmp_path / "bad.json"
         bad.write_text(text)
         with pytest.raises(ValueError, match=r"bad\.json: expected a JSON object of \"NxK\""):
-            gemv.load_configs(bad)
+            gemv.read_configs(bad)
     assert (24, 8) not in gemv.CONFIGS
     with pytest.raises(ValueError, match="missing.json"):
-        gemv.load_configs(tmp_path / "missing.json")
+        gemv.table_for(EngineOptions(gemv_configs=str(tmp_path / "missing.json")))
 
 
 def test_gemv_counters_grow_beside_the_old_ones() -> None:
@@ -304,12 +304,10 @@ def test_tree_beam_kernel_builds_the_reference_trees() -> None:
                 top_logp, top_ids = torch.log_softmax(x, -1).topk(min(budget, vocab), -1)
                 if kind == "bf16":
                     top_logp = top_logp.bfloat16()
-                trees.KERNEL = False
-                ops = trees.build_tree_device(top_logp, top_ids, budget)
+                ops = trees.build_tree_device(top_logp, top_ids, budget, kernel=False)
                 calls = []
                 real = trees._beams_by_kernel
                 trees._beams_by_kernel = lambda *a: (calls.append(1), real(*a))[1]
-                trees.KERNEL = True
                 kernel = trees.build_tree_device(top_logp, top_ids, budget)
                 trees._beams_by_kernel = real
                 assert calls, (kind, depth, budget)

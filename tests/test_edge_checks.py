@@ -126,7 +126,7 @@ def test_datagen_max_new_tokens_beyond_the_target_is_named_before_pinning(worlds
     ids = tmp_path / "ids.jsonl"
     ids.write_text('{"id": 1, "input_ids": [3, 4, 5]}\n')
     out = tmp_path / "data"
-    with pytest.raises(ValueError, match=r"--max_new_tokens 20000: the target .* has 16384 positions, and a round's "
+    with pytest.raises(ValueError, match=r"--max-new-tokens 20000: the target .* has 16384 positions, and a round's "
                                          r"drafts take \d+ of them, so no prompt token fits; expected at most \d+"):
         _datagen(world, out, [str(ids)], max_new_tokens=20000)
     assert not out.exists()  # nothing pinned: the corrected command starts afresh

@@ -158,8 +158,10 @@ def test_tree_budgets_run_in_one_bench_with_upstream_figures(budgets_run: tuple[
     (sel,) = man["selection"]
     assert sel["source"] == "testbed:test" and sel["rule"] == "balanced" and len(sel["indices"]) == 3
     assert sel["ids"] == [s["id"] for s in man["samples"]] and all(s["row"] is not None for s in man["samples"])
-    assert man["engine"] == {"device": "cpu", "dtype": "float32", "cuda_graphs": False, "compiled_layers": False,
-                             "attention_kernel": man["attention_kernel"], "flash_attn_flag": True,
+    options = whiflash.EngineOptions.from_environment().to_dict()  # the target's options, every field
+    assert man["engine"] == {"device": "cpu", "dtype": "float32", **options, "cuda_graphs": False,
+                             "compiled_layers": False, "attention_kernel_available": man["engine"][
+                                 "attention_kernel_available"], "flash_attn_flag": True,
                              "requested": {"cuda_graphs": False, "compile_layers": False}}
 
 

@@ -47,9 +47,9 @@ def test_datagen_train_and_testbed_commands_follow_the_convention(worlds, tmp_pa
     ids = tmp_path / "ids.jsonl"
     ids.write_text('{"id": 1, "input_ids": [3, 4, 5]}\n')
     args = ["--prompts", str(ids), "--target", str(world.target_dir), "--eagle3", str(world.eagle_dir),
-            "--dflash", str(world.dflash_dir), "--device", "cpu", "--max_new_tokens", "4"]
-    code, err = _console_error(capsys, datagen, [*args, "--out", str(tmp_path / "a"), "--shard_size", "0"])
-    assert (code, err) == (2, ["whiflash-datagen: error: --shard_size: expected an integer >= 1, got 0"])
+            "--dflash", str(world.dflash_dir), "--device", "cpu", "--max-new-tokens", "4"]
+    code, err = _console_error(capsys, datagen, [*args, "--out", str(tmp_path / "a"), "--shard-size", "0"])
+    assert (code, err) == (2, ["whiflash-datagen: error: --shard-size: expected an integer >= 1, got 0"])
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -67,14 +67,10 @@ def engine(request):
     torch.compile'd layer stages, and those with the GEMV kernel (on by default). Compiled code starts afresh
     for every test: a run compiles for its one target and drafters, this file for a dozen worlds and dtypes,
     whose variants together would pass dynamo's recompile limit."""
-    before = decode_attention.ENABLED, gemv.ENABLED
     torch._dynamo.reset()
-    decode_attention.ENABLED = request.param != "sdpa"
-    layers.compile_fixed_passes(request.param.startswith("compiled"))
-    gemv.ENABLED = request.param.endswith("gemv")
-    yield request.param
-    decode_attention.ENABLED, gemv.ENABLED = before
-    layers.compile_fixed_passes(False)
+    return whiflash.EngineOptions.from_environment(attention_kernel=request.param != "sdpa",
+                                                   compiled_layers=request.param.startswith("compiled"),
+                                                   gemv=request.param.endswith("gemv"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -91,12 +87,11 @@ def test_cuda_graphs_decode_like_the_eager_path(worlds, dtype, name, engine):
     methods = [None, *drafters.values(), routed, stretches, oracle]
     fp32, _ = world.load(device="cuda")
     for prompt in PROMPTS:
+        target.set_engine(engine)  # the drafters take it when they attach
         eager = [whiflash.generate(target, d, prompt, 40)[0] for d in methods]
-        for m in [target, *drafters.values()]:
-            m.use_cuda_graphs(True)
+        target.set_engine(engine.with_(cuda_graphs=True))
         graphed = [whiflash.generate(target, d, prompt, 40)[0] for d in methods]
-        for m in [target, *drafters.values()]:
-            m.use_cuda_graphs(False)
+        target.set_engine(engine)
         for a, b in zip(eager, graphed):
             if a != b:  # bf16 only: a full-cache reduction may round a near-tie the other way
                 assert dtype == torch.bfloat16
@@ -120,11 +115,7 @@ def test_decode_attention_kernel_matches_sdpa_at_real_shapes(dtype):
         mask[:, ctx:ctx + t] = (block | torch.eye(t, dtype=torch.bool, device="cuda")).tril()
         assert decode_attention.usable(q, k, mask)
         got = decode_attention.masked_attention(q, k, v, mask)
-        enabled, decode_attention.ENABLED = decode_attention.ENABLED, False
-        try:
-            want = layers.attention(q, k.nan_to_num(), v, mask, fixed_shape=True)
-        finally:
-            decode_attention.ENABLED = enabled
+        want = layers.attention(q, k.nan_to_num(), v, mask, fixed_shape=True, kernel=False)
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 

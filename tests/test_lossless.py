@@ -66,8 +66,8 @@ def test_ddtree_accepts_paths_that_are_not_slot_prefixes(worlds, monkeypatch, tm
     seen = []
     real = gen.accept
 
-    def spy(proposal, picked):
-        count, best, keep = real(proposal, picked)
+    def spy(proposal, picked, **options):
+        count, best, keep = real(proposal, picked, **options)
         seen.append(keep[: int(count)].tolist())
         return count, best, keep
 

@@ -95,7 +95,7 @@ def test_a_wrong_walk_fails_the_same_test(world, monkeypatch):
     import whiflash.decoding.loop as loop
     from whiflash.decoding.verify import accept
 
-    def accept_everything(proposal, picked):  # the bug: trust the draft, ignore the target's draws
+    def accept_everything(proposal, picked, **options):  # the bug: trust the draft, ignore the target's draws
         m = proposal.size
         return torch.tensor(m + 1), torch.tensor(m), torch.arange(m + 1)
 

@@ -94,7 +94,8 @@ def test_a_malformed_tree_is_refused_before_it_is_walked():
     with pytest.raises(ValueError, match="depth 2"):
         check_tree(bad)
     with pytest.raises(ValueError, match="malformed tree"):
-        accept(bad, torch.tensor([3, 9, 9]))
+        accept(bad, torch.tensor([3, 9, 9]), check=True)  # EngineOptions.check_trees
+    accept(bad, torch.tensor([3, 9, 9]))  # unchecked by default: the check costs a host read
     loose = Proposal(tokens=torch.tensor([3, 4]), parents=torch.tensor([0, 1]), depths=torch.tensor([1, 2]),
                      tree_mask=torch.eye(3, dtype=torch.bool))
     with pytest.raises(ValueError, match="ancestor"):

@@ -9,6 +9,7 @@ Public API:
         # a Drafter: pass it to generate() for WhiFlash routed decoding
     OracleDrafter(pair, eagle3=..., dflash=...)   # the per-round oracle (analysis upper bound)
     load_router(name_or_path) -> NeuralRouter   # Hub repo id, local folder or .safetensors file
+    EngineOptions(...)   # kernels, compiled layers, CUDA graphs, tree checks: target.set_engine(options)
 """
 from whiflash.decoding import DecodeStats, RoundRecord, generate, summarize
 from whiflash.decoding.routed import OracleDrafter, RoutedDrafter
@@ -17,9 +18,10 @@ from whiflash.router import NeuralRouter, load_router
 from whiflash.pairs import PAIRS, Pair
 from whiflash.routers import AlternatingRouter, EntropyRouter, FixedRouter, NeuralPolicy
 from whiflash.runtime import load_target
+from whiflash.runtime.options import EngineOptions
 
 __all__ = [
-    "PAIRS", "AlternatingRouter", "DecodeStats", "EntropyRouter", "FixedRouter", "NeuralPolicy", "NeuralRouter",
+    "PAIRS", "AlternatingRouter", "DecodeStats", "EngineOptions", "EntropyRouter", "FixedRouter", "NeuralPolicy", "NeuralRouter",
     "OracleDrafter", "Pair", "RoundRecord", "RoutedDrafter", "generate", "load_drafter", "load_router", "load_target",
     "summarize",
 ]

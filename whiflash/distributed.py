@@ -23,11 +23,13 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from whiflash import settings
+
 __all__ = ["Ranks", "barrier", "broadcast", "from_env", "gather", "init"]
 
 T = TypeVar("T")
 
-TIMEOUT_ENV = "WHIFLASH_DIST_TIMEOUT"
+TIMEOUT_ENV = settings.DIST_TIMEOUT
 """Seconds a rank waits in a collective (default one day). A rank that ends its share early waits at the
 final barrier for the slowest one, which in a large datagen run can be hours later; a crashed rank never
 leaves the others waiting that long, because torchrun ends every rank when one fails."""
@@ -105,7 +107,7 @@ def init() -> Ranks:
     ranks = from_env()
     if ranks.world == 1 or _GROUP is not None:
         return ranks
-    timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
+    timeout = datetime.timedelta(seconds=settings.dist_timeout(DEFAULT_TIMEOUT_S))
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=timeout)
         atexit.register(_destroy)  # a group left open makes torch warn at exit

@@ -6,9 +6,9 @@ supported by this Python/torch and Triton installed; otherwise layers stay uncom
 is logged). On the CPU it means float32 and eager passes. A flag given on the command line, in a
 `--config` file or in Python always wins (`--no-cuda-graphs`, `--no-compile-layers`, `--dtype
 float32`). `whiflash-eval bench`, `calibrate`, `profile` and `sweep` resolve their flags here, so
-`--print_config` shows what will run, and the run's manifest records what did (`engine` in
-manifest.json); `whiflash-datagen` resolves its `dtype` and `compile_layers` the same way and records
-them in the dataset manifest's `generator.engine`.
+`--print_config` shows what will run; `engine_options` turns the resolved flags into the target's
+`EngineOptions`, and `describe` writes them into the run's manifest (`engine` in manifest.json;
+`generator.engine` in a datagen dataset's manifest).
 """
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["ENGINE_FIELDS", "compile_blocker", "default_device", "engine_defaults", "resolve_engine"]
+from whiflash.runtime.options import EngineOptions
+
+__all__ = ["ENGINE_FIELDS", "EngineOptions", "compile_blocker", "default_device", "describe", "engine_defaults",
+           "engine_options", "resolve_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -66,3 +69,25 @@ def resolve_engine(cfg: C) -> C:
     """`cfg` (a dataclass with the `ENGINE_FIELDS`) with its unset engine fields resolved."""
     values = engine_defaults(*(getattr(cfg, f) for f in ENGINE_FIELDS))
     return replace(cfg, **values)  # type: ignore[type-var]
+
+
+def engine_options(device: str, cuda_graphs: bool, compile_layers: bool) -> EngineOptions:
+    """The `EngineOptions` of a run's resolved engine flags (`resolve_engine`), over the environment's defaults
+    for the kernels: CUDA graphs only on a CUDA device and compiled layers only inside them (either asked for
+    elsewhere is ignored with a warning naming the flag)."""
+    cuda = str(device).startswith("cuda")
+    graphs = bool(cuda_graphs) and cuda
+    if cuda_graphs and not graphs:
+        log.warning("--cuda-graphs ignored on %s (CUDA only)", device)
+    if compile_layers and not graphs:
+        log.warning("--compile-layers ignored: it compiles the CUDA graphs' passes (give --cuda-graphs on CUDA)")
+    return EngineOptions.from_environment(cuda_graphs=graphs, compiled_layers=bool(compile_layers) and graphs)
+
+
+def describe(device: str, dtype: str, options: EngineOptions, **extra: Any) -> dict[str, Any]:
+    """The `engine` record of a run manifest: device, dtype, every option, whether the attention kernel can
+    run here at all (Triton installed), and `extra` (what was asked for, when it differs)."""
+    from whiflash.runtime import decode_attention
+
+    return {"device": str(device), "dtype": dtype, **options.to_dict(),
+            "attention_kernel_available": decode_attention.available(), **extra}

@@ -13,17 +13,18 @@ exit status   meaning
 Either way the tool prints one line to stderr, ``PROG: error: MESSAGE``, where the message names the file
 (with its line), the field or the flag, and what was expected. The Python traceback is printed only with
 ``--debug`` on the command line or ``WHIFLASH_DEBUG=1`` in the environment. Parser errors (an unknown flag,
-a value of the wrong type) keep jsonargparse's usage message and status 2. Only the standard library is
-imported here.
+a value of the wrong type) keep jsonargparse's usage message and status 2. Only the standard library (and `whiflash.settings`,
+itself standard library only) is imported here.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
+
+from whiflash import settings
 
 __all__ = ["DEBUG_ENV", "DEBUG_FLAG", "FAILURE", "USAGE", "UsageError", "error_line", "exit_status", "run_cli",
            "split_debug"]
@@ -33,7 +34,7 @@ USAGE = 2
 FAILURE = 1
 """Exit status of a command that failed while running."""
 DEBUG_FLAG = "--debug"
-DEBUG_ENV = "WHIFLASH_DEBUG"
+DEBUG_ENV = settings.DEBUG
 """``WHIFLASH_DEBUG=1`` prints the traceback of an error, as ``--debug`` does."""
 
 
@@ -65,7 +66,7 @@ def error_line(error: BaseException) -> str:
 def split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
     """``argv`` without ``--debug``, and whether the traceback is wanted (the flag, or ``WHIFLASH_DEBUG=1``)."""
     rest = [a for a in argv if a != DEBUG_FLAG]
-    wanted = len(rest) != len(argv) or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    wanted = len(rest) != len(argv) or settings.debug()
     return rest, wanted
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from whiflash.errors import UsageError
 
-__all__ = ["UniqueIds", "jsonl_records", "prompt_text", "text_turns", "token_ids"]
+__all__ = ["PromptRecord", "UniqueIds", "jsonl_records", "prompt_records", "prompt_text", "text_turns", "token_ids"]
 
 
 def jsonl_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -88,3 +89,41 @@ class UniqueIds:
             raise UsageError(f"{where}: prompt id {prompt_id!r} was already given by {self.seen[prompt_id]}; expected "
                              "every record to have its own question_id/id (and every source to be listed once)")
         self.seen[prompt_id] = where
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One prompt of a JSONL file, read and checked (`prompt_records`)."""
+
+    id: str
+    """``<file stem>-<question_id | id | line number>``, unique in its file."""
+    category: str
+    """The record's own `category` field ('' when it has none)."""
+    where: str
+    """``FILE:LINE``, for messages."""
+    turns: tuple[str, ...] | None = None
+    """The user turns (`turns`, or `prompt` as one turn); None for a token-id prompt."""
+    input_ids: tuple[int, ...] | None = None
+
+
+def prompt_records(path: str | Path) -> list[PromptRecord]:
+    """Every prompt of a JSONL file, in file order: FastChat-style `turns`, a `prompt` text or `input_ids`, each
+    record optionally with `question_id`/`id` and `category`. A record without any of the three, a field of the
+    wrong type or a repeated id is refused, naming its line. The one reader of prompt files: `whiflash-datagen
+    --prompts` and `whiflash-eval --dataset` both read through it."""
+    path = Path(path)
+    out, ids = [], UniqueIds()
+    for line_no, rec in jsonl_records(path):
+        where = f"{path}:{line_no}"
+        pid = f"{path.stem}-{rec.get('question_id', rec.get('id', line_no))}"
+        ids.add(pid, where)
+        category = str(rec.get("category") or "")
+        if "input_ids" in rec:
+            out.append(PromptRecord(pid, category, where, input_ids=token_ids(rec, where)))
+        elif rec.get("turns") is not None:
+            out.append(PromptRecord(pid, category, where, turns=text_turns(rec, where)))
+        elif "prompt" in rec:
+            out.append(PromptRecord(pid, category, where, turns=(prompt_text(rec, where),)))
+        else:
+            raise ValueError(f"{where}: expected a field 'turns', 'prompt' or 'input_ids'")
+    return out

@@ -7,15 +7,18 @@ after the pending token, the target verifies `[pending, proposal]` in one pass, 
 path becomes the new pending token. Plain autoregressive decoding is the same loop with an empty
 proposal, so all methods share one code path and one definition of tau.
 
-Routed drafters carry a routing policy; the loop asks it for the next round's slot at the end of
-each round (and after prefill), from the target's state at the last committed position, and the
-slot reaches the host in the round's one read.
+The loop talks to drafters only through the `Drafter` hooks: `propose`, `observe`, `route` (the
+routing decision: the next round's slot, asked at the end of each round and after prefill from
+the target's state at the last committed position; None for a single drafter), `advance` (the
+branch a union proposal's round accepts) and `catchup_seconds`. Everything the host needs from a
+round travels in one read, unpacked into a `RoundRead`.
 """
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -23,7 +26,7 @@ from torch import Tensor
 from whiflash.decoding.stats import DecodeStats, RoundRecord
 from whiflash.decoding.verify import accept, branch_taus, row, target_tokens
 from whiflash.drafters.base import Commit, Drafter, Proposal
-from whiflash.runtime.model import Target
+from whiflash.runtime.model import Target, TargetOutput
 
 
 def _sync(device: torch.device) -> None:
@@ -66,6 +69,74 @@ def prompt_room(target: Target, max_new_tokens: int, max_nodes: int = 0) -> int:
     return target.config.max_position_embeddings - max_new_tokens - 2 * max_nodes - 2
 
 
+class Verdict(NamedTuple):
+    """A round's acceptance, on the device: what `accept` walked and what the host will read."""
+
+    count: Tensor
+    """0-dim tau (accepted drafted tokens + 1)."""
+    keep: Tensor
+    """`[m+1]` node order, the accepted path first (root included)."""
+    path_ids: Tensor
+    """`[m+1]` verified ids in `keep` order."""
+    next_token: Tensor
+    """`[1]` the target's token after the path: the next pending token."""
+    best: Tensor
+    """0-dim the path's last node (the next decision point)."""
+    decision: Tensor | None
+    """0-dim the next round's slot (`Drafter.route`), or None without routing."""
+    slot_taus: Tensor | None
+    """`[2]` both slots' tau (a union proposal), or None."""
+    advanced: Tensor | None
+    """0-dim the slot whose branch was accepted (`Drafter.advance`), or None."""
+
+
+class RoundRead(NamedTuple):
+    """A round's one device-to-host read, by name."""
+
+    tau: int
+    tokens: list[int]
+    """The tokens the round emits: the accepted drafted ones, then the next pending token."""
+    next_slot: int | None
+    slot_taus: tuple[int, int] | None
+    advanced: int | None
+
+    @staticmethod
+    def of(verdict: Verdict) -> RoundRead:
+        """Read `verdict` in one `tolist()` and name its parts (the round's only host synchronisation)."""
+        parts = (verdict.count, verdict.path_ids, verdict.next_token, verdict.decision, verdict.slot_taus,
+                 verdict.advanced)
+        fields = [v.reshape(-1).long() if v is not None else None for v in parts]
+        host = iter(torch.cat([v for v in fields if v is not None]).tolist())
+        # each field back by its own length, in order (an absent one is None)
+        count, path, nxt, decision, taus, advanced = (
+            [next(host) for _ in range(v.numel())] if v is not None else None for v in fields)
+        tau = count[0]
+        return RoundRead(tau, path[1:tau] + nxt, decision[0] if decision else None,
+                         (taus[0], taus[1]) if taus else None, advanced[0] if advanced else None)
+
+
+def _verify(target: Target, pending: Tensor, proposal: Proposal, n: int,
+            taps: tuple[int, ...]) -> tuple[Tensor, TargetOutput]:
+    """`[pending, proposal]` and the target's one pass over it (depth positions and ancestor mask for trees)."""
+    verify_ids = torch.cat([pending, proposal.tokens])
+    positions = None
+    if proposal.depths is not None:
+        positions = n + torch.cat([proposal.depths.new_zeros(1), proposal.depths])
+    return verify_ids, target(verify_ids, n, positions, proposal.tree_mask, taps, logits="all")
+
+
+def _accept(target: Target, drafter: Drafter | None, proposal: Proposal, verify_ids: Tensor, out: TargetOutput,
+            picked: Tensor) -> Verdict:
+    """The walk over the target's picks (only the advancing slot's branch of a union), and the next decision."""
+    slot_taus = advanced = None
+    if proposal.branch is not None and drafter is not None:  # both slots' tau, then the slot the round keeps
+        slot_taus = branch_taus(proposal, picked)
+        advanced = drafter.advance(slot_taus)
+    count, best, keep = accept(proposal, picked, branch=advanced, check=target.engine.check_trees)
+    decision = drafter.route(row(out.hidden, best), row(out.logits, best)) if drafter is not None else None
+    return Verdict(count, keep, verify_ids[keep], row(picked, best).reshape(1), best, decision, slot_taus, advanced)
+
+
 @torch.no_grad()
 def generate(
     target: Target,
@@ -97,8 +168,8 @@ def generate(
         generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
     stops = set(stop_token_ids or ())
     taps = tuple(sorted(set(drafter.tap_layers))) if drafter is not None else ()
-    router = getattr(drafter, "router", None)  # routed drafters carry their policy
     stats = DecodeStats(method=drafter.name if drafter is not None else "ar", prompt_tokens=n)
+    keep_features = on_round is not None
 
     target.setup_cache(n + max_new_tokens + (drafter.max_nodes if drafter is not None else 0) + 1)
     if drafter is not None:
@@ -106,8 +177,8 @@ def generate(
     t0 = time.perf_counter()
     out = target(ids, 0, taps=taps, logits="last")
     pending = target_tokens(out.logits, temperature, generator)
-    features = _features(out.hidden[-1], out.logits[-1], keep=on_round is not None)
-    decision = router(out.hidden[-1], out.logits[-1]).reshape(1) if router is not None else pending[:0]
+    features = _features(out.hidden[-1], out.logits[-1], keep=keep_features)
+    decision = drafter.route(out.hidden[-1], out.logits[-1]) if drafter is not None else None
     emitted, slot = _read_prefill(pending, decision)
     if drafter is not None:
         drafter.observe(Commit(out.feats, torch.cat([ids[1:], pending]), 0, taps))
@@ -116,50 +187,32 @@ def generate(
     stats.prefill_seconds = t1 - t0
 
     while emitted[-1] not in stops and len(emitted) < max_new_tokens:
-        # 1. draft: the chosen slot's member catches up on its backlog, then proposes
+        # 1. propose: the chosen slot's member catches up on its backlog, then drafts
         backlog = drafter.backlog_rows(slot or 0) if drafter is not None else 0
         proposal = drafter.propose(pending, n, slot or 0) if drafter is not None else Proposal(tokens=ids[:0])
-        # 2. verify [pending, proposal] in one target pass (depth positions and ancestor mask for trees)
-        verify_ids = torch.cat([pending, proposal.tokens])
-        positions = None
-        if proposal.depths is not None:
-            positions = n + torch.cat([proposal.depths.new_zeros(1), proposal.depths])
-        out = target(verify_ids, n, positions, proposal.tree_mask, taps, logits="all")
-        # 3. accept: the target's token at every node, the walk, and the next round's decision
+        # 2. verify [pending, proposal] in one target pass
+        verify_ids, out = _verify(target, pending, proposal, n, taps)
+        # 3. accept: the target's token at every node, the walk, the next round's decision; one host read
         picked = target_tokens(out.logits, temperature, generator)
-        if proposal.branch is not None:  # the oracle: both slots' tau, then the slot it advances with
-            slot_taus = branch_taus(proposal, picked)
-            advance = drafter.advance(slot_taus)
-            count, best, keep = accept(proposal, picked, branch=advance)
-        else:
-            count, best, keep = accept(proposal, picked)
-        path_ids, nxt = verify_ids[keep], row(picked, best).reshape(1)
-        extra: list[Tensor] = []
-        if router is not None:
-            extra.append(router(row(out.hidden, best), row(out.logits, best)).reshape(1))
-        if proposal.branch is not None:
-            extra += [slot_taus, advance.reshape(1)]
-        # the one host synchronisation of the round
-        host = torch.cat([v.reshape(-1).long() for v in (count, path_ids, nxt, *extra)]).tolist()
-        tau, rest = host[0], host[2 + path_ids.shape[0] :]
-        round_tokens = host[2 : 1 + tau] + host[1 + path_ids.shape[0] : 2 + path_ids.shape[0]]
-        next_slot = rest.pop(0) if router is not None else None
-        taus = (rest[0], rest[1]) if proposal.branch is not None else None
+        verdict = _accept(target, drafter, proposal, verify_ids, out, picked)
+        read = RoundRead.of(verdict)
         # 4. commit: K/V along the accepted path, the drafter's view of the new positions
+        path = verdict.keep[: read.tau]
         if proposal.parents is not None:
-            target.compact(n, keep[:tau])
+            target.compact(n, path)
         if drafter is not None:
-            drafter.observe(Commit(out.feats[keep[:tau]], torch.cat([path_ids[1:tau], nxt]), n, taps))
-        if taus is not None:
-            slot = rest[2]  # the oracle: the slot its advance rule picked (OracleDrafter.advance)
-        record = RoundRecord(stats.rounds, n, tau, slot, backlog, taus, *features)
+            drafter.observe(Commit(out.feats[path], torch.cat([verdict.path_ids[1 : read.tau], verdict.next_token]),
+                                   n, taps))
+        if read.advanced is not None:
+            slot = read.advanced  # the oracle: the slot its advance rule picked
+        record = RoundRecord(stats.rounds, n, read.tau, slot, backlog, read.slot_taus, *features)
         stats.add(record)
         if on_round is not None:
             on_round(record)
-        features = _features(row(out.hidden, best), row(out.logits, best), keep=on_round is not None)
-        slot, pending, n = next_slot, nxt, n + tau
-        emitted.extend(round_tokens)
-        if stops and not stops.isdisjoint(round_tokens):
+        features = _features(row(out.hidden, verdict.best), row(out.logits, verdict.best), keep=keep_features)
+        slot, pending, n = read.next_slot, verdict.next_token, n + read.tau
+        emitted.extend(read.tokens)
+        if stops and not stops.isdisjoint(read.tokens):
             break
 
     _sync(device)
@@ -170,7 +223,7 @@ def generate(
             break
     emitted = emitted[:max_new_tokens]
     stats.new_tokens = len(emitted)
-    stats.catchup_seconds = getattr(drafter, "catchup_seconds", 0.0)
+    stats.catchup_seconds = drafter.catchup_seconds if drafter is not None else 0.0
     return emitted, stats
 
 
@@ -180,7 +233,7 @@ def _features(hidden: Tensor, logits: Tensor, keep: bool) -> tuple[Tensor | None
     return (hidden.clone(), logits.clone()) if keep else (None, None)
 
 
-def _read_prefill(pending: Tensor, decision: Tensor) -> tuple[list[int], int | None]:
+def _read_prefill(pending: Tensor, decision: Tensor | None) -> tuple[list[int], int | None]:
     """The prefill's one host read: the first token and, for routed drafters, the first slot."""
-    host = torch.cat([pending.long(), decision.long()]).tolist()
+    host = torch.cat([pending.long(), *([] if decision is None else [decision.reshape(1).long()])]).tolist()
     return host[:1], (host[1] if len(host) > 1 else None)

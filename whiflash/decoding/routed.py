@@ -2,8 +2,9 @@
 
 `RoutedDrafter` and `OracleDrafter` are drafters, so `whiflash.generate` runs them in the same
 verified loop as the standalone methods and stays lossless whatever is chosen. A routed drafter
-carries its routing policy (`.router`); `generate` asks it every round and passes the slot to
-`propose` (docs/design.md, "Routing"). Slot 0 is the pair's parallel drafter, slot 1 the other.
+carries its routing policy (`.router`) behind the `Drafter.route` hook; `generate` asks it every
+round and passes the slot to `propose` (docs/design.md, "Routing"). The oracle's union proposals
+use the `Drafter.advance` hook to pick the slot a round advances with. Slot 0 is the pair's parallel drafter, slot 1 the other.
 
 Lazy Catch-up (default): committed positions are queued in every member drafter's backlog; only
 the member that drafts consumes its backlog, in one batched prefill, so an inactive drafter is
@@ -139,6 +140,9 @@ class RoutedDrafter(DrafterPair):
     def backlog_rows(self, slot: int = 0) -> int:
         return self.slots[slot][0].backlog_len
 
+    def route(self, hidden: Tensor, logits: Tensor) -> Tensor:
+        return self.router(hidden, logits).reshape(())
+
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
         return self._draft(slot, pending, pos)
 
@@ -192,7 +196,7 @@ class OracleDrafter(DrafterPair):
         """0-dim long slot (on the device) the round advances with, from both slots' `[2]` taus:
         the larger tau, or with `round_times` the larger tau per unit of round time; ties: slot 1."""
         if self.round_times is None:
-            return (taus[0] <= taus[1]).long()
+            return super().advance(taus)
         t0, t1 = self.round_times
         # tau0 / t0 <= tau1 / t1, multiplied out (times > 0): no division, and no host read
         return (taus[0] * t1 <= taus[1] * t0).long()

@@ -10,17 +10,10 @@ read (see `whiflash.decoding.loop`).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
 from whiflash.drafters.base import Proposal
-
-CHECK_TREES = os.environ.get("WHIFLASH_CHECK_TREES", "0") not in ("", "0")
-"""Check every verified tree's shape (`check_tree`) before walking it: one extra host read per round,
-so off by default; the test suite turns it on (`WHIFLASH_CHECK_TREES=1`)."""
-
 
 def check_tree(tree: Proposal) -> None:
     """Raise unless `tree` is prefix-closed: every parent precedes its node, every depth is its
@@ -64,7 +57,8 @@ def accepted_nodes(tree: Proposal, picked: Tensor) -> tuple[Tensor, Tensor]:
     return accepted, torch.cat([tree.depths.new_zeros(1), tree.depths])
 
 
-def accept(proposal: Proposal, picked: Tensor, branch: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def accept(proposal: Proposal, picked: Tensor, branch: Tensor | None = None,
+           check: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Walk `[root, nodes]` given the target's token `picked[i]` at every node.
 
     Returns device tensors `(count, best, keep)`: the accepted path's length (root included, so
@@ -73,6 +67,8 @@ def accept(proposal: Proposal, picked: Tensor, branch: Tensor | None = None) -> 
     every node whose whole ancestry matches, and the deepest such node ends the path.
     `branch` (a 0-dim slot, for a union with `Proposal.branch`): only that slot's nodes may be on
     the path, so the round advances with the slot the oracle picked, not always the deeper one.
+    `check` (`EngineOptions.check_trees`): `check_tree` a tree first (one extra host read; skipped while a
+    CUDA graph is being captured).
     """
     m = proposal.size
     device = picked.device
@@ -80,7 +76,7 @@ def accept(proposal: Proposal, picked: Tensor, branch: Tensor | None = None) -> 
         keep = torch.arange(m + 1, device=device)
         count = torch.cumprod((proposal.tokens == picked[:-1]).long(), 0).sum() + 1 if m else keep.new_ones(())
         return count, count - 1, keep
-    if CHECK_TREES and not (picked.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if check and not (picked.is_cuda and torch.cuda.is_current_stream_capturing()):
         check_tree(proposal)
     accepted, depth = accepted_nodes(proposal, picked)
     if branch is not None:

@@ -101,10 +101,12 @@ class Drafter(nn.Module, FixedShapePasses):
         return self.kind
 
     def reset(self, target: Any, max_len: int, temperature: float = 0.0) -> None:
-        """Start a new sequence: forget the backlog and (re)size the cache for `max_len` positions."""
+        """Start a new sequence: forget the backlog, take the target's `EngineOptions` (kernels, compiled
+        passes, CUDA graphs) and (re)size the cache for `max_len` positions."""
         if self._target and self._target[0] is not target:
             self.drop_graphs()  # captured passes read the old target's weights (LM head, embeddings) in place
         self._target = (target,)
+        self.set_engine(target.engine)
         self.backlog = []
         self.kv_len = 0
         self._setup_cache(max_len)
@@ -176,6 +178,22 @@ class Drafter(nn.Module, FixedShapePasses):
     def backlog_rows(self, slot: int = 0) -> int:
         """Committed rows waiting in the backlog of the member that drafts for `slot`."""
         return self.backlog_len
+
+    # The hooks the round loop (`whiflash.decoding.loop.generate`) calls, with what a single drafter does.
+
+    catchup_seconds: float = 0.0
+    """Seconds spent consuming backlogs since `reset` (routed drafters that time their catch-up; else 0)."""
+
+    def route(self, hidden: Tensor, logits: Tensor) -> Tensor | None:
+        """The routing decision: the next round's slot (0-dim long, on the device) from the target's final
+        hidden state `[H]` and logits `[V]` at the last committed position, or None for a drafter without a
+        routing policy (it always drafts with slot 0)."""
+        return None
+
+    def advance(self, taus: Tensor) -> Tensor:
+        """The branch choice for a union proposal (`Proposal.branch`): the 0-dim long slot (on the device) whose
+        branch the round accepts, from both slots' `[2]` taus. Default: the larger tau, ties slot 1."""
+        return (taus[0] <= taus[1]).long()
 
 
 def pad_rows(x: Tensor, rows: int) -> Tensor:

@@ -123,7 +123,7 @@ class DFlashDrafter(Drafter):
 
     def _context(self, taps: Tensor, positions: Tensor, rows: Rows) -> None:
         """K/V of context rows (`hidden_norm(fc(taps))` through each layer's projections) at `rows`."""
-        ctx = self.hidden_norm(gemv.linear(taps, self.fc))
+        ctx = self.hidden_norm(gemv.linear(taps, self.fc, table=self.kernels.gemv))
         for i, layer in enumerate(self.layers):
             self.cache.write(i, *layer.self_attn.kv(ctx, self.rope, positions), rows)
 
@@ -166,6 +166,6 @@ class DFlashDrafter(Drafter):
         if tree_budget is None:
             return Proposal(tokens=logits.argmax(-1))
         if not self.fixed_shapes:
-            return tree_proposal(logits, tree_budget)
+            return tree_proposal(logits, tree_budget, self.engine.tree_kernel)
         # the builder is a few hundred small kernels at fixed shapes: one graph replay instead
-        return self.run_fixed(("tree", tree_budget), lambda x: tree_proposal(x, tree_budget), logits)
+        return self.run_fixed(("tree", tree_budget), lambda x: tree_proposal(x, tree_budget, self.engine.tree_kernel), logits)

@@ -120,7 +120,7 @@ class Eagle3Drafter(Drafter):
         if self.cfg.get("fc_norm"):
             chunks = taps.chunk(len(self.fc_norm), dim=-1)
             taps = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
-        return gemv.linear(taps, self.fc)
+        return gemv.linear(taps, self.fc, table=self.kernels.gemv)
 
     def _rows(self, feature: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """Attention input `[n, 2H]` and residual `[n, H]` of rows (feature, next token)."""

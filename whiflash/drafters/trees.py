@@ -24,7 +24,6 @@ candidates already come in rule order) instead of two sorts a depth: 727 -> 265 
 from __future__ import annotations
 
 import heapq
-import os
 
 import torch
 from torch import Tensor
@@ -35,9 +34,6 @@ from whiflash.runtime.decode_attention import INTERPRET, triton
 if triton is not None:
     import triton.language as tl
 
-KERNEL = os.environ.get("WHIFLASH_TREE_KERNEL", "1") != "0"
-"""Grow the device builder's beams with one Triton kernel where it can run (`WHIFLASH_TREE_KERNEL=0`: the
-sort-based tensor ops everywhere, for comparisons)."""
 
 
 def build_tree(top_logp: list[list[float]], top_ids: list[list[int]], budget: int) -> tuple[list[int], list[int], list[int]]:
@@ -133,7 +129,7 @@ def _beams_by_kernel(logp: Tensor, budget: int) -> tuple[Tensor, Tensor]:
     return scores, picks
 
 
-def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
+def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int, kernel: bool = True) -> Proposal:
     """The first `budget` prefixes under the tie rule, from sorted per-depth top-k `[L, K]`, with tensor ops only.
 
     Each depth keeps a beam of its first `budget` prefixes, grown from the previous depth's beam:
@@ -155,7 +151,7 @@ def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int) -> Proposa
     slot = torch.arange(budget, device=dev)
     first_ranks = slot.clamp_max(k - 1)  # depth 1: the beam is simply ranks 0 .. budget-1
     valid = [None if full else slot < k]
-    if full and KERNEL and triton is not None and (dev.type == "cuda" or INTERPRET):
+    if full and kernel and triton is not None and (dev.type == "cuda" or INTERPRET):
         all_scores, steps = _beams_by_kernel(logp, budget)  # one launch instead of two sorts a depth
     else:
         scores = [logp[0, first_ranks] if full else torch.where(valid[0], logp[0, first_ranks], float("-inf"))]
@@ -194,8 +190,9 @@ def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int) -> Proposa
     return Proposal(tokens=tokens, parents=parents, depths=depth0 + 1, tree_mask=mask)
 
 
-def tree_proposal(logits: Tensor, budget: int) -> Proposal:
-    """The best `budget`-node tree for per-depth draft `logits [L, V]` (the DDTree proposal)."""
+def tree_proposal(logits: Tensor, budget: int, kernel: bool = True) -> Proposal:
+    """The best `budget`-node tree for per-depth draft `logits [L, V]` (the DDTree proposal; `kernel`:
+    `EngineOptions.tree_kernel`)."""
     k = min(budget, logits.shape[-1])
     top_logp, top_ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)
-    return build_tree_device(top_logp, top_ids, budget)
+    return build_tree_device(top_logp, top_ids, budget, kernel)

@@ -76,7 +76,7 @@ class KVCache:
 def write_slots(kc: Tensor, vc: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:
     """Store `k, v [kv_heads, n, head_dim]` at `slots [n]` of one layer's `kc, vc [kv_heads, S, head_dim]`.
 
-    Also called inside compiled layer stages (`layers.compile_fixed_passes`), where inductor turns it
+    Also called inside compiled layer stages (`EngineOptions.compiled_layers`), where inductor turns it
     into a scatter into the cache fused with the kernel that computes K (or V), instead of two launches."""
     kc.index_copy_(1, slots, k)
     vc.index_copy_(1, slots, v)

@@ -16,8 +16,8 @@ as its `[Hq, T, D]` view.
 
 The kernel is a `torch.library` custom op (`whiflash::masked_attention`), so compiled layers keep it
 as one opaque call. `usable` decides where it runs: CUDA tensors (or the Triton interpreter,
-`TRITON_INTERPRET=1`, which is how the CPU tests check it), Triton installed, and
-`WHIFLASH_DECODE_ATTENTION` not set to `0`. Everything else keeps PyTorch's SDPA.
+`TRITON_INTERPRET=1`, which is how the CPU tests check it) and Triton installed; the layers ask only
+while `EngineOptions.attention_kernel` is on. Everything else keeps PyTorch's SDPA.
 """
 from __future__ import annotations
 
@@ -32,9 +32,6 @@ try:
     import triton.language as tl
 except ImportError:  # CPU-only installs: the engine keeps SDPA
     triton = None
-
-ENABLED = os.environ.get("WHIFLASH_DECODE_ATTENTION", "1") != "0"
-"""Use the kernel where it is usable (`WHIFLASH_DECODE_ATTENTION=0` turns it off, for comparisons)."""
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 """Triton's interpreter runs the kernels on CPU tensors (slowly): the CPU tests' way to check them."""
@@ -54,8 +51,8 @@ at once."""
 
 
 def available() -> bool:
-    """True when fixed-shape passes on a GPU attend through the kernel (Triton installed, not turned off)."""
-    return ENABLED and triton is not None
+    """True when the kernel can run on a GPU here (Triton installed)."""
+    return triton is not None
 
 
 def usable(q: Tensor, k: Tensor, mask: Tensor | None) -> bool:

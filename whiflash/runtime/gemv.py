@@ -12,8 +12,9 @@ which finishes last. Each weight shape has one launch setting for every row coun
 rounds alike in a decode step and in a verify pass.
 
 It runs the layers' products of at most `MAX_ROWS` rows on the GPU that do not widen their input
-(o_proj, down) and those of the shapes in `CONFIGS` (measured to beat cuBLAS, Q/K/V among them);
-`WHIFLASH_GEMV=0` or `gemv.ENABLED = False` leaves every product to cuBLAS. The residual add after a product
+(o_proj, down) and those of the shapes in the settings table (`CONFIGS`, measured to beat cuBLAS, Q/K/V
+among them, plus `EngineOptions.gemv_configs`); the layers pass the table `table_for(options)` gives them,
+and None (`EngineOptions(gemv=False)`) leaves every product to cuBLAS. The residual add after a product
 (`residual + x W^T`, after o_proj and down) rides along inside it, rounded as the separate add rounds
 (the product to the dtype first), since it is a launch of its own otherwise (~1.5 us at batch 1, 72 per
 Qwen3-8B step). SwiGLU's `silu(gate) * up` does not: every program would compute the whole activation
@@ -25,20 +26,20 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from whiflash.runtime.decode_attention import INTERPRET, triton
+from whiflash.runtime.options import EngineOptions
 
 if triton is not None:
     import triton.language as tl
-
-ENABLED = os.environ.get("WHIFLASH_GEMV", "1") != "0"
-"""Route the layers' few-row products through the kernel where `usable` (on by default since it beat cuBLAS
-on o_proj and down and took Qwen3-8B's compiled AR step from 5.38 to 5.01 ms, H200, 2026-12-01)."""
 
 MAX_ROWS = 16
 """Most rows of `x` the kernel takes (a verify pass of 16 tokens); more rows go to cuBLAS."""
@@ -50,22 +51,25 @@ every Qwen3-8B product, 1 and 16 rows (H200, 2026-12-01; 4 warps)."""
 Setting = tuple[int, int, int, int, int]
 """A launch setting: (BLOCK_N, BLOCK_K, SPLIT_K, warps, pipeline stages)."""
 
-CONFIGS: dict[tuple[int, int], Setting] = {
+Table = Mapping[tuple[int, int], Setting]
+"""(output features, input features) -> launch setting."""
+
+CONFIGS: Table = MappingProxyType({
     # Qwen3-8B (and Llama-3.1-8B's attention): Q/K/V, o_proj, down
     (6144, 4096): (64, 256, 1, 4, 4), (4096, 4096): (32, 256, 1, 4, 4), (4096, 12288): (32, 512, 1, 4, 4),
     # Qwen3-4B: Q/K/V, o_proj, gate/up, down (its 2,560 output features fill the GPU only split in four)
     (6144, 2560): (64, 256, 1, 4, 4), (2560, 4096): (32, 256, 4, 4, 3), (19456, 2560): (32, 256, 1, 4, 4),
     (2560, 9728): (32, 256, 4, 4, 3),
-}
+})
 """(output features, input features) -> the setting that beat cuBLAS (and the default) on that weight shape,
 1 and 16 rows summed: `scripts/bench_gemv.py --preset qwen3-8b,qwen3-4b --json` on an H200, 2026-12-01 (1 /
 16 rows, us: Q/K/V 14.8 / 15.2 against cuBLAS's 15.6 / 15.9, o_proj 11.9 / 12.3 against 13.3 / 12.6, down
 26.5 / 27.0 against 29.5 / 28.5). A widening product (Q/K/V, gate/up) runs the kernel only where it has one."""
 
 
-def load_configs(path: str | os.PathLike[str]) -> None:
-    """Add the settings of a `scripts/bench_gemv.py --json` file (a GPU of another kind than the one the
-    built-in table was measured on); `WHIFLASH_GEMV_CONFIGS=path` loads one at import."""
+def read_configs(path: str | os.PathLike[str]) -> dict[tuple[int, int], Setting]:
+    """The settings of a `scripts/bench_gemv.py --json` file (a GPU of another kind than the one the
+    built-in table was measured on), as a table to add to `CONFIGS`."""
     try:
         table = {tuple(map(int, key.split("x"))): tuple(map(int, value))
                  for key, value in json.loads(Path(path).read_text()).items()}
@@ -74,23 +78,36 @@ def load_configs(path: str | os.PathLike[str]) -> None:
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         raise ValueError(f"{path}: expected a JSON object of \"NxK\": [BLOCK_N, BLOCK_K, SPLIT_K, warps, stages] "
                          f"(scripts/bench_gemv.py --json): {exc}") from exc
-    CONFIGS.update(table)
+    return table  # type: ignore[return-value]
 
 
-def config(n: int, k: int) -> Setting:
+@lru_cache(maxsize=None)
+def _table(path: str | None) -> Table:
+    # one read per settings file and process: every layer of every model shares the same table object
+    # a plain dict: what compiled layer stages read as a constant
+    return dict(CONFIGS) if path is None else {**CONFIGS, **read_configs(path)}
+
+
+def table_for(options: EngineOptions) -> Table | None:
+    """The settings table the layers use under `options` (the built-in one plus its `gemv_configs` file), or
+    None when `options.gemv` is off (every product through cuBLAS)."""
+    return _table(options.gemv_configs) if options.gemv else None
+
+
+def config(n: int, k: int, table: Table = CONFIGS) -> Setting:
     """The kernel's launch setting for a `[n, k]` weight: the same for every row count, so a product
     rounds alike in a decode step and in a verify pass."""
-    return CONFIGS.get((n, k), (BLOCK_N, BLOCK_K, 1, 4, 3))
+    return table.get((n, k), (BLOCK_N, BLOCK_K, 1, 4, 3))
 
 
-def usable(x: Tensor, weight: Tensor) -> bool:
-    """True when `linear(x, weight)` runs the kernel here (else cuBLAS)."""
-    if not ENABLED or triton is None or not (x.is_cuda or INTERPRET):
+def usable(x: Tensor, weight: Tensor, table: Table | None) -> bool:
+    """True when `product(x, weight, table=table)` runs the kernel here (else cuBLAS; always with no table)."""
+    if table is None or triton is None or not (x.is_cuda or INTERPRET):
         return False
     rows = x.numel() // x.shape[-1]
     # Products that do not widen (o_proj, down: the default setting beat cuBLAS on every one measured),
     # and a widening one where a measured setting did (cuBLAS reaches ~99 % of bandwidth on Qwen3-8B's gate/up).
-    narrow = weight.shape[0] <= weight.shape[1] or tuple(weight.shape) in CONFIGS
+    narrow = weight.shape[0] <= weight.shape[1] or tuple(weight.shape) in table
     return rows <= MAX_ROWS and narrow and weight.stride(-1) == 1 and x.dtype == weight.dtype
 
 
@@ -161,10 +178,10 @@ def counters(device: torch.device, n: int) -> Tensor:
 
 
 @torch.library.custom_op("whiflash::gemv", mutates_args=())
-def _gemv_op(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None) -> Tensor:
+def _gemv_op(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None, setting: list[int]) -> Tensor:
     m = x.shape[0]
     n, k = weight.shape
-    block_n, block_k, split_k, warps, stages = config(n, k)
+    block_n, block_k, split_k, warps, stages = setting
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     r = residual if residual is not None else y
     grid = (triton.cdiv(n, block_n), split_k)
@@ -178,7 +195,7 @@ def _gemv_op(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | 
 
 
 @_gemv_op.register_fake
-def _(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None) -> Tensor:
+def _(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None, setting: list[int]) -> Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
@@ -190,26 +207,25 @@ def _rows(t: Tensor | None) -> Tensor | None:
     return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
-def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
+         table: Table = CONFIGS, setting: Setting | None = None) -> Tensor:
     """`residual + F.linear(x, weight, bias)` (no residual: no add) by the kernel, for `x [..., K]` of at most
-    `MAX_ROWS` rows."""
-    y = _gemv_op(_rows(x), weight, bias, _rows(residual))
+    `MAX_ROWS` rows, launched with `setting` (default: the one `table` gives the weight's shape)."""
+    setting = setting or config(*weight.shape, table)
+    y = _gemv_op(_rows(x), weight, bias, _rows(residual), list(setting))
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def product(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+def product(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
+            table: Table | None = None) -> Tensor:
     """`F.linear(x, weight, bias)` (plus `residual`): through the kernel where `usable` (few rows on the GPU,
-    turned on), else `F.linear`."""
-    if usable(x, weight):
-        return gemv(x, weight, bias, residual)
+    a settings `table` given), else `F.linear`."""
+    if usable(x, weight, table):
+        return gemv(x, weight, bias, residual, table)  # type: ignore[arg-type]
     y = F.linear(x, weight, bias)
     return y if residual is None else residual + y
 
 
-def linear(x: Tensor, layer: torch.nn.Linear, residual: Tensor | None = None) -> Tensor:
+def linear(x: Tensor, layer: torch.nn.Linear, residual: Tensor | None = None, table: Table | None = None) -> Tensor:
     """`layer(x)` (plus `residual`), by `product`."""
-    return product(x, layer.weight, layer.bias, residual)
-
-
-if os.environ.get("WHIFLASH_GEMV_CONFIGS"):
-    load_configs(os.environ["WHIFLASH_GEMV_CONFIGS"])
+    return product(x, layer.weight, layer.bias, residual, table)

@@ -8,8 +8,9 @@ before replaying again. Static inputs must keep their shapes; values change free
 inputs are another graph's outputs (`alias=True`: the target's pass is two graphs, `Target._fixed`)
 reads them in place instead.
 
-`FixedShapePasses` is the one runner the target and the drafters share: it chooses between the
-eager path and fixed shapes, and keeps one captured graph per pass key.
+`FixedShapePasses` is the one runner the target and the drafters share: it holds the model's
+`EngineOptions`, chooses between the eager path and fixed shapes, and keeps one captured graph per
+pass key.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor
 
 from whiflash.runtime import layers
+from whiflash.runtime.options import EngineOptions
 
 
 class Graphed:
@@ -49,14 +51,33 @@ class Graphed:
 
 
 class FixedShapePasses:
-    """Mode and graph cache of a model's fixed-shape passes (a mixin of the target and the drafters).
+    """Engine options, mode and graph cache of a model's fixed-shape passes (a mixin of the target and the
+    drafters, which are `nn.Module`s).
 
+    `set_engine(options)` applies an `EngineOptions` (kernels, compiled layers, CUDA graphs);
     `static = True` runs fixed-shape passes directly (the CPU check of what graphs capture);
     `use_cuda_graphs(True)` captures each pass on first use and replays it afterwards.
     """
 
     static: bool = False
     graphs: dict[Hashable, Graphed] | None = None
+    engine: EngineOptions = EngineOptions()
+    kernels: layers.Kernels = layers.kernels_for(EngineOptions())
+
+    def set_engine(self, options: EngineOptions) -> None:
+        """Run this model's passes under `options`: its layer modules' kernels, torch.compile for fixed-shape
+        passes and CUDA graphs as `options` say. Captured graphs and compiled passes are dropped when
+        anything changes (they hold the old choice)."""
+        if options == self.engine:
+            return
+        layers.use_kernels(self, options)  # type: ignore[arg-type]
+        self.kernels = layers.kernels_for(options)
+        self.__dict__.pop("_compiled_passes", None)
+        if options.cuda_graphs != self.engine.cuda_graphs:
+            self.use_cuda_graphs(options.cuda_graphs)
+        else:  # the mode stays as it is (a caller may have set it by hand), its graphs go
+            self.drop_graphs()
+        self.engine = options
 
     @property
     def fixed_shapes(self) -> bool:
@@ -84,14 +105,14 @@ class FixedShapePasses:
                   alias_inputs: bool = False) -> Any:
         """Run a fixed-shape pass: directly, or as the CUDA graph `key` (captured on first use).
 
-        `compile`: the whole pass goes through torch.compile while `layers.compile_fixed_passes` is on (the
+        `compile`: the whole pass goes through torch.compile under `EngineOptions.compiled_layers` (the
         drafters' own passes, whose layers are not the target's `DecoderLayer`s), compiled once per key.
         `alias_inputs`: the inputs are another pass's graph outputs, the same tensors on every call, which
         the graph reads in place."""
-        if compile and layers.layers_compiled():
+        if compile and self.engine.compiled_layers:
             compiled = self.__dict__.setdefault("_compiled_passes", {})
             if key not in compiled:
-                compiled[key] = layers.compile_pass(fn)
+                compiled[key] = layers.compile_pass(fn, self.engine.compile_backend)
             fn = compiled[key]
         if self.graphs is None:
             return fn(*inputs)

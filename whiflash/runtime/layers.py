@@ -5,6 +5,8 @@ import logging
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -14,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from whiflash.runtime import decode_attention, gemv
 from whiflash.runtime.cache import KVCache, Rows, write_slots
+from whiflash.runtime.options import EngineOptions
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +26,37 @@ VARYING_SHAPE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTEN
 cuDNN attention builds an execution plan for every new shape: on the H200, eager decoding at the
 small testbed's shapes (a new key length every step) took 53-88 ms per token with it and 6 ms
 without. Fixed-shape passes (CUDA graphs) keep PyTorch's choice: their one plan is built once."""
+
+
+@dataclass(frozen=True, eq=False)
+class Kernels:
+    """What a layer module runs under its model's `EngineOptions` (`kernels_for`): one shared, read-only
+    object, an attribute of every module that asks (dynamo reads it as a constant of the module)."""
+
+    attention: bool
+    """Fixed-shape passes attend through `decode_attention` where it is usable."""
+    gemv: gemv.Table | None
+    """The GEMV kernel's settings table; None: every product through cuBLAS."""
+    stages: tuple[Callable[..., Any], Callable[..., Any]] | None
+    """`DecoderLayer`'s compiled `pre`/`post` stages of fixed-shape passes; None: uncompiled."""
+
+
+@lru_cache(maxsize=None)
+def kernels_for(options: EngineOptions) -> Kernels:
+    """The `Kernels` of `options` (one object per distinct options, so compiled stages are made once)."""
+    stages = None
+    if options.compiled_layers:
+        check_compilable(options.compile_backend)
+        stages = (compile_pass(_pre, options.compile_backend), compile_pass(_post, options.compile_backend))
+    return Kernels(options.attention_kernel, gemv.table_for(options), stages)
+
+
+def use_kernels(module: nn.Module, options: EngineOptions) -> None:
+    """Give every layer module inside `module` the `Kernels` of `options`."""
+    kernels = kernels_for(options)
+    for m in module.modules():
+        if isinstance(m, (SwiGLU, Attention, DecoderLayer)):
+            m.kernels = kernels
 
 
 class RMSNorm(nn.Module):
@@ -74,11 +108,13 @@ class SwiGLU(nn.Module):
         self.gate_up = nn.Linear(dim, 2 * hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
         stacked(self, "gate_up", {"gate_proj": hidden, "up_proj": hidden})
+        self.kernels = kernels_for(EngineOptions())
 
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """The MLP of `x`, plus `residual` when given (added inside the down projection's kernel on the GPU)."""
-        gate, up = gemv.linear(x, self.gate_up).split(self.hidden, dim=-1)
-        return gemv.linear(F.silu(gate) * up, self.down_proj, residual)
+        table = self.kernels.gemv
+        gate, up = gemv.linear(x, self.gate_up, table=table).split(self.hidden, dim=-1)
+        return gemv.linear(F.silu(gate) * up, self.down_proj, residual, table)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> Tensor:
@@ -155,7 +191,8 @@ def rotate(x: Tensor, angles: Tensor) -> Tensor:
     return x * angles[:, 0] + x.roll(x.shape[-1] // 2, dims=-1) * angles[:, 1]
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, fixed_shape: bool = False) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, fixed_shape: bool = False,
+              kernel: bool = False) -> Tensor:
     """Grouped-query attention of `q [Hq, T, D]` over `k, v [Hkv, S, D]` -> `[Hq, T, D]`.
 
     `mask [T, S]` is boolean (True: may attend), or None when every query sees every key. Query
@@ -163,10 +200,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, fixed_shape:
     `h // (Hq / Hkv)`) are folded into the query length, so K/V are never expanded and one fused
     SDPA kernel (flash, cuDNN or memory-efficient, as PyTorch picks) serves every shape;
     `fixed_shape=False` (a shape this call may never see again) leaves cuDNN out. Fixed-shape passes
-    of short query blocks on the GPU run `decode_attention` instead, which reads only the cache tiles
-    the mask shows.
+    of short query blocks on the GPU run `decode_attention` instead (`kernel`: the module's
+    `Kernels.attention`), which reads only the cache tiles the mask shows.
     """
-    if fixed_shape and decode_attention.usable(q, k, mask):
+    if fixed_shape and kernel and decode_attention.usable(q, k, mask):
         return decode_attention.masked_attention(q, k, v, mask)
     hq, t, d = q.shape
     group = hq // k.shape[0]
@@ -203,11 +240,12 @@ class Attention(nn.Module):
         if qk_norm:
             self.q_norm = RMSNorm(head_dim, eps)
             self.k_norm = RMSNorm(head_dim, eps)
+        self.kernels = kernels_for(EngineOptions())
 
     def _project(self, x: Tensor, start: int, end: int) -> Tensor:
         """Rows `start:end` of the stacked projection of `x` (one GEMM over that slice of the weight)."""
         bias = self.qkv.bias[start:end] if self.qkv.bias is not None else None
-        return gemv.product(x, self.qkv.weight[start:end], bias)
+        return gemv.product(x, self.qkv.weight[start:end], bias, table=self.kernels.gemv)
 
     def q(self, x: Tensor) -> Tensor:
         """Query projection `[..., n_heads * head_dim]` (before norm and rotation)."""
@@ -236,11 +274,11 @@ class Attention(nn.Module):
 
     def output(self, attn: Tensor, residual: Tensor | None = None) -> Tensor:
         """`o_proj` of an attention result `[n_heads, T, head_dim]` -> `[T, dim_out]` (plus `residual`)."""
-        return gemv.linear(attn.transpose(0, 1).reshape(attn.shape[1], -1), self.o_proj, residual)
+        return gemv.linear(attn.transpose(0, 1).reshape(attn.shape[1], -1), self.o_proj, residual, self.kernels.gemv)
 
     def project(self, x: Tensor, angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q `[n_heads, T, hd]`, K and V `[n_kv, T, hd]` of rows `x` (normed and rotated by `angles`)."""
-        q, k, v = gemv.linear(x, self.qkv).split(self.sizes, dim=-1)
+        q, k, v = gemv.linear(x, self.qkv, table=self.kernels.gemv).split(self.sizes, dim=-1)
         return self._queries(q, angles), *self._keys_values(k, v, angles)
 
     def kv(self, x: Tensor, rope: Rotary, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -253,15 +291,16 @@ class Attention(nn.Module):
         """Queries of rows `x` against `keys, values [n_kv, S, head_dim]` (mask `[T, S]` or None: all visible),
         through `o_proj` (plus `residual`)."""
         q = self._queries(self.q(x), rope.angles(positions, x.dtype))
-        return self.output(attention(q, keys, values, mask, fixed_shape), residual)
+        return self.output(attention(q, keys, values, mask, fixed_shape, self.kernels.attention), residual)
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm transformer layer (Qwen3 / Llama; also every DFlash draft layer): attention, then SwiGLU.
 
     A pass is `pre` (norm, Q/K/V, rotation), the cache write and attention, then `post` (output
-    projection, residuals, MLP). `compile_fixed_passes` compiles `pre` with the cache write (the layer's
-    cache tensors are arguments) and `post`, once per row count and cache size for every layer.
+    projection, residuals, MLP). With `EngineOptions.compiled_layers` (`Kernels.stages`) fixed-shape passes
+    run `pre` with the cache write (the layer's cache tensors are arguments) and `post` through
+    torch.compile, once per row count and cache size for every layer.
     """
 
     def __init__(self, hidden: int, intermediate: int, n_heads: int, n_kv: int, head_dim: int, eps: float = 1e-6,
@@ -271,6 +310,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(hidden, hidden, n_heads, n_kv, head_dim, attention_bias, qk_norm, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = SwiGLU(hidden, intermediate, mlp_bias)
+        self.kernels = kernels_for(EngineOptions())
 
     def pre(self, x: Tensor, angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q, K, V of the residual stream `x [T, hidden]` (`Attention.project` of its norm)."""
@@ -289,10 +329,10 @@ class DecoderLayer(nn.Module):
             q, k, v = self.pre(x, angles)
             keys, values = cache.write(index, k, v, rows)
             return self.post(x, attention(q, keys, values, mask, False))
-        pre, post = (_compiled_pre, _compiled_post) if _compiled_pre is not None else (_pre, _post)
+        pre, post = self.kernels.stages or (_pre, _post)
         keys, values = cache.k[index], cache.v[index]
         q = pre(self, x, angles, keys, values, rows.slots)
-        return post(self, x, attention(q, keys, values, mask, True))
+        return post(self, x, attention(q, keys, values, mask, True, self.kernels.attention))
 
 
 def _pre(layer: DecoderLayer, x: Tensor, angles: Tensor, keys: Tensor, values: Tensor, slots: Tensor) -> Tensor:
@@ -307,29 +347,18 @@ def _post(layer: DecoderLayer, x: Tensor, attn: Tensor) -> Tensor:
     return layer.post(x, attn)
 
 
-_compiled_pre = _compiled_post = None
-_backend = "inductor"
+def check_compilable(backend: str = "inductor") -> None:
+    """Refuse compiled layers where torch.compile cannot run them (and allow enough recompiles for a run).
 
-
-def compile_fixed_passes(enabled: bool = True, backend: str = "inductor") -> None:
-    """Run the stages of every decoder layer of fixed-shape passes around attention through
-    `torch.compile`: `pre` (`DecoderLayer.pre` and the K/V write into the cache) and `post`, whose norms,
-    rotations, casts, cache writes and residual adds it fuses into a few kernels (the target's and
-    DFlash's layers; eager passes and the prefill stay as they are).
-
-    Compiled once per row count and cache size, whatever the layer: the layer is an argument, whose
-    parameters dynamo treats as inputs, and so are the layer's cache tensors (views of one cache
-    differ only in their storage offset, which is not guarded; inductor writes them in place). Caches
-    are sized once per run (they only grow, and the eval sizes them for its longest sample first), so a
-    run's variants are its few widths (decode step, verify, tree, drafter block) times its two caches
-    (target, DFlash). `dynamic=False` keeps every shape static, and the recompile limit is raised to
-    `RECOMPILE_LIMIT` so that none falls back to eager. Compilation happens on a pass's first call,
-    which CUDA graph capture runs as a warm-up before capturing.
+    Compiled stages are made once per row count and cache size, whatever the layer: the layer is an
+    argument, whose parameters dynamo treats as inputs, and so are the layer's cache tensors (views of
+    one cache differ only in their storage offset, which is not guarded; inductor writes them in
+    place). Caches are sized once per run (they only grow, and the eval sizes them for its longest
+    sample first), so a run's variants are its few widths (decode step, verify, tree, drafter block)
+    times its two caches (target, DFlash). `dynamic=False` keeps every shape static, and the recompile
+    limit is raised to `RECOMPILE_LIMIT` so that none falls back to eager. Compilation happens on a
+    pass's first call, which CUDA graph capture runs as a warm-up before capturing.
     """
-    global _compiled_pre, _compiled_post, _backend
-    if not enabled:
-        _compiled_pre = _compiled_post = None
-        return
     import torch._dynamo
 
     if not torch._dynamo.is_dynamo_supported():
@@ -338,19 +367,16 @@ def compile_fixed_passes(enabled: bool = True, backend: str = "inductor") -> Non
     if backend == "inductor" and torch.cuda.is_available() and decode_attention.triton is None:
         raise RuntimeError("--compile-layers: torch.compile's GPU code needs Triton, which is not installed "
                            "(pip install -e \".[gpu]\"); run without it")
-
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
-    _backend = backend
-    _compiled_pre, _compiled_post = compile_pass(_pre), compile_pass(_post)
 
 
-def compile_pass(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` through torch.compile as `compile_fixed_passes` set it up (`dynamic=False`, one graph): the
-    layer stages, and a drafter's whole fixed-shape pass (`FixedShapePasses.run_fixed(..., compile=True)`:
-    its one layer or K/V projections, norms, rotations, cache writes and head glue fused like the target's
-    stages). Should compiling fail (an op dynamo cannot trace on this torch, the recompile limit), `fn`
-    warns once and runs uncompiled from then on: the option is an optimisation only."""
-    compiled = torch.compile(fn, backend=_backend, dynamic=False, fullgraph=True)
+def compile_pass(fn: Callable[..., Any], backend: str = "inductor") -> Callable[..., Any]:
+    """`fn` through torch.compile (`dynamic=False`, one graph): the layer stages, and a drafter's whole
+    fixed-shape pass (`FixedShapePasses.run_fixed(..., compile=True)`: its one layer or K/V projections,
+    norms, rotations, cache writes and head glue fused like the target's stages). Should compiling fail
+    (an op dynamo cannot trace on this torch, the recompile limit), `fn` warns once and runs uncompiled
+    from then on: the option is an optimisation only."""
+    compiled = torch.compile(fn, backend=backend, dynamic=False, fullgraph=True)
 
     def run(*args: Any) -> Any:
         nonlocal compiled
@@ -364,11 +390,6 @@ def compile_pass(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(*args)
 
     return run
-
-
-def layers_compiled() -> bool:
-    """True while `compile_fixed_passes` is on."""
-    return _compiled_pre is not None
 
 
 RECOMPILE_LIMIT = 256

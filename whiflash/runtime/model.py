@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import ModelConfig
 from whiflash.runtime.graphs import FixedShapePasses
+from whiflash.runtime.options import EngineOptions
 from whiflash.runtime.layers import DecoderLayer, RMSNorm, Rotary
 from whiflash.runtime.weights import load_strict, read_state_dict, resolve_checkpoint
 
@@ -68,7 +69,9 @@ class Target(nn.Module, FixedShapePasses):
     """A causal LM with a static KV cache (batch 1). Call `setup_cache(max_len)` before `forward`.
 
     `static = True` or `use_cuda_graphs(True)` runs every pass but the prefill at fixed shapes
-    (decode step, chain and tree verify; one graph per (tokens, taps, logits) shape)."""
+    (decode step, chain and tree verify; one graph per (tokens, taps, logits) shape). The target owns
+    the run's `EngineOptions` (`set_engine`; from the environment's defaults until then), and its
+    drafters take them when they attach (`Drafter.reset`)."""
 
     def __init__(self, cfg: ModelConfig, name: str = "") -> None:
         super().__init__()
@@ -82,6 +85,7 @@ class Target(nn.Module, FixedShapePasses):
         self.max_len = 0
         self._cols = torch.empty(0, dtype=torch.long)  # slot indices 0..max_len-1, for fixed-shape passes
         self.static, self.graphs = False, None
+        self.set_engine(EngineOptions.from_environment())
 
     @property
     def graph_device(self) -> torch.device:

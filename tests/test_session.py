@@ -1,0 +1,44 @@
+"""One session for datagen and eval: the same paths, stop ids and threshold rule."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from whiflash.calibration import best_threshold, picks_slot0
+from whiflash.session import model_paths, stop_ids
+
+
+def test_paths_come_from_the_flags_else_the_testbed(tmp_path: Path) -> None:
+    assert model_paths(tmp_path, dflash="z-lab/x") == {"target": str(tmp_path / "target"),
+                                                        "eagle3": str(tmp_path / "eagle3"), "dflash": "z-lab/x"}
+    assert model_paths(None, target="t") == {"target": "t", "eagle3": None, "dflash": None}
+    with pytest.raises(TypeError, match="unknown checkpoint ddtree; expected target, eagle3, dflash"):
+        model_paths(None, ddtree="d")
+
+
+def test_datagen_and_eval_share_the_stop_ids_of_the_generation_config(tmp_path: Path) -> None:
+    from whiflash.datagen import cli as datagen_cli
+    from whiflash.eval import bench
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 3]}))
+
+    class Tok:
+        eos_token_id = 5
+
+    assert stop_ids(Tok(), str(tmp_path)) == [3, 5, 7]
+    assert stop_ids(None, None) == []
+    # both tools open their models through the one session
+    assert datagen_cli.Session is bench.Session
+
+
+def test_one_threshold_rule() -> None:
+    entropy = np.array([0.1, 0.5, 0.9])
+    assert picks_slot0("whiflash-entropy", entropy, 0.5).tolist() == [True, False, False]
+    assert picks_slot0("whiflash-neural", entropy, 0.5).tolist() == [False, False, True]
+    assert best_threshold({0.4: 2.0, 0.2: 2.0, 0.8: 1.0}) == 0.2  # ties: the smaller threshold
+    assert best_threshold({0.1: float("nan")}) is None
+    with pytest.raises(ValueError, match="--calibrate-method: expected one of"):
+        picks_slot0("oracle", entropy, 0.5)

@@ -1,0 +1,39 @@
+"""The threshold rule every calibration shares: which slot a threshold picks, and which threshold wins.
+
+A threshold router drafts with slot 0 (the pair's parallel drafter) when its score clears the
+threshold: WhiFlash-Entropy when the target's next-token entropy is below θ, WhiFlash-Neural when the
+predicted gain τ(slot 0) − τ(slot 1) is above θ. A calibration sweeps θ, scores each value (pooled τ
+of logged rounds in `whiflash-train`, replayed or measured speedup in `whiflash-eval calibrate`) and
+keeps the best one; ties go to the smaller θ. `whiflash.train.calibrate`, `whiflash.eval.replay` and
+`whiflash.eval.calibrate` all decide through these two functions.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+__all__ = ["METHODS", "best_threshold", "picks_slot0"]
+
+METHODS = ("whiflash-entropy", "whiflash-neural")
+"""The threshold routers."""
+
+
+def picks_slot0(method: str, values: np.ndarray, threshold: float) -> np.ndarray:
+    """Per round, True where `method` at `threshold` drafts with slot 0: entropy `values` below it
+    (whiflash-entropy), predicted gains above it (whiflash-neural)."""
+    if method == "whiflash-entropy":
+        return np.asarray(values) < threshold
+    if method == "whiflash-neural":
+        return np.asarray(values) > threshold
+    raise ValueError(f"--calibrate-method: expected one of {', '.join(METHODS)}, got {method!r}")
+
+
+def best_threshold(sweep: Mapping[float, float]) -> float | None:
+    """The threshold of the highest finite score in `sweep` (threshold -> score); ties: the smaller threshold.
+    None when no score is finite."""
+    valid = {t: s for t, s in sweep.items() if not math.isnan(s)}
+    if not valid:
+        return None
+    return max(sorted(valid), key=lambda t: valid[t])
