@@ -77,8 +77,8 @@ def main() -> int:
     data, routers = work / f"data-{models.hexdigest()[:12]}", work / f"runs-{models.hexdigest()[:12]}"
     if not (sorted(routers.glob("*/router")) and (data / "manifest.json").is_file()):  # reuse: most of a rerun
         step("router data", "whiflash-datagen", datagen_main,
-             ["--testbed", str(root), "--prompts", "[testbed:train]", "--per_category", "60",
-              "--max_new_tokens", "96", "--out", str(data), *device])
+             ["--testbed", str(root), "--prompts", "[testbed:train]", "--per-category", "60",
+              "--max-new-tokens", "96", "--out", str(data), *device])
         step("router training", "whiflash-train", train_main,
              ["fit", "--data.path", str(data), "--trainer.default_root_dir", str(routers)])
     router = sorted(routers.glob("*/router"))[-1]
