@@ -16,6 +16,7 @@ variable                       what it sets the default of                      
 ``WHIFLASH_DEBUG``             tracebacks with the error line (``--debug``)                 off
 ``WHIFLASH_DIST_TIMEOUT``      seconds a torchrun rank waits at a barrier                    86400
 ``WHIFLASH_CHECKPOINTS``       the checkpoint registry folder of ``whiflash-eval``         the repo's
+``WHIFLASH_TESTBED_DIR``       the folder testbeds are built into when none is given        ~/.cache
 =============================  =========================================================  ==========
 """
 from __future__ import annotations
@@ -23,12 +24,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["CHECKPOINTS", "DEBUG", "DIST_TIMEOUT", "ENGINE_VARIABLES", "checkpoints_dir", "debug",
-           "dist_timeout", "engine_defaults"]
+__all__ = ["CHECKPOINTS", "DEBUG", "DIST_TIMEOUT", "ENGINE_VARIABLES", "TESTBED_DIR", "checkpoints_dir", "debug",
+           "dist_timeout", "engine_defaults", "testbed_dir"]
 
 DEBUG = "WHIFLASH_DEBUG"
 DIST_TIMEOUT = "WHIFLASH_DIST_TIMEOUT"
 CHECKPOINTS = "WHIFLASH_CHECKPOINTS"
+TESTBED_DIR = "WHIFLASH_TESTBED_DIR"
 
 ENGINE_VARIABLES = {
     "attention_kernel": "WHIFLASH_DECODE_ATTENTION",
@@ -88,3 +90,8 @@ def dist_timeout(default: float) -> float:
 def checkpoints_dir() -> str | None:
     """The checkpoint registry folder ``WHIFLASH_CHECKPOINTS`` names, or None when unset."""
     return os.environ.get(CHECKPOINTS) or None
+
+
+def testbed_dir() -> str | None:
+    """The folder ``WHIFLASH_TESTBED_DIR`` names for testbeds built without a folder, or None when unset."""
+    return os.environ.get(TESTBED_DIR) or None

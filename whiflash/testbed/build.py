@@ -18,7 +18,6 @@ Every stage is resumable (see ``manifest``): re-running a build reuses finished 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,9 @@ STAGES: tuple[str, ...] = ("corpus", "tokenizer", "tokens", "target", "responses
 def default_dir(preset: str) -> Path:
     """Where a preset is built when no folder is given: ``$WHIFLASH_TESTBED_DIR/<preset>``,
     else ``~/.cache/whiflash/testbed/<preset>`` (a cache: builds are resumable and reusable)."""
-    root = os.environ.get("WHIFLASH_TESTBED_DIR") or Path.home() / ".cache" / "whiflash" / "testbed"
+    from whiflash.settings import testbed_dir
+
+    root = testbed_dir() or Path.home() / ".cache" / "whiflash" / "testbed"
     return Path(root) / preset
 
 
