@@ -258,7 +258,7 @@ def load_router(
     if _ours(config, weights):
         router = _build(config or {}, weights, src, config_from)
     else:
-        router = router_from_state(read_safetensors(weights), hints_from(config, src), src, pair)
+        router = router_from_state(read_safetensors(weights), hints_from(config, src), src, NeuralRouter, pair)
     check_compatible(router, src, hidden_size, pair, tree_budget)
     return router.to(device)
 

@@ -21,7 +21,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -175,11 +175,11 @@ def metadata_config(metadata: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def router_from_state(state: dict[str, Tensor], hints: dict[str, Any], source: str, pair: Any = None) -> Any:
-    """A `NeuralRouter` holding the exported MLP in `state` (see the module doc); `pair` is the run's, used when
-    neither the config nor the name says which pair the router was trained for."""
-    from whiflash.router import NeuralRouter
-
+def router_from_state(state: dict[str, Tensor], hints: dict[str, Any], source: str, make: Callable[..., Any],
+                      pair: Any = None) -> Any:
+    """The router `make(...)` builds (`whiflash.router.NeuralRouter`, passed in so that this reader needs no
+    import of the router module) holding the exported MLP in `state` (see the module doc); `pair` is the
+    run's, used when neither the config nor the name says which pair the router was trained for."""
     layout = find_layout(state, source)
     for key, inferred in (("hidden_size", layout.hidden_size), ("mlp_dim", layout.mlp_dim)):
         if key in hints and int(hints[key]) != inferred:
@@ -192,7 +192,7 @@ def router_from_state(state: dict[str, Tensor], hints: dict[str, Any], source: s
     activation = str(hints.get("activation", "gelu")).lower()
     if activation not in ACTIVATIONS:
         raise ValueError(f"router {source}: activation {activation!r}; expected one of {', '.join(ACTIVATIONS)}")
-    router = NeuralRouter(hidden_size=layout.hidden_size, mlp_dim=layout.mlp_dim, drafters=str(drafters),
+    router = make(hidden_size=layout.hidden_size, mlp_dim=layout.mlp_dim, drafters=str(drafters),
                           tree_budget=hints.get("tree_budget"), target=str(hints.get("target", "")),
                           tap_layers=hints.get("tap_layers"), threshold=float(hints.get("threshold", 0.0)),
                           activation=activation)
