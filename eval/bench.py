@@ -109,9 +109,7 @@ class Runner:
             ids = list(sample.input_ids)
         elif self.tokenizer is None:
             raise ValueError(f"sample {sample.id} is text, but the target {self.paths['target']} has no tokenizer")
-        elif sample.source.startswith("testbed:"):  # raw document prefixes: no chat template
-            ids = self.tokenizer(sample.turns[0], add_special_tokens=False)["input_ids"]
-        else:
+        else:  # as datagen encodes: the chat template when the tokenizer has one (a testbed's has none: raw text)
             ids = self.session.encode(sample.turns[: turn + 1], replies[:turn], enable_thinking=self.cfg.enable_thinking)
         limit = prompt_room(self.target, self.cfg.max_new_tokens, self.max_nodes())
         keep = min(limit, self.cfg.max_prompt_tokens or limit)
