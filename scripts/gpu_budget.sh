@@ -8,15 +8,22 @@
 #                 are in the run's results.json, copied beside results.md
 #   eval-t1       the same methods but the oracle at temperature 1 (one DDTree budget), E1_SAMPLES prompts (40)
 #   gputest       the testbed generator's CUDA-graph test
+#   gs-STEP[@PAIR]  any gpu_session.sh step (latency, router, calibrate, tests, ...) for PAIR (default df-e3)
+#   eval-routed[@PAIR]  the routed bench: AR, EAGLE-3, DFlash, DDTree, WhiFlash-Entropy (calibrated thresholds when
+#                 the calibrate step left them), WhiFlash-Neural and the oracle; E0_SAMPLES prompts, E_TOKENS tokens
+# The router loop on a built testbed: gs-latency:90 gs-router:300 gs-calibrate:60 eval-routed:300
+#   (ROUTER_PROMPTS / ROUTER_TOKENS size the router data; gs-router@ddt-e3 eval-routed@ddt-e3 for the other pair).
 # Usage: scripts/gpu_budget.sh LOG_DIR TESTBED_DIR BUDGET_S STEP:ESTIMATE_S ...
 #   e.g. scripts/gpu_budget.sh $OUT/L /tmp/tb 545 build-target:430 build-responses:150
-# PRESET=micro E0_SAMPLES=8 E1_SAMPLES=4 E_TOKENS=24 checks it on a CPU in two minutes.
+# PRESET=micro E0_SAMPLES=8 E1_SAMPLES=4 E_TOKENS=24 ROUTER_PROMPTS=6 ROUTER_TOKENS=24 LATENCY_CONTEXT=256 checks it
+# on a CPU in a few minutes.
 set -u
 cd "$(dirname "$0")/.."
 L=${1:?LOG_DIR}; TB=${2:?TESTBED_DIR}; budget=${3:?BUDGET_S}; shift 3
 start=$(date +%s)
 for item in "$@"; do
   name=${item%%:*}; est=${item##*:}
+  pair=df-e3; [[ $name == *@* ]] && pair=${name#*@} && name=${name%@*}
   left=$(( budget - ($(date +%s) - start) ))
   if [ "$left" -lt "$est" ]; then echo "=== stop before $name (${left}s left < ${est}s estimate)"; break; fi
   echo "=== $name (${left}s left, estimate ${est}s) $(date +%T)"
@@ -28,8 +35,14 @@ for item in "$@"; do
     eval-t1) EVAL_TIMEOUT=$left EVAL_SAMPLES=${E1_SAMPLES:-40} EVAL_TOKENS=${E_TOKENS:-256} \
                METHODS=ar,eagle3,dflash,ddtree EVAL_FLAGS="--temperature 1" EVAL_TAG=_t1 \
                bash scripts/gpu_session.sh "$L" "$TB" eval ;;
+    gs-*) PAIR=$pair ROUTER_TIMEOUT=$left LATENCY_TIMEOUT=$left CALIBRATE_TIMEOUT=$left TESTS_TIMEOUT=$left \
+            EVAL_TIMEOUT=$left BUILD_TIMEOUT=$left bash scripts/gpu_session.sh "$L" "$TB" "${name#gs-}" ;;
+    eval-routed) methods=()  # df-e3: the eval step's default list (+ WhiFlash-Neural when the router is there)
+               [ "$pair" != df-e3 ] && methods=(METHODS=ar,ddtree,whiflash-neural)
+               env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
+                 "${methods[@]}" EVAL_TAG=_routed bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     gputest) timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k batched_generation 2>&1 | tail -3 ;;
-    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, gputest)"; exit 2 ;;
+    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, gs-STEP, gputest)"; exit 2 ;;
   esac
   echo "=== $name done, ${left}s were left before it; $(( $(date +%s) - start ))s in all"
 done

@@ -9,9 +9,15 @@
 #           overrides preset fields, JSON values without spaces);
 #   bench   end-to-end tokens/s and speedup of every method on it, eager and CUDA graphs side by side
 #           (adds WhiFlash-Neural when the `router` step has left a router in TESTBED_DIR/router);
-#   router  whiflash-datagen on training-split prompts + whiflash-train fit for the pair PAIR (default df-e3),
-#           router into TESTBED_DIR/router (df-e3) or TESTBED_DIR/router_PAIR
-#           (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse` importable);
+#   latency whiflash-eval profile of the testbed's models at LATENCY_CONTEXT positions (1024) -> TESTBED_DIR/profile.json (round, verify and catch-up
+#           times; the router and calibrate steps use it when it is there);
+#   router  whiflash-datagen on training-split prompts (ROUTER_PROMPTS per category, default 48, ROUTER_TOKENS new
+#           tokens, default 96) + whiflash-train fit for the pair PAIR (default df-e3; with the latency profile it
+#           reports the share of the speed oracle's gain), router into TESTBED_DIR/router (df-e3) or
+#           TESTBED_DIR/router_PAIR (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse`
+#           importable);
+#   calibrate  per-category WhiFlash-Entropy thresholds by replaying the router data with the latency profile
+#           (whiflash-eval calibrate --replay) -> TESTBED_DIR/thresholds_PAIR.json, which `eval` then passes;
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
 #           `router` step has left a router for PAIR), bf16 + CUDA graphs (+ compiled layers, the default) on
 #           a GPU; METHODS overrides the method list, EVAL_SAMPLES / EVAL_TOKENS the prompts and new tokens,
@@ -98,7 +104,8 @@ PY
       cp "$TB/manifest.json" "$LOG/${PRESET}_manifest.json" 2>/dev/null
       cp -r "$TB/tokenizer" "$LOG/${PRESET}_tokenizer" 2>/dev/null ;;  # to read the eval's token ids back here
     router)
-      timeout 300 python3 - "$TB" "$PAIR" "$ROUTER" 2>&1 <<'PY' | tee "$LOG/router_$PAIR.log" | quiet | tail -30
+      timeout "${ROUTER_TIMEOUT:-300}" python3 - "$TB" "$PAIR" "$ROUTER" "${ROUTER_PROMPTS:-48}" "${ROUTER_TOKENS:-96}" 2>&1 <<'PY' \
+        | tee "$LOG/router_$PAIR.log" | quiet | tail -30
 import shutil
 import sys
 from pathlib import Path
@@ -109,19 +116,34 @@ from whiflash.datagen.cli import datagen
 from whiflash.train.cli import run
 
 tb, pair, router = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-data = datagen(out=tb / f"router_data_{pair}", prompts=["testbed:train"], testbed=tb, pair=pair, per_category=48,
-               max_new_tokens=96, dtype="bfloat16" if torch.cuda.is_available() else "float32")
+per_category, new_tokens = int(sys.argv[4]), int(sys.argv[5])
+data = datagen(out=tb / f"router_data_{pair}", prompts=["testbed:train"], testbed=tb, pair=pair,
+               per_category=per_category, max_new_tokens=new_tokens,
+               dtype="bfloat16" if torch.cuda.is_available() else "float32")
 sys.argv = ["whiflash-train"]  # LightningCLI reads sys.argv alongside args
-run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(tb / f"router_runs_{pair}")])
+profile = ["--data.latency_profile", str(tb / "profile.json")] if (tb / "profile.json").is_file() else []
+run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(tb / f"router_runs_{pair}"), *profile])
 shutil.copytree(sorted((tb / f"router_runs_{pair}").glob("*/router"))[-1], router, dirs_exist_ok=True)
 PY
       cp -r "$ROUTER" "$LOG/$(basename "$ROUTER")" 2>/dev/null ;;
+    latency)
+      gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16)
+      timeout "${LATENCY_TIMEOUT:-240}" python3 -m whiflash.eval profile --testbed "$TB" "${gpu[@]}" --context "${LATENCY_CONTEXT:-1024}" --out "$LOG/eval" \
+        --name "${PRESET}_latency" --output "$TB/profile.json" 2>&1 | tee "$LOG/latency.log" | quiet | tail -12
+      cp "$TB/profile.json" "$LOG/profile_${PRESET}.json" 2>/dev/null ;;
+    calibrate)
+      timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" \
+        --latency-profile "$TB/profile.json" --calibrate-method whiflash-entropy \
+        --thresholds 0.05,0.1,0.2,0.3,0.5,0.75,1,1.5,2,3 --out "$LOG/eval" --output "$TB/thresholds_$PAIR.json" 2>&1 \
+        | tee "$LOG/calibrate_$PAIR.log" | quiet | tail -12
+      cp "$TB/thresholds_$PAIR.json" "$LOG/" 2>/dev/null ;;
     bench)
       router=(); [ -d "$TB/router" ] && router=(--router "$TB/router")
       timeout 300 python3 scripts/bench_testbed.py --testbed "$TB" --prompts 4 --max-new-tokens 96 "${router[@]}" \
         --json "$LOG/bench_${PRESET}.json" 2>&1 | tee "$LOG/bench_${PRESET}.log" | quiet | tail -18 ;;
     eval)
       neural=""; router=(); [ -d "$ROUTER" ] && neural=",whiflash-neural" router=(--whiflash-neural-router-path "$ROUTER")
+      [ -f "$TB/thresholds_$PAIR.json" ] && router+=(--whiflash-thresholds "$TB/thresholds_$PAIR.json")
       gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
       timeout "${EVAL_TIMEOUT:-420}" python3 -m whiflash.eval bench --testbed "$TB" --dataset testbed:test \
         --max-samples "${EVAL_SAMPLES:-30}" --max-new-tokens "${EVAL_TOKENS:-96}" --whiflash-drafters "$PAIR" \
@@ -151,7 +173,7 @@ PY
       models=(); [ -n "${PROFILE_MODELS:-}" ] && models=(--models "$PROFILE_MODELS")
       timeout "${PROFILE_TIMEOUT:-300}" python3 scripts/profile_shapes.py "${smoke[@]}" "${models[@]}" ${PROFILE_FLAGS:-} --json "$LOG/profile.json" 2>&1 \
         | tee "$LOG/profile.log" | quiet | tail -40 ;;
-    *) echo "unknown step $step (probe, build, router, bench, eval, compare, tests, profile)"; exit 2 ;;
+    *) echo "unknown step $step (probe, build, latency, router, calibrate, bench, eval, compare, tests, profile)"; exit 2 ;;
   esac
 done
 echo "=== done ($(date +%T))"
