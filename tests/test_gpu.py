@@ -160,7 +160,7 @@ def test_datagen_with_cuda_graphs_records_the_eager_rows(worlds, tmp_path):
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-def test_batched_generation_graph_replays_the_eager_decode(bf16):
+def test_batched_generation_graph_replays_the_eager_decode(bf16, caplog):
     """The testbed generator's captured decode step gives the eager step's tokens (greedy and sampled)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -177,3 +177,4 @@ def test_batched_generation_graph_replays_the_eager_decode(bf16):
         runs = [continue_prompts(model, prompts, 20, eos=1, pad_id=0, batch_size=4, temperature=temperature, seed=3,
                                  bf16=bf16, cuda_graphs=graphs) for graphs in (False, True)]
         assert runs[0] == runs[1], temperature
+    assert "capture failed" not in caplog.text  # the graph ran: no batch fell back to the eager step
