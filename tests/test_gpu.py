@@ -12,7 +12,7 @@ import torch._dynamo
 
 import whiflash
 from whiflash.routers import ScriptedRouter
-from whiflash.runtime import decode_attention, gemv, layers
+from whiflash.runtime import decode_attention, layers
 
 pytestmark = pytest.mark.gpu
 PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6]]
