@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything this project measures on one GPU, step by step (each step under its own time limit, so a
 # slow one cannot cost the results of the others inside one 10-minute device command):
-#   probe   time a few optimiser steps of the preset's target (ms/step, the target stage's estimate) before
-#           spending a build on it;
+#   probe   time a few optimiser steps of the preset's target, eager and with compiled layers (ms/step, compile
+#           seconds: the target stage's estimate) before spending a build on it;
 #   build   the `small` testbed (prints stage times and the per-category tau table; resumable: UNTIL=STAGE
 #           stops after a stage, so a build splits over device commands on one warm machine: UNTIL=responses
 #           (~400 s), UNTIL=dflash (~390 s), then the rest with the next steps; SET="section.field=value ..."
@@ -75,19 +75,42 @@ t = cfg.target
 module = TargetModule(qwen3_config(t, tok_info), t).to(cfg.device)
 opt = torch.optim.AdamW(module.parameters(), lr=1e-4, betas=(0.9, 0.95))
 x = torch.randint(5, tok_info["vocab_size"], (t.batch_size, t.seq_len + 1), device=cfg.device)
-for i in range(25):
-    if i == 5:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-    with torch.autocast("cuda", torch.bfloat16):
+cuda = cfg.device.startswith("cuda")
+sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+
+def step() -> None:
+    with torch.autocast(cfg.device.split(":")[0], torch.bfloat16, enabled=cuda):
         loss = module._loss(x)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-torch.cuda.synchronize()
-ms = (time.perf_counter() - t0) / 20 * 1e3
-print(f"probe: target {sum(p.numel() for p in module.parameters()) / 1e6:.1f}M params, {ms:.1f} ms/step, "
-      f"{t.batch_size * t.seq_len / ms * 1e3:,.0f} tok/s; {t.max_steps} steps ~ {ms * t.max_steps / 1e3:.0f} s")
+
+
+def ms_per_step(n: int = 20, warm: int = 5) -> float:
+    for _ in range(warm):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    sync()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+from whiflash.testbed.compiled import compiled_or_eager
+
+tokens = t.batch_size * t.seq_len
+eager = ms_per_step()
+print(f"probe: target {sum(p.numel() for p in module.parameters()) / 1e6:.1f}M params, eager {eager:.1f} ms/step, "
+      f"{tokens / eager * 1e3:,.0f} tok/s; {t.max_steps} steps ~ {eager * t.max_steps / 1e3:.0f} s")
+t0 = time.perf_counter()
+ok = compiled_or_eager(module.model, lambda: (step(), sync()), "probe")
+compile_s = time.perf_counter() - t0
+if ok:
+    compiled = ms_per_step()
+    print(f"probe: compiled layers {compiled:.1f} ms/step ({eager / compiled:.2f}x eager), compile {compile_s:.0f} s; "
+          f"{t.max_steps} steps ~ {compiled * t.max_steps / 1e3 + compile_s:.0f} s")
 PY
       ;;
     build)

@@ -83,7 +83,9 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
     last = STAGES.index(until) if until else len(STAGES) - 1
     # Each stage's fingerprint = its config + the output hashes of what it reads (see manifest.py).
     sha: dict[str, str] = {}
-    dev = {"device": config.device, "precision": config.precision}
+    dev: dict[str, Any] = {"device": config.device, "precision": config.precision}
+    if config.compile_layers:  # only when on, so the fingerprints of builds without it stay what they were
+        dev["compile_layers"] = True
     # On the CPU the thread count sets the order of float reductions, so what a training stage writes
     # depends on it: part of those stages' fingerprints (GPU builds' fingerprints are unchanged).
     cpu = (f"threads={torch.get_num_threads()}",) if config.device == "cpu" else ()
@@ -126,7 +128,9 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
             model = AutoModelForCausalLM.from_pretrained(str(d)).to(config.device)
             figures["pretrained_test"] = evaluate_target(model, out / "tokens", tc.seq_len, tc.eval_windows)
             del model
-            figures["sharpen"] = sharpen_target(d, out, tc.sharpen, tc.mix, tc.seq_len, tc.seed, **dev)
+            # eager: its batches vary in length, and 150 steps do not repay compiling
+            figures["sharpen"] = sharpen_target(d, out, tc.sharpen, tc.mix, tc.seq_len, tc.seed,
+                                                device=config.device, precision=config.precision)
         model = AutoModelForCausalLM.from_pretrained(str(d)).to(config.device)
         figures["test"] = evaluate_target(model, out / "tokens", tc.seq_len, tc.eval_windows)
         return figures

@@ -244,6 +244,10 @@ class TestbedConfig:
     """Torch device for training (``cpu`` or ``cuda``)."""
     precision: str = "32-true"
     """Lightning precision (``bf16-mixed`` on GPUs)."""
+    compile_layers: bool = False
+    """``torch.compile`` the target's decoder layers where a stage runs it through transformers (pre-training,
+    sharpening, the drafter stages' feature passes); a layer that fails to compile runs eagerly. Part of those
+    stages' fingerprints when on (compiled kernels round differently)."""
     num_threads: int | None = None
     """CPU threads for torch during the build (None: torch's default). On a 2-core machine that
     other processes share, 2 OpenMP threads thrash (10-20x slower steps were measured), so the
@@ -335,6 +339,7 @@ def _small() -> TestbedConfig:
         name="small",
         device="cuda",
         precision="bf16-mixed",
+        compile_layers=True,
         corpus=CorpusConfig(math_problems=100_000, agent_transcripts=20_000, max_file_chars=400_000,
                             include_tests=True, validation_fraction=0.3, agent_code_excerpts=0.5),
         tokenizer=TokenizerConfig(vocab_size=8192, train_chars_per_category=6_000_000),

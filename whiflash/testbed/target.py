@@ -84,17 +84,38 @@ def adamw_schedule(module: torch.nn.Module, lr: float, weight_decay: float, warm
 class TargetModule(L.LightningModule):
     """Next-token pre-training of ``Qwen3ForCausalLM`` on random corpus windows."""
 
-    def __init__(self, hf_config, cfg: TargetConfig):
+    def __init__(self, hf_config, cfg: TargetConfig, compile_layers: bool = False):
         super().__init__()
         from transformers import Qwen3ForCausalLM
 
         torch.manual_seed(cfg.seed)
         self.model = Qwen3ForCausalLM(hf_config)
         self.cfg = cfg
+        self.compile_layers = compile_layers
+        self.compiled = False
+        """Whether the decoder layers ran compiled (``compile_layers`` and the trial step compiled)."""
 
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=batch[:, :-1]).logits
+        # no KV cache in training: a cache would make every layer guard on its own slot (one graph per layer)
+        logits = self.model(input_ids=batch[:, :-1], use_cache=False).logits
         return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+
+    def on_train_start(self) -> None:
+        if not self.compile_layers:
+            return
+        from .compiled import compiled_or_eager
+
+        # one step on a batch of the training shape, under the trainer's autocast: compiles forward and
+        # backward here, where a failure can still fall back; its gradients are dropped before step 1
+        x = torch.zeros(self.cfg.batch_size, self.cfg.seq_len + 1, dtype=torch.long, device=self.device)
+
+        def trial() -> None:
+            with self.trainer.precision_plugin.forward_context():
+                loss = self._loss(x)
+            loss.backward()
+
+        self.compiled = compiled_or_eager(self.model, trial, "target")
+        self.model.zero_grad(set_to_none=True)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
@@ -203,10 +224,10 @@ def make_trainer(max_steps: int, device: str, precision: str, log_dir: Path, max
 
 
 def train_target(cfg: TargetConfig, tok_info: dict, tokens_dir: Path, tokenizer, out_dir: Path, *,
-                 device: str = "cpu", precision: str = "32-true") -> dict:
+                 device: str = "cpu", precision: str = "32-true", compile_layers: bool = False) -> dict:
     """Pre-train the target and ``save_pretrained`` it (weights + tokenizer) into ``out_dir``."""
     hf_config = qwen3_config(cfg, tok_info)
-    module = TargetModule(hf_config, cfg)
+    module = TargetModule(hf_config, cfg, compile_layers)
     n_params = sum(p.numel() for p in module.model.parameters())
     log.info("target: %.2fM parameters, %d steps of %dx%d tokens", n_params / 1e6, cfg.max_steps,
              cfg.batch_size, cfg.seq_len)
@@ -233,6 +254,7 @@ def train_target(cfg: TargetConfig, tok_info: dict, tokens_dir: Path, tokenizer,
         "train_seconds": round(seconds, 1),
         "tokens_seen": steps * cfg.batch_size * cfg.seq_len,
         "tokens_per_second": round(steps * cfg.batch_size * cfg.seq_len / max(seconds, 1e-9)),
+        "compiled_layers": module.compiled,
         "final_train_loss": float(trainer.callback_metrics.get("train_loss", float("nan"))),
     }
 
