@@ -90,6 +90,7 @@ def datagen(
     dtype: str | None = None,
     cuda_graphs: bool | None = None,
     compile_layers: bool | None = None,
+    processes_per_device: int = 1,
     seed: int = 0,
 ) -> Path:
     """Decode prompts with both drafters from the same state each round and write one row per round.
@@ -118,16 +119,21 @@ def datagen(
         compile_layers: with CUDA graphs, torch.compile the layer stages and drafter passes inside them
             (default: on where torch.compile runs, Triton installed; --no-compile-layers for uncompiled passes). Compiled
             kernels round differently, so a row may differ at a near-tie; resuming may switch it.
+        processes_per_device: under torchrun, ranks that share one GPU (rank r decodes on cuda:LOCAL_RANK // this;
+            --nproc-per-node = GPUs x this). One sequence at a time leaves a GPU idle between a round's host
+            steps, so several processes on one GPU raise rows/s; the rows are the same for any launch.
         seed: recorded in the manifest (decoding is greedy and deterministic).
     """
     out = Path(out)
     # what the rows depend on (the execution mode does not count: graphs and eager record the same rows)
     args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items()
-            if k not in ("out", "cuda_graphs", "compile_layers")}
+            if k not in ("out", "cuda_graphs", "compile_layers", "processes_per_device")}
     engine = engine_defaults(device, dtype, cuda_graphs, compile_layers)  # bf16 and compiled layers on CUDA
     args["dtype"] = dtype = engine["dtype"]
     parsed = Pair.parse(pair, what="--pair")
     _check_arguments(args, parsed)
+    if isinstance(processes_per_device, bool) or not isinstance(processes_per_device, int) or processes_per_device < 1:
+        raise ValueError(f"--processes-per-device: expected an integer >= 1, got {processes_per_device!r}")
     # everything is checked and read before anything is written: a refused call leaves --out as it was
     check_folder(out, DATAGEN, "--out")
     if distributed.from_env().is_main:  # one lock per launch: rank 0 writes the record and the manifest
@@ -143,7 +149,7 @@ def datagen(
     for it in items:
         ids.add(it.prompt_id, it.source)
     ranks = distributed.init()
-    device = ranks.device(device)  # pinned arguments keep the user's `cuda`; this rank decodes on cuda:LOCAL_RANK
+    device = ranks.device(device, per_device=processes_per_device)  # pinned arguments keep the user's `cuda`; this rank decodes on cuda:LOCAL_RANK
     if not items:
         raise ValueError(f"--prompts {sources} gave no prompts")
     # the record holds resolved paths, not spellings, and the prompts' content, not only where they came from

@@ -133,6 +133,7 @@ def test_bad_input_names_the_problem_and_leaves_the_folder_usable(worlds, tmp_pa
     for bad, message in ((dict(shard_size=0), "--shard-size: expected an integer >= 1, got 0"),
                          (dict(dtype="banana"), "--dtype: expected one of float32, bfloat16, float16, got 'banana'"),
                          (dict(max_new_tokens=2.5), "--max-new-tokens: expected an integer >= 1"),
+                         (dict(processes_per_device=0), "--processes-per-device: expected an integer >= 1, got 0"),
                          (dict(tree_budget=9), "--tree-budget 9: --pair df-e3 has no DDTree slot")):
         with pytest.raises(ValueError, match=message):
             _run(world, out, prompt_file, **bad)

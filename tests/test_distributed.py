@@ -92,8 +92,16 @@ def test_ranks_from_env_and_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match=r"--device cuda:0: under torchrun \(WORLD_SIZE=4\) give the device type"):
         ranks.device("cuda:0")
     if torch.cuda.device_count() < 2:
-        with pytest.raises(ValueError, match="LOCAL_RANK 1 but this host shows"):
+        with pytest.raises(ValueError, match="LOCAL_RANK 1 with 1 process.es. per device needs device 1, but this host"):
             ranks.device("cuda")
+    # several ranks on one GPU: LOCAL_RANK // per_device picks the device
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    assert ranks.device("cuda", per_device=2) == "cuda:0"
+    with pytest.raises(ValueError, match=r"start at most 2 processes per host"):
+        Ranks(3, 4, 3).device("cuda", per_device=2)
+    with pytest.raises(ValueError, match="processes per device 0: expected 1 or more"):
+        ranks.device("cuda", per_device=0)
     monkeypatch.setenv("RANK", "4")
     with pytest.raises(ValueError, match="expected 0 <= RANK < WORLD_SIZE"):
         distributed.from_env()

@@ -62,10 +62,13 @@ class Ranks:
         item exactly once, and (items being in a fixed order) each rank's share is the same on every launch."""
         return list(items[self.rank :: self.world])
 
-    def device(self, device: str, flag: str = "--device") -> str:
+    def device(self, device: str, flag: str = "--device", per_device: int = 1) -> str:
         """This rank's torch device for the user's ``device``: a device type (``cuda``) becomes
-        ``cuda:LOCAL_RANK`` under a launch of several processes; ``cpu`` stays ``cpu``; one process keeps
-        ``device`` as given. An explicit index is refused when several ranks would share it."""
+        ``cuda:LOCAL_RANK // per_device`` under a launch of several processes (``per_device`` ranks share each
+        GPU); ``cpu`` stays ``cpu``; one process keeps ``device`` as given. An explicit index is refused when
+        several ranks would share it."""
+        if per_device < 1:
+            raise ValueError(f"processes per device {per_device}: expected 1 or more")
         if self.world == 1:
             return device
         kind = torch.device(device)
@@ -74,14 +77,16 @@ class Ranks:
         if kind.index is not None:
             raise ValueError(f"{flag} {device}: under torchrun (WORLD_SIZE={self.world}) give the device type "
                              f"('{kind.type}'); each rank then takes {kind.type}:LOCAL_RANK")
+        index = self.local_rank // per_device
         if kind.type == "cuda":
             count = torch.cuda.device_count()
-            if self.local_rank >= count:
-                raise ValueError(f"{flag} {device}: LOCAL_RANK {self.local_rank} but this host shows {count} CUDA "
-                                 "device(s); start at most that many processes per host (--nproc-per-node)")
+            if index >= count:
+                raise ValueError(f"{flag} {device}: LOCAL_RANK {self.local_rank} with {per_device} process(es) per "
+                                 f"device needs device {index}, but this host shows {count} CUDA device(s); start at "
+                                 f"most {count * per_device} processes per host (--nproc-per-node)")
             # kernels, streams and graph captures that name no device go to the current one: make it ours
-            torch.cuda.set_device(self.local_rank)
-        return f"{kind.type}:{self.local_rank}"
+            torch.cuda.set_device(index)
+        return f"{kind.type}:{index}"
 
 
 def from_env() -> Ranks:
