@@ -7,6 +7,8 @@
 #                 E0_SAMPLES prompts (80), E_TOKENS new tokens (256); the fp32 margins of any bf16 mismatch
 #                 are in the run's results.json, copied beside results.md
 #   eval-t1       the same methods but the oracle at temperature 1 (one DDTree budget), E1_SAMPLES prompts (40)
+#   eval-prompts[@PAIR]  AR, EAGLE-3, DFlash, DDTree and WhiFlash-Neural on the JSONL prompt files in PROMPTS_DIR
+#                 (.prompts), E2_SAMPLES rows of each (10, upstream's selection), E_TOKENS new tokens
 #   gputest       the testbed generator's CUDA-graph test
 #   gs-STEP[@PAIR]  any gpu_session.sh step (latency, router, calibrate, tests, ...) for PAIR (default df-e3)
 #   eval-routed[@PAIR]  the routed bench: AR, EAGLE-3, DFlash, DDTree, WhiFlash-Entropy (calibrated thresholds when
@@ -41,8 +43,12 @@ for item in "$@"; do
                [ "$pair" != df-e3 ] && methods=(METHODS=ar,ddtree,whiflash-neural)
                env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
                  "${methods[@]}" EVAL_TAG=_routed bash scripts/gpu_session.sh "$L" "$TB" eval ;;
+    eval-prompts) files=(); for f in "${PROMPTS_DIR:-.prompts}"/*.jsonl; do files+=("$f"); done  # benchmark prompt files
+               data=$(IFS=,; echo "${files[*]}")
+               env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E2_SAMPLES:-10} EVAL_TOKENS=${E_TOKENS:-256} EVAL_DATASET="$data" \
+                 METHODS=ar,eagle3,dflash,ddtree,whiflash-neural EVAL_TAG=_prompts bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     gputest) timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k batched_generation 2>&1 | tail -3 ;;
-    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, gs-STEP, gputest)"; exit 2 ;;
+    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, eval-prompts, gs-STEP, gputest)"; exit 2 ;;
   esac
   echo "=== $name done, ${left}s were left before it; $(( $(date +%s) - start ))s in all"
 done

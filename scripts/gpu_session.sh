@@ -12,7 +12,7 @@
 #   latency whiflash-eval profile of the testbed's models at LATENCY_CONTEXT positions (1024) -> TESTBED_DIR/profile.json (round, verify and catch-up
 #           times; the router and calibrate steps use it when it is there);
 #   router  whiflash-datagen on training-split prompts (ROUTER_PROMPTS per category, default 48, ROUTER_TOKENS new
-#           tokens, default 96) + whiflash-train fit for the pair PAIR (default df-e3; with the latency profile it
+#           tokens, default 96; ROUTER_PROCS processes sharing the GPU under torchrun, default 1) + whiflash-train fit for the pair PAIR (default df-e3; with the latency profile it
 #           reports the share of the speed oracle's gain), router into TESTBED_DIR/router (df-e3) or
 #           TESTBED_DIR/router_PAIR (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse`
 #           importable);
@@ -21,8 +21,11 @@
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
 #           `router` step has left a router for PAIR), bf16 + CUDA graphs (+ compiled layers, the default) on
 #           a GPU; METHODS overrides the method list, EVAL_SAMPLES / EVAL_TOKENS the prompts and new tokens,
-#           EVAL_FLAGS adds bench flags (e.g. "--temperature 1"), EVAL_TAG names the run; the run folder goes
+#           EVAL_FLAGS adds bench flags (e.g. "--temperature 1"), EVAL_TAG names the run, EVAL_DATASET
+#           replaces testbed:test (e.g. JSONL prompt files); the run folder goes
 #           to LOG_DIR/eval, its results.md and samples.jsonl are copied to LOG_DIR/eval_PAIR[TAG]_*
+#   quickstart  the upstream Quick Start command shape (--speculative-algorithm WHIFLASH --whiflash-router neural ...)
+#           on the testbed's models and the router, no engine flags: prints the resolved config, then runs;
 #   compare whiflash-eval bench of AR/EAGLE-3/DFlash/DDTree three times on the same prompts: SDPA
 #           (WHIFLASH_DECODE_ATTENTION=0), the decode attention kernel, and the kernel with --compile-layers;
 #   tests   the CUDA tests (lossless in fp32 / near-ties in bf16, graphs == eager, transformers parity;
@@ -127,28 +130,31 @@ PY
       cp "$TB/manifest.json" "$LOG/${PRESET}_manifest.json" 2>/dev/null
       cp -r "$TB/tokenizer" "$LOG/${PRESET}_tokenizer" 2>/dev/null ;;  # to read the eval's token ids back here
     router)
-      timeout "${ROUTER_TIMEOUT:-300}" python3 - "$TB" "$PAIR" "$ROUTER" "${ROUTER_PROMPTS:-48}" "${ROUTER_TOKENS:-96}" 2>&1 <<'PY' \
-        | tee "$LOG/router_$PAIR.log" | quiet | tail -30
+      gpu=(--dtype float32); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--dtype bfloat16)
+      procs=${ROUTER_PROCS:-1}; launch=(python3 -m whiflash.datagen)
+      [ "$procs" -gt 1 ] && launch=(python3 -m torch.distributed.run --standalone --nproc-per-node "$procs" -m whiflash.datagen)
+      start=$(date +%s)
+      timeout "${ROUTER_TIMEOUT:-300}" "${launch[@]}" --testbed "$TB" --prompts testbed:train --pair "$PAIR" \
+        --per-category "${ROUTER_PROMPTS:-48}" --max-new-tokens "${ROUTER_TOKENS:-96}" --processes-per-device "$procs" \
+        "${gpu[@]}" --out "$TB/router_data_$PAIR" 2>&1 | tee "$LOG/router_$PAIR.log" | quiet | grep -v "^\[\|W1\|I1" | tail -12
+      echo "datagen: $(( $(date +%s) - start )) s with $procs process(es) on the device, launch included"
+      left=$(( ${ROUTER_TIMEOUT:-300} - ($(date +%s) - start) ))
+      timeout "$left" python3 - "$TB" "$PAIR" "$ROUTER" 2>&1 <<'PY' | tee -a "$LOG/router_$PAIR.log" | quiet | tail -24
 import shutil
 import sys
 from pathlib import Path
 
-import torch
-
-from whiflash.datagen.cli import datagen
 from whiflash.train.cli import run
 
 tb, pair, router = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-per_category, new_tokens = int(sys.argv[4]), int(sys.argv[5])
-data = datagen(out=tb / f"router_data_{pair}", prompts=["testbed:train"], testbed=tb, pair=pair,
-               per_category=per_category, max_new_tokens=new_tokens,
-               dtype="bfloat16" if torch.cuda.is_available() else "float32")
 sys.argv = ["whiflash-train"]  # LightningCLI reads sys.argv alongside args
 profile = ["--data.latency_profile", str(tb / "profile.json")] if (tb / "profile.json").is_file() else []
-run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(tb / f"router_runs_{pair}"), *profile])
+run(["fit", "--data.path", str(tb / f"router_data_{pair}"), "--trainer.default_root_dir", str(tb / f"router_runs_{pair}"),
+     *profile, *sys.argv[4:]])
 shutil.copytree(sorted((tb / f"router_runs_{pair}").glob("*/router"))[-1], router, dirs_exist_ok=True)
 PY
-      cp -r "$ROUTER" "$LOG/$(basename "$ROUTER")" 2>/dev/null ;;
+      cp -r "$ROUTER" "$LOG/$(basename "$ROUTER")" 2>/dev/null
+      cp "$TB/router_data_$PAIR"/*.png "$TB/router_data_$PAIR/manifest.json" "$LOG/" 2>/dev/null ;;
     latency)
       gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16)
       timeout "${LATENCY_TIMEOUT:-240}" python3 -m whiflash.eval profile --testbed "$TB" "${gpu[@]}" --context "${LATENCY_CONTEXT:-1024}" --out "$LOG/eval" \
@@ -168,7 +174,7 @@ PY
       neural=""; router=(); [ -d "$ROUTER" ] && neural=",whiflash-neural" router=(--whiflash-neural-router-path "$ROUTER")
       [ -f "$TB/thresholds_$PAIR.json" ] && router+=(--whiflash-thresholds "$TB/thresholds_$PAIR.json")
       gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
-      timeout "${EVAL_TIMEOUT:-420}" python3 -m whiflash.eval bench --testbed "$TB" --dataset testbed:test \
+      timeout "${EVAL_TIMEOUT:-420}" python3 -m whiflash.eval bench --testbed "$TB" --dataset "${EVAL_DATASET:-testbed:test}" \
         --max-samples "${EVAL_SAMPLES:-30}" --max-new-tokens "${EVAL_TOKENS:-96}" --whiflash-drafters "$PAIR" \
         --methods "${METHODS:-ar,eagle3,dflash,ddtree,whiflash-entropy${neural},oracle}" "${router[@]}" "${gpu[@]}" \
         ${EVAL_FLAGS:-} --out "$LOG/eval" --name "${PRESET}_$PAIR${EVAL_TAG:-}" 2>&1 | tee "$LOG/eval_$PAIR${EVAL_TAG:-}.log" | quiet | tail -5
@@ -177,6 +183,17 @@ PY
         [ -f "$run_dir/$f" ] && cp "$run_dir/$f" "$LOG/eval_$PAIR${EVAL_TAG:-}_$f"
       done
       head -60 "$LOG/eval_$PAIR${EVAL_TAG:-}_results.md" 2>/dev/null ;;
+    quickstart)  # the upstream Quick Start shape on the testbed's models and router, with no engine flags (the defaults)
+      qs=(python3 -m whiflash.eval bench --speculative-algorithm WHIFLASH --model-name-or-path "$TB/target"
+          --draft-name-or-path "$TB/dflash" --whiflash-eagle-draft "$TB/eagle3" --whiflash-router neural
+          --whiflash-neural-router-path "$ROUTER" --whiflash-drafters "$PAIR" --testbed "$TB" --dataset "${EVAL_DATASET:-testbed:test}"
+          --max-samples "${EVAL_SAMPLES:-20}" --max-new-tokens "${EVAL_TOKENS:-256}")
+      "${qs[@]}" --print_config > "$LOG/quickstart_config.txt" 2>&1
+      grep -iE "^ *(device|dtype|cuda_graphs|compile_layers|decode_attention|gemv)" "$LOG/quickstart_config.txt"
+      timeout "${EVAL_TIMEOUT:-300}" "${qs[@]}" --out "$LOG/eval" --name "${PRESET}_quickstart" 2>&1 \
+        | tee "$LOG/quickstart.log" | quiet | grep -v "INFO" | tail -14
+      run_dir=$(ls -d "$LOG"/eval/*"${PRESET}_quickstart" 2>/dev/null | tail -1)
+      cp "$run_dir/results.md" "$LOG/quickstart_results.md" 2>/dev/null ;;
     compare)  # the engine's options end to end, same prompts: SDPA, the decode attention kernel, + compiled layers
       for opt in sdpa kernel compile; do
         env=(); flags=(--no-compile-layers)  # compiled layers are the CUDA default: off but for `compile`
@@ -196,7 +213,7 @@ PY
       models=(); [ -n "${PROFILE_MODELS:-}" ] && models=(--models "$PROFILE_MODELS")
       timeout "${PROFILE_TIMEOUT:-300}" python3 scripts/profile_shapes.py "${smoke[@]}" "${models[@]}" ${PROFILE_FLAGS:-} --json "$LOG/profile.json" 2>&1 \
         | tee "$LOG/profile.log" | quiet | tail -40 ;;
-    *) echo "unknown step $step (probe, build, latency, router, calibrate, bench, eval, compare, tests, profile)"; exit 2 ;;
+    *) echo "unknown step $step (probe, build, latency, router, calibrate, bench, eval, quickstart, compare, tests, profile)"; exit 2 ;;
   esac
 done
 echo "=== done ($(date +%T))"
