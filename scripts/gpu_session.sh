@@ -12,7 +12,7 @@
 #   latency whiflash-eval profile of the testbed's models at LATENCY_CONTEXT positions (1024) -> TESTBED_DIR/profile.json (round, verify and catch-up
 #           times; the router and calibrate steps use it when it is there);
 #   router  whiflash-datagen on training-split prompts (ROUTER_PROMPTS per category, default 48, ROUTER_TOKENS new
-#           tokens, default 96; ROUTER_PROCS processes sharing the GPU under torchrun, default 1) + whiflash-train fit for the pair PAIR (default df-e3; with the latency profile it
+#           tokens, default 96; ROUTER_PROCS processes sharing the GPU under torchrun, default 1; ROUTER_FLAGS more datagen flags) + whiflash-train fit for the pair PAIR (default df-e3; with the latency profile it
 #           reports the share of the speed oracle's gain), router into TESTBED_DIR/router (df-e3) or
 #           TESTBED_DIR/router_PAIR (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse`
 #           importable);
@@ -136,7 +136,7 @@ PY
       start=$(date +%s)
       timeout "${ROUTER_TIMEOUT:-300}" "${launch[@]}" --testbed "$TB" --prompts testbed:train --pair "$PAIR" \
         --per-category "${ROUTER_PROMPTS:-48}" --max-new-tokens "${ROUTER_TOKENS:-96}" --processes-per-device "$procs" \
-        "${gpu[@]}" --out "$TB/router_data_$PAIR" 2>&1 | tee "$LOG/router_$PAIR.log" | quiet | grep -v "^\[\|W1\|I1" | tail -12
+        "${gpu[@]}" ${ROUTER_FLAGS:-} --out "$TB/router_data_$PAIR" 2>&1 | tee "$LOG/router_$PAIR.log" | quiet | grep -v "^\[\|W1\|I1" | tail -12
       echo "datagen: $(( $(date +%s) - start )) s with $procs process(es) on the device, launch included"
       left=$(( ${ROUTER_TIMEOUT:-300} - ($(date +%s) - start) ))
       timeout "$left" python3 - "$TB" "$PAIR" "$ROUTER" 2>&1 <<'PY' | tee -a "$LOG/router_$PAIR.log" | quiet | tail -24
