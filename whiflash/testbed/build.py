@@ -84,8 +84,8 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
     # Each stage's fingerprint = its config + the output hashes of what it reads (see manifest.py).
     sha: dict[str, str] = {}
     dev: dict[str, Any] = {"device": config.device, "precision": config.precision}
-    if config.compile_layers:  # only when on, so the fingerprints of builds without it stay what they were
-        dev["compile_layers"] = True
+    # compiled layers in the target stage only (when on: builds without them keep their fingerprints)
+    target_dev = {**dev, "compile_layers": True} if config.compile_layers else dev
     # On the CPU the thread count sets the order of float reductions, so what a training stage writes
     # depends on it: part of those stages' fingerprints (GPU builds' fingerprints are unchanged).
     cpu = (f"threads={torch.get_num_threads()}",) if config.device == "cpu" else ()
@@ -121,21 +121,19 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
         from .target import evaluate_target, train_target
 
         tc = config.target
-        figures = train_target(tc, tok_info, out / "tokens", tokenizer, d, **dev)
+        figures = train_target(tc, tok_info, out / "tokens", tokenizer, d, **target_dev)
         if tc.sharpen.steps:
             from .sharpen import sharpen_target
 
             model = AutoModelForCausalLM.from_pretrained(str(d)).to(config.device)
             figures["pretrained_test"] = evaluate_target(model, out / "tokens", tc.seq_len, tc.eval_windows)
             del model
-            # eager: its batches vary in length, and 150 steps do not repay compiling
-            figures["sharpen"] = sharpen_target(d, out, tc.sharpen, tc.mix, tc.seq_len, tc.seed,
-                                                device=config.device, precision=config.precision)
+            figures["sharpen"] = sharpen_target(d, out, tc.sharpen, tc.mix, tc.seq_len, tc.seed, **dev)
         model = AutoModelForCausalLM.from_pretrained(str(d)).to(config.device)
         figures["test"] = evaluate_target(model, out / "tokens", tc.seq_len, tc.eval_windows)
         return figures
 
-    if run("target", (config.target, dev, *cpu, sha.get("tokens"), sha["tokenizer"], sha["corpus"]), _target) is None:
+    if run("target", (config.target, target_dev, *cpu, sha.get("tokens"), sha["tokenizer"], sha["corpus"]), _target) is None:
         return _finish(man, t_start)
 
     from whiflash.runtime.model import TAP_CONVENTION

@@ -164,8 +164,7 @@ def _rope_rows(rope, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 
 def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = "cpu",
-                 precision: str = "32-true", seed: int = 0,
-                 compile_layers: bool = False) -> dict:
+                 precision: str = "32-true", seed: int = 0) -> dict:
     """Train on the responses stage and write the checkpoint into ``out_dir``."""
     from whiflash.drafters import build_drafter, write_checkpoint
     from whiflash.runtime import ModelConfig, load_target
@@ -182,7 +181,7 @@ def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = 
     drafter = build_drafter("dflash", config, target).to(device)
     with torch.no_grad():
         drafter.norm.weight.copy_(target.model.norm.weight)  # the frozen LM head expects the target's scale
-    module = DFlashModule(drafter, load_features(root, taps, device, compile_layers), target.model.embed_tokens.weight, target.lm_head.weight, cfg, seed)
+    module = DFlashModule(drafter, load_features(root, taps, device), target.model.embed_tokens.weight, target.lm_head.weight, cfg, seed)
     snapshots = Snapshots(out_dir, config, Snapshots.at(cfg.snapshots, cfg.max_steps))
     trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, stage="dflash",
                            extra=[snapshots])

@@ -177,12 +177,10 @@ class TargetFeatures(torch.nn.Module):
     features are bf16, as a drafter reads them when it is served in bf16; on a CPU they are fp32.
     """
 
-    def __init__(self, model: torch.nn.Module, taps: list[int], compile_layers: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, taps: list[int]) -> None:
         super().__init__()
         self.model = model.eval().requires_grad_(False)
         self.taps = list(taps)
-        self.compile_layers = compile_layers
-        """Compile the target's layers at the first batch (``compiled``); eager if that fails."""
 
     def train(self, mode: bool = True) -> TargetFeatures:
         return super().train(False)  # the frozen target stays in eval mode inside a training module
@@ -190,17 +188,6 @@ class TargetFeatures(torch.nn.Module):
     @torch.no_grad()
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``ids [B, S]`` -> (``[B, S, n_taps, H]`` tap outputs, ``[B, S, H]`` final post-norm hidden state)."""
-        if self.compile_layers:  # first batch: compile here, where a failure can still fall back to eager
-            from .compiled import compiled_or_eager
-
-            self.compile_layers = False
-            out: list = []
-            compiled_or_eager(self.model, lambda: out.append(self._pass(ids)), "drafter features")
-            if out:
-                return out[0]
-        return self._pass(ids)
-
-    def _pass(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # On a CPU the features stay fp32 (bf16 autocast is emulated, and slow, on CPUs without bf16 units).
         with torch.autocast("cpu", enabled=False) if ids.device.type == "cpu" else nullcontext():
             out = self.model.model(input_ids=ids, output_hidden_states=True, use_cache=False)
@@ -208,11 +195,11 @@ class TargetFeatures(torch.nn.Module):
         return torch.stack([states[t + 1] for t in self.taps], dim=2), out.last_hidden_state
 
 
-def load_features(root: Path, taps: list[int], device: str = "cpu", compile_layers: bool = False) -> TargetFeatures:
+def load_features(root: Path, taps: list[int], device: str = "cpu") -> TargetFeatures:
     """``TargetFeatures`` of the testbed's target (``transformers`` weights, the same checkpoint the runtime loads)."""
     from transformers import AutoModelForCausalLM
 
-    return TargetFeatures(AutoModelForCausalLM.from_pretrained(str(root / "target")).to(device), taps, compile_layers)
+    return TargetFeatures(AutoModelForCausalLM.from_pretrained(str(root / "target")).to(device), taps)
 
 
 def with_features(batch: dict[str, torch.Tensor], features: TargetFeatures) -> dict[str, torch.Tensor]:

@@ -166,8 +166,7 @@ class Eagle3Module(L.LightningModule):
 
 
 def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = "cpu",
-                 precision: str = "32-true", seed: int = 0,
-                 compile_layers: bool = False) -> dict:
+                 precision: str = "32-true", seed: int = 0) -> dict:
     """Train on the responses stage and write the checkpoint into ``out_dir``."""
     from whiflash.drafters import build_drafter, write_checkpoint
     from whiflash.runtime import ModelConfig, load_target
@@ -187,7 +186,7 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
         drafter.lm_head.weight.copy_(target.lm_head.weight[used])
         drafter.norm.weight.copy_(target.model.norm.weight)
     drafter.to(device)
-    module = Eagle3Module(drafter, load_features(root, taps, device, compile_layers), target.model.embed_tokens.weight, target.lm_head.weight, used.to(device),
+    module = Eagle3Module(drafter, load_features(root, taps, device), target.model.embed_tokens.weight, target.lm_head.weight, used.to(device),
                           cfg, pad_id)
     snapshots = Snapshots(out_dir, config, Snapshots.at(cfg.snapshots, cfg.max_steps))
     trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, stage="eagle3",

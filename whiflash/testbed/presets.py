@@ -245,9 +245,10 @@ class TestbedConfig:
     precision: str = "32-true"
     """Lightning precision (``bf16-mixed`` on GPUs)."""
     compile_layers: bool = False
-    """``torch.compile`` the target's decoder layers where a stage runs it through transformers (pre-training,
-    sharpening, the drafter stages' feature passes); a layer that fails to compile runs eagerly. Part of those
-    stages' fingerprints when on (compiled kernels round differently)."""
+    """``torch.compile`` the target's decoder layers in its pre-training (fixed-shape batches); a layer that fails
+    to compile runs eagerly. Sharpening and the drafter stages' feature passes stay eager: their batches vary
+    in length, and recompiling for new lengths costs more than the fused kernels save there. Part of the target
+    stage's fingerprint when on (compiled kernels round differently)."""
     num_threads: int | None = None
     """CPU threads for torch during the build (None: torch's default). On a 2-core machine that
     other processes share, 2 OpenMP threads thrash (10-20x slower steps were measured), so the
