@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import shutil
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -174,17 +177,18 @@ def datagen(
     if not resuming:  # pinned once the target has room for the run (a resumed record already passed this)
         _pin(out / DATAGEN_RECORD, resuming, record)
 
-    # Shards are the unit of work: under torchrun rank r takes shards r, r + N, ...; names and contents do not
-    # depend on N, so the dataset equals a single process's and a killed launch resumes with any N.
+    # Shards are the unit of work: under torchrun each rank claims the next free shard (`_claims`); names and
+    # contents do not depend on N or on who decodes them, so the dataset equals a single process's and a killed
+    # launch resumes with any N.
     done: dict[int, ShardEntry] = {}
     chunks = [items[i : i + shard_size] for i in range(0, len(items), shard_size)]
-    mine = ranks.share(range(len(chunks)))
-    # every prompt is drawn (they take seconds each, so redrawing costs nothing), not 10 per second at most
-    bar = tqdm(total=sum(len(chunks[i]) for i in mine), desc=ranks.describe("datagen prompts"), unit="prompt",
-               mininterval=0)
+    # every prompt is drawn (they take seconds each, so redrawing costs nothing), not 10 per second at most;
+    # with several ranks the share of each is known only at the end
+    bar = tqdm(total=len(items) if ranks.world == 1 else None, desc=ranks.describe("datagen prompts"),
+               unit="prompt", mininterval=0)
     meter = TauMeter(parsed)
     start, decoded = time.perf_counter(), 0
-    for index in mine:
+    for index in _claims(out, len(chunks), ranks):
         path = out / f"shard-{index:05d}.parquet"
         if path.exists():  # finished before a restart (shards are renamed into place only when complete)
             done[index] = shard_entry(path)
@@ -200,6 +204,9 @@ def datagen(
              decoded / max(seconds, 1e-9))
     merged = {index: entry for part in distributed.gather(done) for index, entry in part.items()}
     shards = [merged[index] for index in range(len(chunks))]
+    if ranks.is_main:  # every rank has passed its last claim (the gather waited for all): this launch's claims
+        for claims in out.glob(".claims-*"):  # and those of killed launches go
+            shutil.rmtree(claims, ignore_errors=True)
     if not ranks.is_main:  # rank 0 writes the manifest; every rank returns once it is there
         distributed.barrier()
         return out
@@ -220,6 +227,25 @@ def datagen(
         log.info("tau_0 against tau_1 per category: %s", plot_tau_pairs(out))
     distributed.barrier()
     return out
+
+
+def _claims(out: Path, shards: int, ranks: distributed.Ranks) -> Iterator[int]:
+    """The shard indices this rank decodes, in order. One process takes every shard. Under torchrun a rank takes
+    the next shard no rank of this launch has claimed yet (a claim: a file made with ``O_EXCL`` in
+    ``OUT/.claims-LAUNCH``), so a rank whose shards were quick (math, agentic: few rounds of long accepted blocks)
+    goes on with more instead of idling while another still decodes a fixed share. Claims of a killed launch
+    carry another launch id and are ignored; finished shards are skipped by the caller."""
+    if ranks.world == 1:
+        yield from range(shards)
+        return
+    folder = out / f".claims-{distributed.broadcast(uuid.uuid4().hex)}"
+    folder.mkdir(exist_ok=True)
+    for index in range(shards):
+        try:
+            os.close(os.open(folder / f"{index:05d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:  # another rank of this launch has it
+            continue
+        yield index
 
 
 def _check_room(model, target: str, max_new_tokens: int, max_nodes: int) -> None:

@@ -155,7 +155,7 @@ def test_torchrun_datagen_writes_the_one_process_dataset(worlds: dict, prompt_fi
     torchrun(2, "-m", "whiflash.datagen", "--out", str(out), "--prompts", json.dumps(kw.pop("prompts")),
              *[f"--{k}={v}" for k, v in kw.items()])
     assert _rows(out) == _rows(one_process)  # the merged rows, as a set
-    # stronger: the same shards, byte for byte, in the same order (each rank took every other shard)
+    # stronger: the same shards, byte for byte, in the same order (whichever rank claimed each)
     assert read_manifest(out).shards == read_manifest(one_process).shards
     from whiflash.train.data import RouterDataModule  # whiflash-train reads it as it reads any dataset
 
@@ -186,11 +186,13 @@ def test_a_killed_rank_resumes_and_loses_nothing(worlds: dict, prompt_file: Path
     with pytest.raises(mp.ProcessExitedException, match="exit code 9"):
         spawn(_datagen_rank, 2, str(out), kwargs, 1)
     assert not (out / "manifest.json").exists()  # the launch ended (rank 0 was stopped too)
-    assert (out / "shard-00001.parquet").exists()  # rank 1's first shard (shards 1, 3 are its share)
     kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.parquet")}
+    assert kept  # rank 1's first shard, whichever it claimed
+    assert len(list(out.glob(".claims-*"))) == 1  # the killed launch's claims stay behind ...
     spawn(_datagen_rank, 2, str(out), kwargs, None)  # the same arguments
     assert read_manifest(out).shards == read_manifest(one_process).shards  # nothing lost, nothing duplicated
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.parquet") if p.name in kept} == kept
+    assert not list(out.glob(".claims-*"))  # ... and go when a launch finishes
 
 
 # ---------------------------------------------------------------- train (Lightning DDP)
@@ -328,3 +330,21 @@ def test_only_bench_runs_under_torchrun(monkeypatch: pytest.MonkeyPatch, capsys:
     with pytest.raises(SystemExit):
         main(["report", "some_run"])
     assert "whiflash-eval report runs in one process" in capsys.readouterr().err
+
+
+def test_ranks_claim_each_shard_once_and_go_on_when_their_shards_were_quick(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    from whiflash.datagen.cli import _claims
+
+    assert list(_claims(tmp_path, 3, Ranks(0, 1, 0))) == [0, 1, 2]  # one process: every shard, no claim files
+    assert not list(tmp_path.iterdir())
+    (tmp_path / ".claims-killed").mkdir()  # a killed launch had claimed shards 0 and 1
+    (tmp_path / ".claims-killed" / "00000").touch()
+    (tmp_path / ".claims-killed" / "00001").touch()
+    monkeypatch.setattr(distributed, "broadcast", lambda obj: "launch")  # rank 0's launch id on every rank
+    fast, slow = _claims(tmp_path, 6, Ranks(0, 2, 0)), _claims(tmp_path, 6, Ranks(1, 2, 1))
+    taken = {"fast": [next(fast)], "slow": [next(slow)]}
+    taken["fast"] += list(fast)  # the slow rank is still on its first shard: the fast one takes all the rest
+    assert taken == {"fast": [0, 2, 3, 4, 5], "slow": [1]}
+    assert list(slow) == []
+    assert sorted(p.name for p in (tmp_path / ".claims-launch").iterdir()) == [f"{i:05d}" for i in range(6)]

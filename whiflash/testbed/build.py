@@ -27,7 +27,7 @@ import torch
 from whiflash.locks import owning_folders
 
 from .manifest import FORMAT_VERSION, Manifest, fingerprint
-from .presets import CATEGORIES, TestbedConfig
+from .presets import CATEGORIES, TestbedConfig, resolve_precision
 
 __all__ = ["build", "default_dir", "STAGES", "DRAFTER_TRAINING_VERSION"]
 
@@ -66,6 +66,7 @@ def build(out: str | Path, config: TestbedConfig, until: str | None = None) -> d
         raise ValueError(f"responses.split={split!r}: expected 'train' or 'validation', or a mapping of categories "
                          f"({', '.join(CATEGORIES)}) to them (the test split is held out for evaluation)")
     out = Path(out)
+    config = resolve_precision(config)
     threads = torch.get_num_threads()
     if config.num_threads:
         torch.set_num_threads(config.num_threads)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any
+
+import torch
 
 __all__ = [
     "CATEGORIES", "CorpusConfig", "TokenizerConfig", "SharpenConfig", "TargetConfig", "ResponsesConfig",
@@ -243,7 +245,9 @@ class TestbedConfig:
     device: str = "cpu"
     """Torch device for training (``cpu`` or ``cuda``)."""
     precision: str = "32-true"
-    """Lightning precision (``bf16-mixed`` on GPUs)."""
+    """Lightning precision (``bf16-mixed`` on GPUs); ``auto``: ``bf16-mixed`` on CUDA and on CPUs with bf16
+    instructions (AVX-512 BF16 or AMX), ``32-true`` on other CPUs, where bf16 is emulated ~7x slower than fp32.
+    The build resolves it first, so the manifest and the fingerprints hold what ran."""
     compile_layers: bool = False
     """``torch.compile`` the target's decoder layers in its pre-training (fixed-shape batches); a layer that fails
     to compile runs eagerly. Sharpening and the drafter stages' feature passes stay eager: their batches vary
@@ -298,15 +302,15 @@ def _micro() -> TestbedConfig:
 
 
 def _tiny() -> TestbedConfig:
-    # ~2 minutes of target training on 2 idle CPU cores (bf16 autocast halves the step time there);
-    # math templates are learned to low entropy, code and prose stay uncertain. Steps alone bound
-    # every stage (no time caps), so two builds give the same testbed on any load. Two threads: ~4.6
-    # minutes of stages against 6.2 with one (2026-12-01); 340/100/140 steps with one thread fit 5
-    # minutes but left a target too weak for the world to mean anything (math loss 1.46, 2026-11-30).
-    # On a machine whose cores are busy with other work, --set num_threads=1 (two threads thrash there).
+    # A few minutes of stages on 2 idle CPU cores; math templates are learned to low entropy, code and prose
+    # stay uncertain. Steps alone bound every stage (no time caps), so two builds on one machine give the same
+    # testbed on any load. Precision "auto": bf16 autocast where the CPU has bf16 instructions (it halves the
+    # step time there), fp32 where bf16 would be emulated; the two give different worlds (the summary's model
+    # hashes tell them apart). Two threads; on a machine whose cores are busy with other work,
+    # --set num_threads=1 (two threads thrash there).
     return TestbedConfig(
         name="tiny",
-        precision="bf16-mixed",
+        precision="auto",
         num_threads=2,
         corpus=CorpusConfig(agent_transcripts=6_000),
         tokenizer=TokenizerConfig(vocab_size=2048),
@@ -370,6 +374,21 @@ def _small() -> TestbedConfig:
 
 PRESETS = {"micro": _micro, "tiny": _tiny, "small": _small}
 """Preset name -> factory returning a fresh ``TestbedConfig``."""
+
+
+def native_bf16(device: str) -> bool:
+    """Whether ``device`` runs bf16 natively: CUDA, or a CPU with AVX-512 BF16 or AMX tiles."""
+    if device.startswith("cuda"):
+        return True
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private torch.cpu helpers, kept optional
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def resolve_precision(config: TestbedConfig) -> TestbedConfig:
+    """``config`` with ``precision="auto"`` replaced by what this machine runs fast (see ``TestbedConfig.precision``)."""
+    if config.precision != "auto":
+        return config
+    return replace(config, precision="bf16-mixed" if native_bf16(config.device) else "32-true")
 
 
 def get_preset(name: str) -> TestbedConfig:
