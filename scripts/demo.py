@@ -61,7 +61,7 @@ def main() -> int:
     from whiflash.datagen.cli import main as datagen_main
     from whiflash.eval.cli import main as eval_main
     from whiflash.testbed.__main__ import main as testbed_main
-    from whiflash.train.cli import main as train_main
+    from whiflash.train.cli import run as train_main  # main is the console command: it exits the process
 
     root = args.out or default_dir(args.preset)
     work = args.work or root / "demo"

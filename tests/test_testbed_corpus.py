@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from whiflash.testbed.corpus import SPLITS, _clean, assign_split, read_corpus, write_corpus
 from whiflash.testbed.manifest import Manifest
@@ -107,6 +108,21 @@ def test_overrides_and_presets() -> None:
         apply_overrides(cfg, ["targt.max_steps=1"])
     with pytest.raises(ValueError):
         get_preset("huge")
+
+
+def test_auto_precision_is_bf16_only_where_it_runs_natively(monkeypatch: pytest.MonkeyPatch) -> None:
+    from whiflash.testbed import presets
+
+    tiny = get_preset("tiny")
+    assert tiny.precision == "auto"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert presets.resolve_precision(tiny).precision == "32-true"  # emulated bf16: fp32 is ~7x faster
+    assert presets.resolve_precision(apply_overrides(tiny, ["device=cuda"])).precision == "bf16-mixed"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert presets.resolve_precision(tiny).precision == "bf16-mixed"
+    assert presets.resolve_precision(get_preset("micro")).precision == "32-true"  # an explicit setting stays
+    assert tiny.precision == "auto"  # resolving returns a copy
 
 
 def test_build_refuses_an_unknown_stage_before_writing(tmp_path: Path) -> None:
