@@ -152,7 +152,8 @@ def datagen(
     for it in items:
         ids.add(it.prompt_id, it.source)
     ranks = distributed.init()
-    device = ranks.device(device, per_device=processes_per_device)  # pinned arguments keep the user's `cuda`; this rank decodes on cuda:LOCAL_RANK
+    # pinned arguments keep the user's `cuda`; this rank decodes on cuda:LOCAL_RANK // processes_per_device
+    device = ranks.device(device, per_device=processes_per_device)
     if not items:
         raise ValueError(f"--prompts {sources} gave no prompts")
     # the record holds resolved paths, not spellings, and the prompts' content, not only where they came from
