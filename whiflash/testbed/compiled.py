@@ -1,4 +1,4 @@
-"""The target's decoder layers under ``torch.compile`` while a testbed stage runs it on a GPU.
+"""The target's decoder layers under ``torch.compile`` while the testbed pre-trains it (``compile_layers``).
 
 At the testbed's widths a training step of the target is bound by its many small element-wise kernels
 (RMSNorms, q/k norms, RoPE, SwiGLU, residuals, each with autocast's casts), not by its matrix products;
