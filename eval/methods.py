@@ -158,7 +158,7 @@ class MethodFactory:
 
     def round_times(self) -> tuple[float, float]:
         """Each slot's round time (ms) from `--whiflash-latency-profile`, for the utility oracle."""
-        from .latency import LatencyProfile
+        from whiflash.latency import LatencyProfile
 
         if not self.latency_profile:
             raise ValueError("the utility-oracle method needs --whiflash-latency-profile FILE: the profile JSON "

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .latency import LatencyProfile, slot_kind
+from whiflash.latency import LatencyProfile, slot_kind
 
 __all__ = ["oracle_shares", "shares_markdown"]
 

@@ -30,7 +30,7 @@ from whiflash.session import Session
 
 from .checks import check_profile_config
 from .config import BACKLOGS, ProfileConfig
-from .latency import LatencyProfile
+from whiflash.latency import LatencyProfile
 from .methods import model_paths
 from .outputs import check_output_file, device_info, prepare_run_dir, write_manifest
 from .timing import copy_bandwidth, device_ms, sync, wall_ms

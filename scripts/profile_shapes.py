@@ -35,7 +35,7 @@ import torch
 import whiflash
 from whiflash.drafters.base import Commit
 from whiflash.drafters.trees import ancestor_mask
-from whiflash.eval.latency import LatencyProfile
+from whiflash.latency import LatencyProfile
 from whiflash.eval.profile import _catch_up, _tree, floor_ms, profile_models
 from whiflash.eval.shapes import random_drafter, random_models, shape_config
 from whiflash.eval.timing import copy_bandwidth, device_ms, wall_ms

@@ -405,7 +405,7 @@ def test_neural_router_file_and_tree_pair(micro: Path, tmp_path: Path) -> None:
 
 
 def test_profile_of_the_testbed_drives_the_utility_oracle(micro: Path, tmp_path: Path) -> None:
-    from whiflash.eval.latency import LatencyProfile
+    from whiflash.latency import LatencyProfile
 
     prof = tmp_path / "profile.json"
     assert main(["profile", "--testbed", str(micro), "--device", "cpu", "--dtype", "float32", "--context", "32",

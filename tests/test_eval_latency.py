@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from whiflash.eval.cli import bench_config, main, parse
-from whiflash.eval.latency import LatencyProfile
+from whiflash.latency import LatencyProfile
 from whiflash.eval.replay import simulate
 
 CATEGORIES = ("code", "math")

@@ -238,7 +238,7 @@ def test_fit_with_a_latency_profile_reports_tokens_per_second(env, tmp_path: Pat
 
 
 def test_label_comparison_fits_each_label(env, tmp_path: Path, capsys) -> None:
-    from whiflash.eval.latency import LatencyProfile
+    from whiflash.latency import LatencyProfile
     from whiflash.train.compare import main as compare_main
 
     data = tmp_path / "data"

@@ -1,8 +1,8 @@
 """Export the best checkpoint as a Hub-ready folder and a single ``.safetensors`` file, with a model card.
 
 ``export_run`` scores the validation split with the best router, picks the recommended threshold (the one
-with the highest replayed tau; with a latency profile the one of the highest replayed tokens/s), writes ``router/{model.safetensors,config.json,README.md}``,
-``router.safetensors`` and ``results.json``, and checks that both exports load strictly with
+with the highest replayed tau; with a latency profile the one of the highest replayed tokens/s), writes
+``router/{model.safetensors,config.json,README.md}``, ``router.safetensors`` and ``results.json``, and checks that both exports load strictly with
 :func:`whiflash.router.load_router` and give identical outputs.
 """
 

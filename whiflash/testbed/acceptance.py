@@ -66,14 +66,13 @@ def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8,
 
     tok = load_tokenizer(root / "target")
     target = whiflash.load_target(root / "target", device=device)
+    if cuda_graphs and target.device.type == "cuda":  # the drafters and snapshots take it when they attach
+        target.set_engine(target.engine.with_(cuda_graphs=True))
     drafters = {"eagle3": whiflash.load_drafter("eagle3", root / "eagle3", target, num_steps=eagle3_steps),
                 "dflash": whiflash.load_drafter("dflash", root / "dflash", target)}
     drafters["ddtree"] = whiflash.load_drafter("ddtree", root / "dflash", target)
     drafters["oracle"] = whiflash.OracleDrafter("df-e3", eagle3=drafters["eagle3"],
                                                 dflash=drafters["dflash"])
-    if cuda_graphs and target.device.type == "cuda":
-        for m in [target, *drafters.values()]:
-            m.use_cuda_graphs(True)
     stats: dict[str, dict[str, list]] = {k: {c: [] for c in CATEGORIES} for k in drafters}
     mismatches = 0
     rows = []
@@ -98,8 +97,6 @@ def measure_acceptance(root: Path, out_dir: Path, prompts_per_category: int = 8,
         points = []
         for folder in sorted((root / kind / "snapshots").glob("step_*"), key=lambda f: int(f.name.split("_")[1])):
             snap = whiflash.load_drafter(kind, folder, target, **({"num_steps": eagle3_steps} if kind == "eagle3" else {}))
-            if cuda_graphs and target.device.type == "cuda":
-                snap.use_cuda_graphs(True)
             per: dict[str, list] = {c: [] for c in CATEGORIES}
             for cat, ids, ref in cases:
                 out, st = whiflash.generate(target, snap, ids, max_new_tokens, stop_token_ids=[tok.eos_token_id])

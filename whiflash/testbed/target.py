@@ -165,7 +165,12 @@ class Snapshots(L.Callback):
 
     def __init__(self, stage_dir: Path, config: dict, steps: list[int]) -> None:
         self.stage_dir, self.config, self.steps = stage_dir, config, sorted(set(steps))
-        self.tokens = 0
+        self._seen: torch.Tensor | int = 0  # summed on the batches' device: no host read in the step loop
+
+    @property
+    def tokens(self) -> int:
+        """Response tokens of the batches seen so far."""
+        return int(self._seen)
 
     @staticmethod
     def at(fractions: list[float], max_steps: int) -> list[int]:
@@ -180,7 +185,7 @@ class Snapshots(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: object,
                            batch: dict, batch_idx: int) -> None:
-        self.tokens += int(batch["loss_mask"].sum())
+        self._seen = self._seen + batch["loss_mask"].sum()
         if trainer.global_step in self.steps:
             from whiflash.drafters import write_checkpoint
 
