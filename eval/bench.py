@@ -83,15 +83,15 @@ class Runner:
             entropy_threshold=cfg.whiflash_entropy_threshold, neural_router_path=cfg.whiflash_neural_router_path,
             neural_threshold=cfg.whiflash_neural_router_threshold, lazy_catchup=not cfg.whiflash_no_lazy_catchup,
             time_catchup=cfg.whiflash_time_catchup, latency_profile=cfg.whiflash_latency_profile)
-        self.thresholds = read_thresholds(cfg.whiflash_thresholds) if cfg.whiflash_thresholds else None
+        self.thresholds = read_thresholds(cfg.whiflash_thresholds) if cfg.whiflash_thresholds else {}
         self._methods: dict[tuple[str, float | None], Method] = {}
         self.graphs = self.target.engine.cuda_graphs
 
     def method(self, name: str, category: str | None = None) -> Method:
         """Method `name`, with the calibrated threshold of `category` when thresholds were given for it."""
         thr = None
-        if self.thresholds and name == self.thresholds["method"]:
-            thr = self.thresholds["thresholds"].get(category, self.thresholds.get("default"))
+        if name in self.thresholds:
+            thr = self.thresholds[name]["thresholds"].get(category, self.thresholds[name].get("default"))
         key = (name, thr)
         if key not in self._methods:
             self._methods[key] = self.factory.build(name, thr)
@@ -160,16 +160,24 @@ class Runner:
         return max_len
 
 
-def read_thresholds(path: str) -> dict[str, Any]:
-    """A thresholds.json from `whiflash-eval calibrate` ({"method", "thresholds": {category: value}, ...})."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"--whiflash-thresholds {path}: cannot read ({err})") from None
-    if not isinstance(data.get("thresholds"), dict) or data.get("method") not in ("whiflash-entropy", "whiflash-neural"):
-        raise ValueError(f"--whiflash-thresholds {path}: expected keys 'method' (whiflash-entropy|whiflash-neural) "
-                         "and 'thresholds' ({category: threshold})")
-    return data
+def read_thresholds(paths: str) -> dict[str, dict[str, Any]]:
+    """The thresholds.json files from `whiflash-eval calibrate` ({"method", "thresholds": {category: value}, ...}),
+    comma-separated, one per routed method, by method."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in [p for p in paths.split(",") if p.strip()]:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"--whiflash-thresholds {path}: cannot read ({err})") from None
+        method = data.get("method") if isinstance(data, dict) else None
+        if method not in ("whiflash-entropy", "whiflash-neural") or not isinstance(data.get("thresholds"), dict):
+            raise ValueError(f"--whiflash-thresholds {path}: expected keys 'method' (whiflash-entropy|whiflash-neural) "
+                             "and 'thresholds' ({category: threshold})")
+        if method in out:
+            raise ValueError(f"--whiflash-thresholds: two files for {method} ({out[method]['_path']} and {path}); "
+                             "give one per routed method")
+        out[method] = {**data, "_path": path}
+    return out
 
 
 def _row(sample: Sample, turn: int, method: Method, order: int, ids: list[int], out: list[int], st: Any,

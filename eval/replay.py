@@ -24,6 +24,7 @@ import torch
 
 from whiflash.calibration import METHODS, best_threshold, picks_slot0
 from whiflash.latency import LatencyProfile, slot_kind
+from whiflash.router_context import context_from_rows
 from whiflash.speed_oracle import simulate  # the cost model, shared with the speed oracle and whiflash-train
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def read_rounds(data_dir: str | Path, with_hidden: bool) -> tuple[Any, dict[str,
     from whiflash.data import check_shards, read_manifest
 
     manifest = read_manifest(data_dir)
-    names = ["prompt_id", "category", "round", "position", "entropy", "tau_0", "tau_1"]
+    names = ["prompt_id", "category", "round", "position", "entropy", "tau_0", "tau_1", "active"]
     table = pq.read_table(check_shards(data_dir, manifest), columns=names + (["hidden"] if with_hidden else []))
     if table.num_rows == 0:
         raise ValueError(f"--replay {data_dir}: the dataset has no rows")
@@ -69,7 +70,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
     if method == "whiflash-entropy":
         score, router_ms = cols["entropy"].astype(np.float64), profile.router_ms("entropy")
     else:
-        score, router_ms = _neural_scores(neural_router, manifest, cols["hidden"]), profile.router_ms("neural")
+        score, router_ms = _neural_scores(neural_router, manifest, cols), profile.router_ms("neural")
     ar = profile.ar_step
     from whiflash.speed_oracle import DEFINITION, speed_oracle
 
@@ -112,8 +113,9 @@ def _oracle_columns(oracle: dict[str, Any], router_tps: float, ar_ms: float) -> 
             "share_of_speed_oracle_gain": oracle_gain_share(router_tps, best, oracle["tokens_per_second"])}
 
 
-def _neural_scores(path: str | None, manifest: Any, hidden: np.ndarray) -> np.ndarray:
-    """The router's predicted gain for every row (the router must match the data's pair and width)."""
+def _neural_scores(path: str | None, manifest: Any, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """The router's predicted gain for every row (the router must match the data's pair and width); its
+    context features, if it reads any, along the logged path (`whiflash.router_context`)."""
     import whiflash
 
     if not path:
@@ -121,6 +123,10 @@ def _neural_scores(path: str | None, manifest: Any, hidden: np.ndarray) -> np.nd
                          "(Hub id, folder or .safetensors file)")
     router = whiflash.load_router(path, hidden_size=manifest.hidden_size, pair=manifest.pair,
                                   tree_budget=manifest.tree_budget).eval()
+    hidden = cols["hidden"]
+    context = torch.from_numpy(context_from_rows(router.context, cols["prompt_id"], cols["round"], cols["entropy"],
+                                                 cols["tau_0"], cols["tau_1"], cols["active"]))
     with torch.no_grad():
-        return np.concatenate([router(torch.from_numpy(hidden[i : i + 8192]).float()).numpy()
+        return np.concatenate([router(torch.from_numpy(hidden[i : i + 8192]).float(),
+                                      context[i : i + 8192] if router.context else None).numpy()
                                for i in range(0, len(hidden), 8192)]).astype(np.float64)

@@ -12,12 +12,17 @@
 #   latency whiflash-eval profile of the testbed's models at LATENCY_CONTEXT positions (1024) -> TESTBED_DIR/profile.json (round, verify and catch-up
 #           times; the router and calibrate steps use it when it is there);
 #   router  whiflash-datagen on training-split prompts (ROUTER_PROMPTS per category, default 48, ROUTER_TOKENS new
-#           tokens, default 96; ROUTER_PROCS processes sharing the GPU under torchrun, default 1; ROUTER_FLAGS more datagen flags) + whiflash-train fit for the pair PAIR (default df-e3; with the latency profile it
-#           reports the share of the speed oracle's gain), router into TESTBED_DIR/router (df-e3) or
-#           TESTBED_DIR/router_PAIR (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse`
+#           tokens, default 96; ROUTER_PROCS processes sharing the GPU under torchrun, default 1; ROUTER_FLAGS more
+#           datagen flags) + whiflash-train fit for the pair PAIR (default df-e3; ROUTER_TRAIN_FLAGS more fit flags;
+#           with the latency profile it reports the share of the speed oracle's gain, and ROUTER_VARIANTS, e.g.
+#           "tau,speed,speed+entropy", fits one router per variant with whiflash.train.compare, prints the ablation
+#           table and keeps the variant of the fastest replayed tokens/s), router into TESTBED_DIR/router (df-e3) or
+#           TESTBED_DIR/router_PAIR; router-data and router-train are its two halves, for two device commands
+#           (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse`
 #           importable);
-#   calibrate  per-category WhiFlash-Entropy thresholds by replaying the router data with the latency profile
-#           (whiflash-eval calibrate --replay) -> TESTBED_DIR/thresholds_PAIR.json, which `eval` then passes;
+#   calibrate  per-category WhiFlash-Entropy thresholds, and WhiFlash-Neural's when the router is there, by
+#           replaying the router data with the latency profile (whiflash-eval calibrate --replay) ->
+#           TESTBED_DIR/thresholds_PAIR.json and thresholds_neural_PAIR.json, which `eval` then passes;
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
 #           `router` step has left a router for PAIR), bf16 + CUDA graphs (+ compiled layers, the default) on
 #           a GPU; METHODS overrides the method list, EVAL_SAMPLES / EVAL_TOKENS the prompts and new tokens,
@@ -129,7 +134,8 @@ build(sys.argv[2], Path(sys.argv[1]), until=sys.argv[3] or None, set=sys.argv[4:
 PY
       cp "$TB/manifest.json" "$LOG/${PRESET}_manifest.json" 2>/dev/null
       cp -r "$TB/tokenizer" "$LOG/${PRESET}_tokenizer" 2>/dev/null ;;  # to read the eval's token ids back here
-    router)
+    router|router-data|router-train)  # router = router-data then router-train
+      [ "$step" = router-train ] || {
       gpu=(--dtype float32); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--dtype bfloat16)
       procs=${ROUTER_PROCS:-1}; launch=(python3 -m whiflash.datagen)
       [ "$procs" -gt 1 ] && launch=(python3 -m torch.distributed.run --standalone --nproc-per-node "$procs" -m whiflash.datagen)
@@ -138,23 +144,38 @@ PY
         --per-category "${ROUTER_PROMPTS:-48}" --max-new-tokens "${ROUTER_TOKENS:-96}" --processes-per-device "$procs" \
         "${gpu[@]}" ${ROUTER_FLAGS:-} --out "$TB/router_data_$PAIR" 2>&1 | tee "$LOG/router_$PAIR.log" | quiet | grep -v "^\[\|W1\|I1" | tail -12
       echo "datagen: $(( $(date +%s) - start )) s with $procs process(es) on the device, launch included"
+      cp "$TB/router_data_$PAIR"/*.png "$TB/router_data_$PAIR/manifest.json" "$LOG/" 2>/dev/null; }
+      [ "$step" = router-data ] && continue
+      [ "$step" = router-train ] && start=$(date +%s)
       left=$(( ${ROUTER_TIMEOUT:-300} - ($(date +%s) - start) ))
-      timeout "$left" python3 - "$TB" "$PAIR" "$ROUTER" 2>&1 <<'PY' | tee -a "$LOG/router_$PAIR.log" | quiet | tail -24
+      train_flags=(); for f in ${ROUTER_TRAIN_FLAGS:-}; do train_flags+=("$f"); done
+      timeout "$left" python3 - "$TB" "$PAIR" "$ROUTER" "${ROUTER_VARIANTS:-}" "${train_flags[@]}" 2>&1 <<'PY' | tee -a "$LOG/router_$PAIR.log" | quiet | tail -30
 import shutil
 import sys
 from pathlib import Path
 
 from whiflash.train.cli import run
+from whiflash.train.compare import compare_variants, variants_table
 
-tb, pair, router = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+tb, pair, router, variants, flags = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4], sys.argv[5:]
 sys.argv = ["whiflash-train"]  # LightningCLI reads sys.argv alongside args
-profile = ["--data.latency_profile", str(tb / "profile.json")] if (tb / "profile.json").is_file() else []
-run(["fit", "--data.path", str(tb / f"router_data_{pair}"), "--trainer.default_root_dir", str(tb / f"router_runs_{pair}"),
-     *profile, *sys.argv[4:]])
-shutil.copytree(sorted((tb / f"router_runs_{pair}").glob("*/router"))[-1], router, dirs_exist_ok=True)
+data, runs, profile = tb / f"router_data_{pair}", tb / f"router_runs_{pair}", tb / "profile.json"
+if variants and profile.is_file():  # the ablation: one fit per variant, keep the fastest on the replay
+    result = compare_variants(str(data), str(profile), str(runs), flags, variants.split(","))
+    print(variants_table(result))
+    best = max(result["variants"].items(), key=lambda kv: kv[1]["speed_best_tokens_per_second"])
+    print(f"kept variant {best[0]} (fastest replayed tokens/s on validation)")
+    shutil.copy(runs / "variants.json", tb / f"variants_{pair}.json")
+    src = Path(best[1]["run"]) / "router"
+else:
+    extra = ["--data.latency_profile", str(profile)] if profile.is_file() else []
+    run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(runs), *extra, *flags])
+    src = sorted(runs.glob("*/router"))[-1]
+shutil.rmtree(router, ignore_errors=True)
+shutil.copytree(src, router)
 PY
-      cp -r "$ROUTER" "$LOG/$(basename "$ROUTER")" 2>/dev/null
-      cp "$TB/router_data_$PAIR"/*.png "$TB/router_data_$PAIR/manifest.json" "$LOG/" 2>/dev/null ;;
+      cp "$TB/variants_$PAIR.json" "$LOG/" 2>/dev/null
+      cp -r "$ROUTER" "$LOG/$(basename "$ROUTER")" 2>/dev/null ;;
     latency)
       gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16)
       timeout "${LATENCY_TIMEOUT:-240}" python3 -m whiflash.eval profile --testbed "$TB" "${gpu[@]}" --context "${LATENCY_CONTEXT:-1024}" --out "$LOG/eval" \
@@ -165,14 +186,20 @@ PY
         --latency-profile "$TB/profile.json" --calibrate-method whiflash-entropy \
         --thresholds 0.05,0.1,0.2,0.3,0.5,0.75,1,1.5,2,3 --out "$LOG/eval" --output "$TB/thresholds_$PAIR.json" 2>&1 \
         | tee "$LOG/calibrate_$PAIR.log" | quiet | tail -12
-      cp "$TB/thresholds_$PAIR.json" "$LOG/" 2>/dev/null ;;
+      # the neural router's thresholds per category; +-100 are its two drafters alone
+      [ -d "$ROUTER" ] && timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" \
+        --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" \
+        --thresholds=-100,-6,-4,-3,-2,-1.5,-1,-0.5,-0.25,0,0.25,0.5,1,1.5,2,3,4,6,100 --out "$LOG/eval" \
+        --output "$TB/thresholds_neural_$PAIR.json" 2>&1 | tee -a "$LOG/calibrate_$PAIR.log" | quiet | tail -12
+      cp "$TB/thresholds_$PAIR.json" "$TB/thresholds_neural_$PAIR.json" "$LOG/" 2>/dev/null ;;
     bench)
       router=(); [ -d "$TB/router" ] && router=(--router "$TB/router")
       timeout 300 python3 scripts/bench_testbed.py --testbed "$TB" --prompts 4 --max-new-tokens 96 "${router[@]}" \
         --json "$LOG/bench_${PRESET}.json" 2>&1 | tee "$LOG/bench_${PRESET}.log" | quiet | tail -18 ;;
     eval)
       neural=""; router=(); [ -d "$ROUTER" ] && neural=",whiflash-neural" router=(--whiflash-neural-router-path "$ROUTER")
-      [ -f "$TB/thresholds_$PAIR.json" ] && router+=(--whiflash-thresholds "$TB/thresholds_$PAIR.json")
+      thr=(); for f in "$TB/thresholds_$PAIR.json" "$TB/thresholds_neural_$PAIR.json"; do [ -f "$f" ] && thr+=("$f"); done
+      [ ${#thr[@]} -gt 0 ] && router+=(--whiflash-thresholds "$(IFS=,; echo "${thr[*]}")")
       gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
       timeout "${EVAL_TIMEOUT:-420}" python3 -m whiflash.eval bench --testbed "$TB" --dataset "${EVAL_DATASET:-testbed:test}" \
         --max-samples "${EVAL_SAMPLES:-30}" --max-new-tokens "${EVAL_TOKENS:-96}" --whiflash-drafters "$PAIR" \
@@ -213,7 +240,7 @@ PY
       models=(); [ -n "${PROFILE_MODELS:-}" ] && models=(--models "$PROFILE_MODELS")
       timeout "${PROFILE_TIMEOUT:-300}" python3 scripts/profile_shapes.py "${smoke[@]}" "${models[@]}" ${PROFILE_FLAGS:-} --json "$LOG/profile.json" 2>&1 \
         | tee "$LOG/profile.log" | quiet | tail -40 ;;
-    *) echo "unknown step $step (probe, build, latency, router, calibrate, bench, eval, quickstart, compare, tests, profile)"; exit 2 ;;
+    *) echo "unknown step $step (probe, build, latency, router, router-data, router-train, calibrate, bench, eval, quickstart, compare, tests, profile)"; exit 2 ;;
   esac
 done
 echo "=== done ($(date +%T))"

@@ -378,10 +378,23 @@ def test_calibrate_then_bench_uses_thresholds(micro: Path, bench_run: Path, tmp_
     assert json.loads((Path(thr["run"]) / "manifest.json").read_text())["tool"] == "whiflash-eval calibrate"
     thr["thresholds"] = {"code": 0.01, "math": 100.0, "prose": 0.01}
     out.write_text(json.dumps(thr))
-    assert _bench(tmp_path, "--testbed", str(micro), "--max-samples", "3", "--methods", "whiflash-entropy",
-                  "--whiflash-thresholds", str(out), "--name", "thr", "--no-plots") == 0
-    used = {r["category"]: r["threshold"] for r in _rows(_run_dir(tmp_path, "thr")) if r["method"] != "ar"}
-    assert used == {"code": 0.01, "math": 100.0, "prose": 0.01}
+    # one file per routed method: the neural router's thresholds beside the entropy router's
+    from whiflash.router import NeuralRouter, export_single_file
+
+    router = export_single_file(NeuralRouter(hidden_size=128, mlp_dim=8), tmp_path / "r.safetensors")
+    neural = tmp_path / "neural.json"
+    neural.write_text(json.dumps({"method": "whiflash-neural", "thresholds": {"code": -50.0, "math": 50.0},
+                                  "default": 1.5}))
+    assert _bench(tmp_path, "--testbed", str(micro), "--max-samples", "3", "--methods", "whiflash-entropy,whiflash-neural",
+                  "--whiflash-neural-router-path", str(router), "--whiflash-thresholds", f"{out},{neural}",
+                  "--name", "thr", "--no-plots") == 0
+    used = {(r["method"], r["category"]): r["threshold"] for r in _rows(_run_dir(tmp_path, "thr")) if r["method"] != "ar"}
+    assert used == {("whiflash-entropy", "code"): 0.01, ("whiflash-entropy", "math"): 100.0,
+                    ("whiflash-entropy", "prose"): 0.01, ("whiflash-neural", "code"): -50.0,
+                    ("whiflash-neural", "math"): 50.0, ("whiflash-neural", "prose"): 1.5}
+    with pytest.raises(ValueError, match="two files for whiflash-entropy"):
+        main(["bench", "--out", str(tmp_path), *FAST, "--testbed", str(micro), "--methods", "whiflash-entropy",
+              "--whiflash-thresholds", f"{out},{out}", "--name", "thr2", "--no-plots"])
 
 
 def test_neural_router_file_and_tree_pair(micro: Path, tmp_path: Path) -> None:

@@ -151,7 +151,7 @@ def test_calibrate_replay_writes_thresholds_bench_reads(router_data: Path, tmp_p
     prof, out = _profile(tmp_path / "p.json"), tmp_path / "thr.json"
     assert main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--thresholds",
                  "1e-9,1,1000", "--output", str(out), "--out", str(tmp_path)]) == 0
-    thr = read_thresholds(str(out))
+    thr = read_thresholds(str(out))["whiflash-entropy"]
     assert thr["method"] == "whiflash-entropy" and thr["mode"] == "replay" and set(thr["thresholds"]) == set(CATEGORIES)
     assert thr["rounds"] == 8 * 12 and len(thr["samples"]) == 8 and thr["slots"] == ["dflash", "eagle3"]
     for d in thr["details"].values():

@@ -9,6 +9,7 @@ import torch
 import whiflash
 from whiflash.decoding.routed import OracleDrafter, RoutedDrafter
 from whiflash.router import NeuralRouter
+from whiflash.router_context import CONTEXT_FEATURES, NO_SLOT, context_from_rows
 from whiflash.routers import (AlternatingRouter, EntropyRouter, FixedRouter, NeuralPolicy,
                               ScriptedRouter, entropy)
 
@@ -38,6 +39,7 @@ def routers(hidden: int) -> dict[str, object]:
         "fixed0": FixedRouter(0),
         "fixed1": FixedRouter(1),
         "neural": NeuralPolicy(NeuralRouter(hidden, mlp_dim=16), threshold=0.0),
+        "neural-context": NeuralPolicy(NeuralRouter(hidden, mlp_dim=16, context=list(CONTEXT_FEATURES)), threshold=0.0),
     }
 
 
@@ -45,7 +47,7 @@ def routers(hidden: int) -> dict[str, object]:
 def test_every_router_and_pair_is_lossless(world, pair):
     target, eagle, ddtree = world
     for name, router in routers(target.config.hidden_size).items():
-        if name == "neural":
+        if name.startswith("neural"):
             router.router.drafters, router.router.tree_budget = pair, 12
         for lazy in (True, False):
             drafter = RoutedDrafter(pair, router, eagle3=eagle if "e3" in pair else None, dflash=ddtree,
@@ -202,7 +204,9 @@ def test_one_host_read_per_round(world, monkeypatch):
             return _real(self, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, name, spy)
+    context = NeuralPolicy(NeuralRouter(target.config.hidden_size, mlp_dim=8, context=list(CONTEXT_FEATURES)), 0.0)
     drafters = [None, eagle, ddtree, RoutedDrafter("ddt-e3", EntropyRouter(1.0), eagle3=eagle, dflash=ddtree),
+                RoutedDrafter("df-e3", context, eagle3=eagle, dflash=ddtree),
                 OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree),
                 OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree, round_times=(2.0, 1.0))]
     for drafter in drafters:
@@ -225,3 +229,50 @@ def test_pairs_refuse_members_and_options_that_do_not_apply(world):
     with pytest.raises(ValueError, match="drafts chains only"):
         eagle.draft(torch.tensor([1]), 0, tree_budget=4)
     assert OracleDrafter("ddt-e3", eagle3=eagle, dflash=ddtree, tree_budget=9).max_nodes == 9 + eagle.num_steps
+
+
+def test_a_context_router_sees_the_round_it_follows(world):
+    """Each decision of a router with context features reads the entropy of the logits it is given and the
+    slot and tau of the round just verified (none before the first), the values datagen rows give it."""
+    target, eagle, ddtree = world
+    router = NeuralRouter(target.config.hidden_size, mlp_dim=8, context=list(CONTEXT_FEATURES))
+    seen = []
+    real = router.forward
+
+    def spy(hidden, context=None):  # the router's own score, then +-1 in turn, so both slots draft
+        seen.append(context.reshape(-1).tolist())
+        return real(hidden, context) * 0 + (1.0 if len(seen) % 2 else -1.0)
+
+    router.forward = spy
+    policy = NeuralPolicy(router, threshold=0.0)
+    drafter = RoutedDrafter("df-e3", policy, eagle3=eagle, dflash=ddtree)
+    for prompt in PROMPTS:
+        seen.clear()
+        _, stats = whiflash.generate(target, drafter, prompt, 30)
+        assert len(seen) == stats.rounds + 1  # after the prefill and after every round
+        assert seen[0][1:] == [NO_SLOT, 0.0]
+        for r in range(stats.rounds):
+            assert seen[r + 1][1:] == [float(stats.slots[r]), float(stats.taus[r])]
+        assert all(x[0] >= 0 for x in seen) and set(stats.slots) == {0, 1}
+
+
+def test_context_from_rows_follows_each_prompt_in_round_order():
+    import numpy as np
+
+    # two prompts, rows shuffled; prompt 1 lacks round 1, so its round 2 has no previous round
+    prompt = np.array([1, 0, 0, 1, 0])
+    rnd = np.array([2, 1, 0, 0, 2])
+    ent = np.array([0.5, 0.25, 1.0, 2.0, 0.0], dtype=np.float32)
+    tau_0, tau_1 = np.array([9, 3, 4, 5, 6]), np.array([1, 7, 2, 8, 1])
+    active = np.array([0, 1, 0, 1, 0])
+    ctx = context_from_rows(CONTEXT_FEATURES, prompt, rnd, ent, tau_0, tau_1, active)
+    assert ctx.dtype == np.float32 and ctx.shape == (5, 3)
+    assert ctx[:, 0].tolist() == ent.tolist()
+    assert ctx[2].tolist()[1:] == [NO_SLOT, 0] and ctx[3].tolist()[1:] == [NO_SLOT, 0] and ctx[0].tolist()[1:] == [NO_SLOT, 0]
+    assert ctx[1].tolist()[1:] == [0, 4]  # round 0 of prompt 0: slot 0, tau_0 = 4
+    assert ctx[4].tolist()[1:] == [1, 7]  # round 1 of prompt 0: slot 1, tau_1 = 7
+    assert context_from_rows(["prev_tau"], prompt, rnd, ent, tau_0, tau_1, active).shape == (5, 1)
+    with pytest.raises(ValueError, match="distinct names"):
+        NeuralRouter(4, context=["entropy", "entropy"])
+    with pytest.raises(ValueError, match="context of shape"):
+        NeuralRouter(4, context=["entropy"])(torch.zeros(2, 4))

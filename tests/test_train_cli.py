@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from whiflash.errors import UsageError
 from whiflash.router import load_router
 from whiflash.train.cli import run
 from whiflash.train.export import score_split
@@ -237,7 +238,10 @@ def test_fit_with_a_latency_profile_reports_tokens_per_second(env, tmp_path: Pat
     assert router(torch.zeros(3, H)).shape == (3,)
 
 
-def test_label_comparison_fits_each_label(env, tmp_path: Path, capsys) -> None:
+def test_variant_comparison_fits_each_label_and_context(env, tmp_path: Path, capsys) -> None:
+    """`whiflash.train.compare`: one fit per variant; a context variant's router reads its features, loads
+    with them, and its replay works; an unknown feature is refused before any fit."""
+    from whiflash.eval.replay import replay_thresholds
     from whiflash.latency import LatencyProfile
     from whiflash.train.compare import main as compare_main
 
@@ -245,11 +249,19 @@ def test_label_comparison_fits_each_label(env, tmp_path: Path, capsys) -> None:
     write_synthetic_dataset(data, num_prompts=30, rounds_per_prompt=10, hidden_size=H, seed=4, progress=False)
     prof = LatencyProfile(ar_step=1.0, round={"dflash": 1.0, "eagle3": 1.0},
                           catchup={"dflash": {1: 0.05}, "eagle3": {1: 0.05}}).write(tmp_path / "p.json")
-    compare_main([str(data), "--latency-profile", str(prof), "--out", str(tmp_path / "out"), "--",
-                  "--trainer.max_epochs", "1", "--model.mlp_dim", "8", "--data.cache_dir", str(tmp_path / "c"),
-                  "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
+    fit = ["--", "--trainer.max_epochs", "1", "--model.mlp_dim", "8", "--data.cache_dir", str(tmp_path / "c"),
+           "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    with pytest.raises(UsageError, match="--variants 'speed\+novelty'"):
+        compare_main([str(data), "--latency-profile", str(prof), "--variants", "tau,speed+novelty", *fit])
+    compare_main([str(data), "--latency-profile", str(prof), "--out", str(tmp_path / "out"),
+                  "--variants", "tau,speed,speed+entropy+prev_tau", *fit])
     table = capsys.readouterr().out
-    assert "| tau |" in table and "| speed |" in table
-    saved = json.loads((tmp_path / "out" / "labels.json").read_text())
-    assert set(saved["labels"]) == {"tau", "speed"}
-    assert all(Path(r["run"]).name.split("_", 1)[1] == f"label-{k}" for k, r in saved["labels"].items())
+    assert "| tau |" in table and "| speed |" in table and "| speed+entropy+prev_tau |" in table
+    saved = json.loads((tmp_path / "out" / "variants.json").read_text())["variants"]
+    assert set(saved) == {"tau", "speed", "speed+entropy+prev_tau"}
+    assert Path(saved["speed+entropy+prev_tau"]["run"]).name.endswith("variant-speed-entropy-prev_tau")
+    router = load_router(Path(saved["speed+entropy+prev_tau"]["run"]) / "router", hidden_size=H, pair="df-e3")
+    assert router.context == ("entropy", "prev_tau") and router(torch.zeros(3, H), torch.zeros(3, 2)).shape == (3,)
+    replay = replay_thresholds(data, prof, "whiflash-neural", [-1.0, 0.0, 1.0],
+                               str(Path(saved["speed+entropy+prev_tau"]["run"]) / "router"))
+    assert replay["overall"]["threshold"] in (-1.0, 0.0, 1.0)

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from whiflash.data import DatasetFormatError, check_row_values, check_shards, manifest_hash, read_manifest
 from whiflash.errors import UsageError
 from whiflash.flags import check_int
+from whiflash.router_context import CONTEXT_FEATURES, context_from_rows
 
 from .speed import LABELS
 
@@ -172,6 +173,8 @@ class RouterDataModule(L.LightningDataModule):
         self.split_indices: dict[str, np.ndarray] = {}
         self.norm_mean: torch.Tensor | None = None
         self.norm_std: torch.Tensor | None = None
+        self.context_mean: torch.Tensor | None = None
+        self.context_std: torch.Tensor | None = None
 
     def _read_profile(self, path: str | None, label: str) -> Any:
         """The latency profile, checked against the data's slots now rather than after training."""
@@ -262,6 +265,10 @@ class RouterDataModule(L.LightningDataModule):
             "round": table.column("round").to_numpy().astype(np.int64),
             "position": table.column("position").to_numpy().astype(np.int64),
         }
+        # every context feature a router may read (whiflash.router_context); the task picks its own columns
+        scalars["context"] = context_from_rows(CONTEXT_FEATURES, codes, scalars["round"],
+                                               table.column("entropy").to_numpy().astype(np.float32),
+                                               scalars["tau_0"], scalars["tau_1"], table.column("active").to_numpy())
         if self.hparams.label == "speed":
             from .speed import speed_gain
 
@@ -273,7 +280,8 @@ class RouterDataModule(L.LightningDataModule):
                  {s: f"{len(self.split_prompts[s])} prompts/{len(self.split_indices[s])} rows" for s in SPLITS})
 
     def _fit_normalization(self) -> None:
-        """Mean/std of ``hidden`` over (a seeded sample of) the training split only."""
+        """Mean/std of ``hidden`` over (a seeded sample of) the training split only; of the context features
+        over the whole training split."""
         idx = self.split_indices["train"]
         if len(idx) > self.hparams.norm_max_rows:
             rng = np.random.default_rng([self.hparams.split_seed, 1])
@@ -288,6 +296,9 @@ class RouterDataModule(L.LightningDataModule):
         var = np.maximum(total_sq / len(idx) - np.square(mean), 0.0)
         self.norm_mean = torch.from_numpy(mean).float()
         self.norm_std = torch.from_numpy(np.sqrt(var)).float()
+        ctx = self.data.scalars["context"][self.split_indices["train"]].astype(np.float64)
+        self.context_mean = torch.from_numpy(ctx.mean(0)).float()
+        self.context_std = torch.from_numpy(ctx.std(0)).float()
 
     def _weights(self, idx: np.ndarray) -> np.ndarray | None:
         mode = self.hparams.balance

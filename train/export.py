@@ -19,6 +19,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from whiflash.hub import is_hub_id, public_name
 from whiflash.io import atomic_write_json
 from whiflash.router import NeuralRouter, export_single_file, load_router, suggested_repo_name
+from whiflash.router_context import CONTEXT_FEATURES
 
 from .data import RouterDataModule
 from .metrics import routing_summary
@@ -30,12 +31,13 @@ log = logging.getLogger(__name__)
 @torch.no_grad()
 def score_split(router: NeuralRouter, dm: RouterDataModule, split: str = "val") -> dict[str, np.ndarray]:
     """Predicted gains plus the logged gain/taus/category of every row of ``split``."""
+    cols = [CONTEXT_FEATURES.index(c) for c in router.context]
     router.eval()
     logged = ("gain", "tau_0", "tau_1", "category", "prompt", "round", "position")
     out: dict[str, list[np.ndarray]] = {k: [] for k in ("pred", *logged)}
     loader = dm.loader(split)
     for batch in loader:
-        out["pred"].append(router(batch["hidden"]).numpy())
+        out["pred"].append(router(batch["hidden"], batch["context"][:, cols] if cols else None).numpy())
         for k in logged:
             out[k].append(batch[k].numpy())
     return {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
@@ -100,6 +102,7 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
         f"slot 1 = {public_name(m.drafter_ids[1])}) |",
         f"| DDTree tree budget (`--ddtree-tree-budget`) | {budget} |",
         f"| hidden size / MLP width | {router.hidden_size} / {router.mlp_dim} |",
+        f"| context features after the hidden state | {', '.join(router.context) or 'none'} |",
         f"| recommended threshold | **{router.threshold:g}** (re-calibrate per hardware and category) |",
         f"| data manifest sha256 | `{dm.manifest_sha256}` |",
         f"| data | {m.num_rows} rounds, prompt sets "
@@ -121,7 +124,8 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
         "## Usage", "", "```python", "from whiflash.router import load_router",
         f"router = load_router(\"<this repo or folder>\", pair=\"{router.pair}\""
         + (f", tree_budget={router.tree_budget})" if router.pair.uses_tree and router.tree_budget else ")"),
-        "gain = router(hidden_states)  # [N, H] -> [N]; draft with slot 0 where gain > threshold", "```", "",
+        "gain = router(hidden_states" + (", context)  # [N, H], [N, C] -> [N]" if router.context else ")  # [N, H] -> [N]")
+        + "; draft with slot 0 where gain > threshold", "```", "",
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
 
@@ -168,11 +172,13 @@ def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt
     model_card(final, dm, results, ckpt).save(folder / "README.md")
     single = export_single_file(final, run_dir / "router.safetensors")
     # Both exports must load strictly and agree with the in-memory router bit for bit.
-    probe = torch.from_numpy(dm.data.hidden(dm.split_indices["val"][:256]))
+    rows = dm.split_indices["val"][:256]
+    probe = torch.from_numpy(dm.data.hidden(rows))
+    context = torch.from_numpy(dm.data.scalars["context"][rows][:, [CONTEXT_FEATURES.index(c) for c in final.context]])
     with torch.no_grad():
-        ref = final(probe)
+        ref = final(probe, context)
         for path in (folder, single):
-            out = load_router(path, hidden_size=final.hidden_size, pair=final.pair)(probe)
+            out = load_router(path, hidden_size=final.hidden_size, pair=final.pair)(probe, context)
             if not torch.equal(out, ref):
                 raise RuntimeError(f"exported router {path} does not reproduce the trained router's outputs")
     results.update(checkpoint=ckpt, router_dir=str(folder), router_file=str(single),

@@ -16,6 +16,7 @@ from whiflash.errors import UsageError
 from whiflash.flags import check_int, check_number
 from whiflash.pairs import Pair
 from whiflash.router import NeuralRouter
+from whiflash.router_context import CONTEXT_FEATURES, check_context
 
 from .metrics import DEFAULT_THRESHOLDS, BinnedAUROC, RoutingTau
 
@@ -42,6 +43,9 @@ class RouterTask(L.LightningModule):
         tree_budget: DDTree budget of the data (linked from the dataset manifest).
         target: target model of the data (linked from the dataset manifest).
         tap_layers: tap layers recorded in the data (linked from the dataset manifest).
+        context: context features the router reads after the hidden state, e.g. ``[entropy, prev_tau]``
+            (``whiflash.router_context``: ``entropy``, ``prev_slot``, ``prev_tau``); none by default, the
+            upstream contract.
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class RouterTask(L.LightningModule):
         tree_budget: int | None = None,
         target: str = "",
         tap_layers: list[int] | None = None,
+        context: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -71,8 +76,14 @@ class RouterTask(L.LightningModule):
         if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
             raise UsageError(f"--model.dropout: expected a probability in [0, 1), got {dropout!r}")
         pair = str(Pair.parse(pair, what="--model.pair"))
+        try:
+            context = list(check_context(context, "--model.context"))
+        except ValueError as err:
+            raise UsageError(str(err)) from None
         self.router = NeuralRouter(hidden_size=hidden_size, mlp_dim=mlp_dim, dropout=dropout, drafters=pair,
-                                   tree_budget=tree_budget, target=target, tap_layers=tap_layers)
+                                   tree_budget=tree_budget, target=target, tap_layers=tap_layers, context=context)
+        #: the columns of a batch's ``context`` (all of CONTEXT_FEATURES) this router reads
+        self.context_columns = [CONTEXT_FEATURES.index(c) for c in context]
         self.thresholds = list(thresholds) if thresholds else list(DEFAULT_THRESHOLDS)
         with warnings.catch_warnings():  # Spearman keeps preds+targets: 8 bytes a row, fine for router splits
             warnings.filterwarnings("ignore", message=".*will save all targets and predictions.*")
@@ -85,14 +96,20 @@ class RouterTask(L.LightningModule):
         #: last computed routing summary per stage (curve included), for plots and the model card.
         self.last_routing: dict[str, dict[str, Any]] = {}
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        return self.router(hidden)
+    def forward(self, hidden: Tensor, context: Tensor | None = None) -> Tensor:
+        return self.router(hidden, context)
+
+    def predict_batch(self, batch: dict[str, Tensor]) -> Tensor:
+        """The router's predicted gain for a batch of the data module (its context columns, if it reads any)."""
+        return self.router(batch["hidden"], batch["context"][:, self.context_columns] if self.context_columns else None)
 
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if stage == "fit" and dm is not None and getattr(dm, "norm_mean", None) is not None:
             # Training-split statistics; a resumed checkpoint's own buffers are restored after this hook.
-            self.router.set_normalization(dm.norm_mean, dm.norm_std)
+            cols = self.context_columns
+            self.router.set_normalization(torch.cat([dm.norm_mean, dm.context_mean[cols]]),
+                                          torch.cat([dm.norm_std, dm.context_std[cols]]))
 
     def _loss(self, pred: Tensor, gain: Tensor) -> Tensor:
         if self.hparams.loss == "huber":
@@ -100,7 +117,7 @@ class RouterTask(L.LightningModule):
         return F.mse_loss(pred, gain)
 
     def _step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
-        pred = self.router(batch["hidden"])
+        pred = self.predict_batch(batch)
         gain = batch["gain"].float()
         loss = self._loss(pred, gain)
         n = gain.numel()
@@ -128,7 +145,7 @@ class RouterTask(L.LightningModule):
         self._step(batch, "test")
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        return {"row": batch["row"], "pred": self.router(batch["hidden"]), "gain": batch["gain"]}
+        return {"row": batch["row"], "pred": self.predict_batch(batch), "gain": batch["gain"]}
 
     def _log_routing(self, stage: str) -> None:
         metric = self.routing[f"{stage}_m"]

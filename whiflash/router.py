@@ -1,7 +1,10 @@
 """The WhiFlash-Neural router: a 2-layer MLP on the target's final post-norm hidden state.
 
 It predicts the acceptance-length gain ``g = tau(slot 0) - tau(slot 1)`` of a round (tau includes the
-bonus token); the routed loop drafts with slot 0 when ``g_hat > threshold``. Shared by ``whiflash-train``
+bonus token), or a tokens/s form of it (``whiflash.train.speed``); the routed loop drafts with slot 0 when
+``g_hat > threshold``. A router may also read a few context features after the hidden state
+(:mod:`whiflash.router_context`: entropy, the previous round's slot and tau); one without them is the
+upstream contract, hidden state in, one score out. Shared by ``whiflash-train``
 (which fits and exports it) and the routed decoding loop (which loads it with :func:`load_router`);
 docs/design.md, "Routing".
 
@@ -28,6 +31,7 @@ from torch import Tensor, nn
 from whiflash.hub import local_or_hub
 from whiflash.io import atomic_path
 from whiflash.pairs import Pair
+from whiflash.router_context import check_context
 from whiflash.router_layouts import ACTIVATIONS, hints_from, metadata_config, router_from_state
 from whiflash.runtime.weights import read_json, read_safetensors, readable_safetensors
 
@@ -44,8 +48,9 @@ class NeuralRouter(
     library_name="whiflash",
     tags=["speculative-decoding", "router", "whiflash"],
 ):
-    """2-layer MLP ``Linear(H, mlp_dim) -> GELU -> Dropout -> Linear(mlp_dim, 1)`` over standardised input
-    (``activation`` names another of ``ACTIVATIONS``, for routers exported by other code).
+    """2-layer MLP ``Linear(H + C, mlp_dim) -> GELU -> Dropout -> Linear(mlp_dim, 1)`` over standardised input
+    (``activation`` names another of ``ACTIVATIONS``, for routers exported by other code); ``C`` context
+    features follow the hidden state when ``context`` names them (none by default).
 
     Args:
         hidden_size: width H of the target's final hidden state.
@@ -59,6 +64,8 @@ class NeuralRouter(
             post-norm hidden state only).
         threshold: recommended decision threshold theta (choose slot 0 when ``g_hat > theta``).
         activation: the hidden layer's activation, ``gelu`` (this toolkit's), ``relu``, ``silu`` or ``tanh``.
+        context: context features read after the hidden state, by name
+            (:data:`whiflash.router_context.CONTEXT_FEATURES`), in this order.
     """
 
     def __init__(
@@ -72,6 +79,7 @@ class NeuralRouter(
         tap_layers: list[int] | None = None,
         threshold: float = 0.0,
         activation: str = "gelu",
+        context: list[str] | None = None,
     ) -> None:
         super().__init__()
         if hidden_size < 1 or mlp_dim < 1:
@@ -85,25 +93,35 @@ class NeuralRouter(
         self.tree_budget, self.target = tree_budget, target
         self.tap_layers = list(tap_layers) if tap_layers is not None else None
         self.threshold = float(threshold)
+        self.context = check_context(context, "router config field 'context'")
+        width = hidden_size + len(self.context)
         # Standardisation statistics of the training split; buffers, so they travel in model.safetensors.
-        self.register_buffer("mean", torch.zeros(hidden_size))
-        self.register_buffer("std", torch.ones(hidden_size))
+        self.register_buffer("mean", torch.zeros(width))
+        self.register_buffer("std", torch.ones(width))
         self.mlp = nn.Sequential(
-            nn.Linear(hidden_size, mlp_dim), _ACTIVATION[activation](), nn.Dropout(dropout), nn.Linear(mlp_dim, 1)
+            nn.Linear(width, mlp_dim), _ACTIVATION[activation](), nn.Dropout(dropout), nn.Linear(mlp_dim, 1)
         )
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        """Predicted gain for ``hidden`` of shape ``[N, H]`` (returns ``[N]``) or ``[H]`` (returns a scalar)."""
+    def forward(self, hidden: Tensor, context: Tensor | None = None) -> Tensor:
+        """Predicted gain for ``hidden`` of shape ``[N, H]`` (returns ``[N]``) or ``[H]`` (returns a scalar), with
+        ``context`` ``[N, C]`` (or ``[C]``) when the router reads context features."""
         if hidden.shape[-1] != self.hidden_size:
             raise ValueError(f"router expects hidden size {self.hidden_size}, got input of shape {tuple(hidden.shape)}")
-        x = (hidden.float() - self.mean) / self.std  # float32 whatever the input dtype (fp16/bf16 features)
-        return self.mlp(x).squeeze(-1)
+        x = hidden.float()  # float32 whatever the input dtype (fp16/bf16 features)
+        if self.context:
+            if context is None or context.shape[-1] != len(self.context) or context.shape[:-1] != hidden.shape[:-1]:
+                got = None if context is None else tuple(context.shape)
+                raise ValueError(f"router reads context features {list(self.context)}: expected context of shape "
+                                 f"{(*hidden.shape[:-1], len(self.context))}, got {got}")
+            x = torch.cat([x, context.float()], -1)
+        return self.mlp((x - self.mean) / self.std).squeeze(-1)
 
     @torch.no_grad()
     def set_normalization(self, mean: Tensor, std: Tensor, eps: float = 1e-6) -> None:
-        """Store input mean/std (size H); std is floored at ``eps`` so constant features stay finite."""
-        if mean.shape != (self.hidden_size,) or std.shape != (self.hidden_size,):
-            raise ValueError(f"mean/std must have shape ({self.hidden_size},), got {tuple(mean.shape)}/{tuple(std.shape)}")
+        """Store input mean/std (size H + C); std is floored at ``eps`` so constant features stay finite."""
+        width = self.hidden_size + len(self.context)
+        if mean.shape != (width,) or std.shape != (width,):
+            raise ValueError(f"mean/std must have shape ({width},), got {tuple(mean.shape)}/{tuple(std.shape)}")
         self.mean.copy_(mean.float())
         self.std.copy_(std.float().clamp_min(eps))
 
@@ -122,6 +140,7 @@ class NeuralRouter(
             "hidden_size": self.hidden_size, "mlp_dim": self.mlp_dim, "dropout": self.dropout,
             "drafters": self.drafters, "tree_budget": self.tree_budget, "target": self.target,
             "tap_layers": self.tap_layers, "threshold": self.threshold, "activation": self.activation,
+            "context": list(self.context),
         }
 
 

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from whiflash.router_context import NO_SLOT, context_now
+
 
 def entropy(logits: Tensor) -> Tensor:
     """Next-token entropy in nats, computed in float32."""
@@ -34,15 +36,30 @@ class EntropyRouter:
 
 
 class NeuralPolicy:
-    """WhiFlash-Neural: slot 0 when the predicted gain tau(slot 0) - tau(slot 1) exceeds `threshold`."""
+    """WhiFlash-Neural: slot 0 when the predicted gain tau(slot 0) - tau(slot 1) exceeds `threshold`.
+
+    A router trained with context features (`NeuralRouter.context`) also reads the entropy of `logits`
+    and the previous round's slot and tau, which the routed drafter reports through `after_round`."""
 
     def __init__(self, router: nn.Module, threshold: float | None = None) -> None:
         self.router = router
         self.threshold = float(threshold if threshold is not None else getattr(router, "threshold", 0.0))
+        self.context: tuple[str, ...] = tuple(getattr(router, "context", ()))
+        self.reset()
+
+    def reset(self) -> None:
+        """A new sequence: no round verified yet."""
+        self._prev: tuple[float, Tensor | float] = (NO_SLOT, 0.0)
+
+    def after_round(self, slot: int, tau: Tensor) -> None:
+        """The round just verified: the slot that drafted it and its tau (0-dim, on the device)."""
+        self._prev = (slot, tau)
 
     @torch.no_grad()
     def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
-        gain = self.router(hidden.reshape(1, -1))[0]
+        h = hidden.reshape(1, -1)
+        gain = (self.router(h, context_now(self.context, logits, *self._prev).reshape(1, -1)) if self.context
+                else self.router(h))[0]
         return (gain <= self.threshold).long()  # 0 when gain > threshold
 
 

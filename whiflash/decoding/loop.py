@@ -133,7 +133,7 @@ def _accept(target: Target, drafter: Drafter | None, proposal: Proposal, verify_
         slot_taus = branch_taus(proposal, picked)
         advanced = drafter.advance(slot_taus)
     count, best, keep = accept(proposal, picked, branch=advanced, check=target.engine.check_trees)
-    decision = drafter.route(row(out.hidden, best), row(out.logits, best)) if drafter is not None else None
+    decision = drafter.route(row(out.hidden, best), row(out.logits, best), count) if drafter is not None else None
     return Verdict(count, keep, verify_ids[keep], row(picked, best).reshape(1), best, decision, slot_taus, advanced)
 
 

@@ -133,17 +133,21 @@ class RoutedDrafter(DrafterPair):
     def reset(self, target: Any, max_len: int, temperature: float = 0.0) -> None:
         if isinstance(self.router, NeuralPolicy):
             check_compatible(self.router.router, "(given)", target.config.hidden_size, None, None)
-        if isinstance(self.router, ScriptedRouter):
+        if isinstance(self.router, (ScriptedRouter, NeuralPolicy)):
             self.router.reset()
+        self._slot = 0
         super().reset(target, max_len, temperature)
 
     def backlog_rows(self, slot: int = 0) -> int:
         return self.slots[slot][0].backlog_len
 
-    def route(self, hidden: Tensor, logits: Tensor) -> Tensor:
+    def route(self, hidden: Tensor, logits: Tensor, tau: Tensor | None = None) -> Tensor:
+        if tau is not None and isinstance(self.router, NeuralPolicy):  # its context: the round just verified
+            self.router.after_round(self._slot, tau)
         return self.router(hidden, logits).reshape(())
 
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
+        self._slot = slot
         return self._draft(slot, pending, pos)
 
 
