@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 import whiflash
 from whiflash import distributed, session
-from whiflash.data import RouterDatasetManifest, ShardEntry, shard_entry, write_manifest, write_shard
+from whiflash.data import ADVANCE_RULE, RouterDatasetManifest, ShardEntry, shard_entry, write_manifest, write_shard
 from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, read_source, resolve_source
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding import prompt_room
@@ -70,6 +70,24 @@ def _check_arguments(args: dict, pair: Pair) -> None:
         raise ValueError(f"--tree-budget {budget}: --pair {pair} has no DDTree slot")
     if budget is not None and (not isinstance(budget, int) or budget < 1):
         raise ValueError(f"--tree-budget: expected an integer >= 1, got {budget!r}")
+    if args["path"] not in PATHS:
+        raise ValueError(f"--path: expected one of {', '.join(PATHS)}, got {args['path']!r}")
+
+
+PATHS = {
+    "oracle": ADVANCE_RULE,
+    "slot0": "slot 0 advances every round (its own path); both slots' taus measured from each state; greedy decoding",
+    "slot1": "slot 1 advances every round (its own path); both slots' taus measured from each state; greedy decoding",
+    "mixed": "by prompt order i: i % 3 == 0 the slot with the larger tau advances (ties: slot 1), 1 slot 0 always, "
+             "2 slot 1 always; both slots' taus measured from each state; greedy decoding",
+}
+"""`--path`: which slot each round advances with, as the manifest's `advance_rule` says it."""
+
+
+def _follow(path: str, index: int) -> int | None:
+    """The slot prompt `index` (in prompt order) advances with under `path`; None: the larger tau."""
+    rule = ("oracle", "slot0", "slot1")[index % 3] if path == "mixed" else path
+    return None if rule == "oracle" else int(rule[-1])
 
 
 @owning_folders()  # --out is this run's from its first check to its last write
@@ -95,6 +113,7 @@ def datagen(
     compile_layers: bool | None = None,
     processes_per_device: int = 1,
     seed: int = 0,
+    path: str = "oracle",
 ) -> Path:
     """Decode prompts with both drafters from the same state each round and write one row per round.
 
@@ -126,6 +145,11 @@ def datagen(
             --nproc-per-node = GPUs x this). One sequence at a time leaves a GPU idle between a round's host
             steps, so several processes on one GPU raise rows/s; the rows are the same for any launch.
         seed: recorded in the manifest (decoding is greedy and deterministic).
+        path: which slot each round advances with. `oracle`: the larger tau (upstream's labels; the states
+            are those of perfect routing); `slot0` / `slot1`: always that slot, so the states are the ones that
+            drafter reaches on its own; `mixed`: the three in turn by prompt. Both taus are logged every round
+            whatever the path. A drafter's tau on another's path is not its tau on its own (its misses come in
+            runs), so a router that will follow one drafter for a while learns from states like those.
     """
     out = Path(out)
     # what the rows depend on (the execution mode does not count: graphs and eager record the same rows)
@@ -190,14 +214,15 @@ def datagen(
     meter = TauMeter(parsed)
     start, decoded = time.perf_counter(), 0
     for index in _claims(out, len(chunks), ranks):
-        path = out / f"shard-{index:05d}.parquet"
-        if path.exists():  # finished before a restart (shards are renamed into place only when complete)
-            done[index] = shard_entry(path)
+        shard = out / f"shard-{index:05d}.parquet"
+        if shard.exists():  # finished before a restart (shards are renamed into place only when complete)
+            done[index] = shard_entry(shard)
             bar.update(len(chunks[index]))
             continue
         columns = _record_chunk(run, recorder, chunks[index], max_prompt_tokens, max_new_tokens,
-                                on_prompt=lambda cols: meter.add(cols, bar))
-        done[index] = write_shard(path, columns, model.config.hidden_size)
+                                on_prompt=lambda cols: meter.add(cols, bar),
+                                follow=[_follow(path, index * shard_size + j) for j in range(len(chunks[index]))])
+        done[index] = write_shard(shard, columns, model.config.hidden_size)
         decoded += done[index].rows
     bar.close()
     seconds = time.perf_counter() - start  # per-rank throughput (scripts/multi_gpu_session.sh reads this line)
@@ -215,7 +240,7 @@ def datagen(
         target=paths["target"], pair=parsed, tree_budget=recorder.tree_budget,
         drafter_ids=(paths["dflash"], paths["eagle3"] if parsed.needs_eagle3 else paths["dflash"]),
         tap_layers=list(recorder.tap_layers), hidden_size=model.config.hidden_size, prompt_sets=sources,
-        seed=seed, shards=shards, versions=package_versions("whiflash", "torch", "transformers"),
+        seed=seed, shards=shards, versions=package_versions("whiflash", "torch", "transformers"), advance_rule=PATHS[path],
         generator={"name": "whiflash.datagen", "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
                    "num_steps": num_steps, "prompts_sha256": record["prompts_sha256"],
                    "engine": describe(str(device), dtype, model.engine)},
@@ -326,13 +351,16 @@ def _encode(run: Session, item: PromptItem, max_tokens: int) -> list[int]:
 
 
 def _record_chunk(run: Session, recorder: OracleDrafter, chunk: list[PromptItem], max_prompt_tokens: int,
-                  max_new_tokens: int, on_prompt: Callable[[dict[str, np.ndarray]], None]) -> dict[str, np.ndarray]:
-    """The rows of one shard's prompts; `on_prompt` sees each prompt's columns as it finishes (progress). Decoding
-    stops at the session's stop ids (the tokenizer's EOS and the generation config's), as in whiflash-eval."""
+                  max_new_tokens: int, on_prompt: Callable[[dict[str, np.ndarray]], None],
+                  follow: list[int | None]) -> dict[str, np.ndarray]:
+    """The rows of one shard's prompts, each advancing as `follow` says (`OracleDrafter.follow`); `on_prompt` sees
+    each prompt's columns as it finishes (progress). Decoding stops at the session's stop ids (the tokenizer's EOS
+    and the generation config's), as in whiflash-eval."""
     model = run.target
     keep = min(max_prompt_tokens, prompt_room(model, max_new_tokens, recorder.max_nodes))
     parts = []
-    for item in chunk:
+    for item, slot in zip(chunk, follow):
+        recorder.follow = slot
         cols = record_prompt(model, recorder, _encode(run, item, keep), max_new_tokens, run.stops or None)
         on_prompt(cols)
         if cols:

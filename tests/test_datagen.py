@@ -74,6 +74,33 @@ def test_rows_follow_the_contract_and_the_oracle(worlds, tmp_path, prompt_file, 
     assert (out / "tau0_tau1.png").stat().st_size > 0  # written when datagen finishes
 
 
+def test_a_path_of_one_slot_advances_with_it_and_still_measures_both(worlds, tmp_path, prompt_file):
+    """`--path slot0|slot1|mixed`: each prompt's rounds advance with its path's slot (by prompt order under
+    `mixed`), both taus are still logged, each slot's tau on its own path is its standalone tau, and the manifest
+    says the rule; an unknown path is refused before anything is written."""
+    world = worlds["qwen3-mixed"]
+    target = whiflash.load_target(world.target_dir)
+    drafters = {k: whiflash.load_drafter(k, d, target) for k, d in (("dflash", world.dflash_dir), ("eagle3", world.eagle_dir))}
+    for path in ("slot0", "slot1", "mixed"):
+        out = _run(world, tmp_path / path, prompt_file, path=path)
+        table = pq.read_table(check_shards(out, read_manifest(out))).to_pandas()
+        assert "its own path" in read_manifest(out).advance_rule or path == "mixed"
+        for pid, rows in table.groupby("prompt_id", sort=False):
+            rows = rows.sort_values("round")
+            i = int(pid.split("-")[-1])
+            slot = {"slot0": 0, "slot1": 1}.get(path, (None, 0, 1)[i % 3])
+            if slot is None:  # mixed, prompt 0 mod 3: the larger tau
+                assert (rows["active"] == np.where(rows["tau_0"] > rows["tau_1"], 0, 1)).all()
+                continue
+            assert (rows["active"] == slot).all()
+            own = rows["tau_0" if slot == 0 else "tau_1"].to_numpy()
+            _, stats = whiflash.generate(target, drafters["dflash" if slot == 0 else "eagle3"], PROMPTS[i], 30)
+            assert own.tolist() == stats.taus  # the path of that drafter alone, round for round
+    with pytest.raises(ValueError, match="--path: expected one of oracle, slot0, slot1, mixed"):
+        _run(world, tmp_path / "bad", prompt_file, path="random")
+    assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
+
+
 def test_tau_pair_plot_of_an_existing_dataset(tmp_path):
     from whiflash.datagen.plots import main as plot_main
     from whiflash.datagen.plots import plot_tau_pairs

@@ -162,14 +162,18 @@ class OracleDrafter(DrafterPair):
 
     With `round_times` (each slot's round time, from a latency profile) it is the latency-aware
     (utility) oracle: the round advances with the slot of the higher tau / round time, i.e. the
-    slot that would have produced tokens faster this round."""
+    slot that would have produced tokens faster this round. With `follow` (0 or 1; settable between
+    sequences) every round advances with that slot whatever the taus: the sequence takes that drafter's
+    own path while both slots' taus are still measured (datagen's `--path slot0|slot1`)."""
 
     kind = "oracle"
 
-    def __init__(self, pair: str | Pair, *, round_times: tuple[float, float] | None = None, **options: Any) -> None:
+    def __init__(self, pair: str | Pair, *, round_times: tuple[float, float] | None = None, follow: int | None = None,
+                 **options: Any) -> None:
         """round_times: (slot 0, slot 1) round time in any one unit, each > 0; None: the plain oracle.
-        The other options as `DrafterPair`."""
+        follow: advance with this slot every round (None: the rule above). The other options as `DrafterPair`."""
         super().__init__(pair, **options)
+        self.follow = follow
         if round_times is not None:
             times = tuple(float(t) for t in round_times)
             if len(times) != 2 or not all(math.isfinite(t) and t > 0 for t in times):
@@ -198,7 +202,12 @@ class OracleDrafter(DrafterPair):
 
     def advance(self, taus: Tensor) -> Tensor:
         """0-dim long slot (on the device) the round advances with, from both slots' `[2]` taus:
-        the larger tau, or with `round_times` the larger tau per unit of round time; ties: slot 1."""
+        the larger tau, or with `round_times` the larger tau per unit of round time; ties: slot 1. With
+        `follow`, that slot."""
+        if self.follow is not None:
+            if self.follow not in (0, 1):
+                raise ValueError(f"follow: expected slot 0 or 1 (or None), got {self.follow!r}")
+            return taus.new_full((), self.follow, dtype=torch.long)  # a fill kernel: no host read
         if self.round_times is None:
             return super().advance(taus)
         t0, t1 = self.round_times
