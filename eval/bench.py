@@ -82,7 +82,8 @@ class Runner:
             block_size=cfg.block_size, eagle_num_steps=cfg.eagle_num_steps, router=cfg.whiflash_router,
             entropy_threshold=cfg.whiflash_entropy_threshold, neural_router_path=cfg.whiflash_neural_router_path,
             neural_threshold=cfg.whiflash_neural_router_threshold, lazy_catchup=not cfg.whiflash_no_lazy_catchup,
-            time_catchup=cfg.whiflash_time_catchup, latency_profile=cfg.whiflash_latency_profile)
+            time_catchup=cfg.whiflash_time_catchup, latency_profile=cfg.whiflash_latency_profile,
+            stick_tau=cfg.whiflash_stick_tau)
         self.thresholds = read_thresholds(cfg.whiflash_thresholds) if cfg.whiflash_thresholds else {}
         self._methods: dict[tuple[str, float | None], Method] = {}
         self.graphs = self.target.engine.cuda_graphs

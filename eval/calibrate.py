@@ -19,6 +19,7 @@ from typing import Any
 
 from whiflash.calibration import best_threshold
 from whiflash.engine import describe, resolve_engine
+from whiflash.flags import check_int
 from whiflash.folders import check_folder
 from whiflash.inputs import samples_sha256
 from whiflash.io import atomic_write_json
@@ -123,12 +124,14 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
     if not latency_profile:
         raise ValueError("--replay needs --latency-profile FILE (from `whiflash-eval profile` on this device)")
     values = values or list(DEFAULT_THRESHOLDS)
+    check_int(cfg.whiflash_stick_tau, "--whiflash-stick-tau", optional=True)
     check_folder(Path(cfg.out), None, "--out")
     check_output_file(output)
     result = replay_thresholds(data, latency_profile, method, values, cfg.whiflash_neural_router_path,
-                               lazy=not cfg.whiflash_no_lazy_catchup)
+                               lazy=not cfg.whiflash_no_lazy_catchup, stick_tau=cfg.whiflash_stick_tau)
     config = {"calibrate_method": method, "values": values, "replay": str(data), "latency_profile": latency_profile,
-              "neural_router": cfg.whiflash_neural_router_path, "lazy_catchup": not cfg.whiflash_no_lazy_catchup}
+              "neural_router": cfg.whiflash_neural_router_path, "lazy_catchup": not cfg.whiflash_no_lazy_catchup,
+              "stick_tau": cfg.whiflash_stick_tau}
     run, _ = prepare_run_dir(cfg.out, cfg.name or f"calibrate-replay-{method}", config, resume=False)
     write_manifest(run, argv=sys.argv, seed=cfg.seed, device="cpu", models={"data": str(data)}, samples=[],
                    extra={"calibrate_method": method, "values": values, "latency_profile": latency_profile,

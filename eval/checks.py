@@ -42,6 +42,7 @@ def check_bench_config(cfg: BenchConfig, *, methods: bool = True) -> None:
     check_int(cfg.warmup_tokens, "--warmup-tokens", minimum=0)
     check_int(cfg.bootstrap, "--bootstrap")
     check_int(cfg.ddtree_tree_budget, "--ddtree-tree-budget", optional=True)
+    check_int(cfg.whiflash_stick_tau, "--whiflash-stick-tau", optional=True)
     check_number(cfg.temperature, "--temperature", 0)
     check_number(cfg.whiflash_entropy_threshold, "--whiflash-entropy-threshold", 0,
                  what=" (nats: entropy is never negative, so a negative threshold never picks slot 0)")

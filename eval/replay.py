@@ -25,7 +25,7 @@ import torch
 from whiflash.calibration import METHODS, best_threshold, picks_slot0
 from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.router_context import context_from_rows
-from whiflash.speed_oracle import simulate  # the cost model, shared with the speed oracle and whiflash-train
+from whiflash.speed_oracle import simulate, stick  # the cost model, shared with the speed oracle and whiflash-train
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,9 @@ def read_rounds(data_dir: str | Path, with_hidden: bool) -> tuple[Any, dict[str,
 
 
 def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: str, values: list[float],
-                      neural_router: str | None = None, lazy: bool = True) -> dict[str, Any]:
+                      neural_router: str | None = None, lazy: bool = True, stick_tau: int | None = None) -> dict[str, Any]:
     """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
-    thresholds.json (without the run bookkeeping)."""
+    thresholds.json (without the run bookkeeping). `stick_tau`: as `--whiflash-stick-tau` (`stick`)."""
     if method not in METHODS:
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
     profile = LatencyProfile.read(profile_path, flag="--latency-profile")
@@ -81,7 +81,8 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
         part = {k: v[sel] for k, v in cols.items() if k != "hidden"}
 
         def speedup(slot0: np.ndarray) -> tuple[float, float]:
-            tokens, ms, n = simulate(slot0, part, kinds, rounds, profile, router_ms, lazy)
+            slot0, routed = stick(slot0, part["tau_0"], part["prompt_id"], stick_tau)
+            tokens, ms, n = simulate(slot0, part, kinds, rounds, profile, router_ms, lazy, routed)
             return tokens * ar / ms, tokens / n
 
         sweep = {v: speedup(picks_slot0(method, score[sel], v)) for v in sorted(values)}
@@ -97,7 +98,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
             "samples": sorted(set(cols["prompt_id"].tolist())), "data": str(data_dir),
             "latency_profile": str(profile_path), "pair": str(manifest.pair), "tree_budget": manifest.tree_budget,
             "slots": [slot_kind(k, budget) for k in kinds], "rounds": int(len(score)),
-            "device": profile.meta.get("device"), "lazy_catchup": lazy, "estimate": ESTIMATE,
+            "device": profile.meta.get("device"), "lazy_catchup": lazy, "stick_tau": stick_tau, "estimate": ESTIMATE,
             "speed_oracle_definition": DEFINITION}
 
 

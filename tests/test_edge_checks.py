@@ -36,6 +36,7 @@ def _datagen(world, out: Path, prompts: list[str], **kw):
     (["--whiflash-latency-profile", "p.json"], r"--whiflash-latency-profile p.json: only the utility-oracle method"),
     (["--whiflash-entropy-threshold", "-1"], r"--whiflash-entropy-threshold: expected a finite number >= 0 \(nats"),
     (["--warmup-tokens", "-1"], r"--warmup-tokens: expected an integer >= 0, got -1"),
+    (["--whiflash-stick-tau", "0"], r"--whiflash-stick-tau: expected an integer >= 1 \(or unset\), got 0"),
     (["--max-new-tokens", "0"], r"--max-new-tokens: expected an integer >= 1, got 0"),
     (["--bootstrap", "0"], r"--bootstrap: expected an integer >= 1, got 0"),
     (["--temperature", "-0.5"], r"--temperature: expected a finite number >= 0, got -0.5"),

@@ -276,3 +276,40 @@ def test_context_from_rows_follows_each_prompt_in_round_order():
         NeuralRouter(4, context=["entropy", "entropy"])
     with pytest.raises(ValueError, match="context of shape"):
         NeuralRouter(4, context=["entropy"])(torch.zeros(2, 4))
+
+
+def test_stick_tau_keeps_slot_0_without_asking_the_router(world):
+    """`RoutedDrafter(stick_tau=K)`: a round after two slot-0 rounds, the earlier of which accepted >= K tokens,
+    drafts with slot 0 and the policy is not called for it; every other decision is the policy's; the output
+    stays AR's; the replay's `stick` makes the same choices from the same taus."""
+    import numpy as np
+
+    from whiflash.speed_oracle import stick
+
+    target, eagle, ddtree = world
+    calls = []
+
+    class Counting(ScriptedRouter):
+        def __call__(self, hidden, logits):
+            calls.append(1)
+            return super().__call__(hidden, logits)
+
+    with pytest.raises(ValueError, match="stick_tau: expected an integer >= 1"):
+        RoutedDrafter("df-e3", FixedRouter(0), stick_tau=0, eagle3=eagle, dflash=ddtree)
+    policy = Counting([0, 0, 0, 1])  # mostly slot 0, with switches
+    for prompt in PROMPTS:
+        ref, _ = whiflash.generate(target, None, prompt, 40)
+        drafter = RoutedDrafter("df-e3", policy, stick_tau=2, eagle3=eagle, dflash=ddtree)
+        calls.clear()
+        out, stats = whiflash.generate(target, drafter, prompt, 40)
+        assert out == ref
+        slots, taus = stats.slots, stats.taus
+        # decision r (r = rounds: the one after the last round, which no round uses) follows the rule
+        rule = [r for r in range(2, stats.rounds + 1) if slots[r - 1] == 0 and slots[r - 2] == 0 and taus[r - 2] >= 2]
+        stuck = [r for r in rule if r < stats.rounds]
+        assert stuck and all(slots[r] == 0 for r in stuck)
+        assert len(calls) == stats.rounds + 1 - len(rule)  # after the prefill and every round, but the rule's
+        # the replay: the policy's own choices on the rounds it decided, the rule on the others
+        asked = np.array([s == 0 for s in slots])
+        replayed, routed = stick(asked, np.array(taus), np.zeros(len(taus)), 2)
+        assert replayed.tolist() == asked.tolist() and (~routed).nonzero()[0].tolist() == stuck

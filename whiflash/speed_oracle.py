@@ -31,7 +31,7 @@ import numpy as np
 
 from .latency import LatencyProfile, catchup_model, slot_kind
 
-__all__ = ["DEFINITION", "oracle_gain_share", "prompt_spans", "simulate", "speed_oracle"]
+__all__ = ["DEFINITION", "oracle_gain_share", "prompt_spans", "simulate", "speed_oracle", "stick"]
 
 DEFINITION = ("speed oracle: the slot sequence maximising pooled sum tau / sum time over the category's logged rounds "
               "(exact dynamic programme per prompt + Dinkelbach over the ratio), costed like the replay but with no "
@@ -43,10 +43,12 @@ _MAX_ITERATIONS = 100
 
 
 def simulate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, str], rounds: tuple[float, float],
-             profile: LatencyProfile, router_ms: float, lazy: bool = True) -> tuple[int, float, int]:
+             profile: LatencyProfile, router_ms: float, lazy: bool = True,
+             routed: np.ndarray | None = None) -> tuple[int, float, int]:
     """(tokens, milliseconds, rounds) of replaying slot choices `slot0` (True: slot 0) over `cols`;
     `kinds` are the slots' drafter kinds, `rounds` their round times (ms). `lazy=False`: the other slot's
-    model catches up every round too (no Lazy Catch-up)."""
+    model catches up every round too (no Lazy Catch-up). `routed`: the rounds whose decision the policy
+    made and paid `router_ms` for (default: all; see `stick`)."""
     members = tuple(catchup_model(k) for k in kinds)  # df-ddt: both slots share one DFlash cache
     pids, positions = cols["prompt_id"], cols["position"]
     taus = np.where(slot0, cols["tau_0"], cols["tau_1"]).astype(np.int64)
@@ -56,13 +58,30 @@ def simulate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, s
         if i == 0 or pids[i] != pids[i - 1]:  # a new prompt: after its prefill, no drafter holds anything
             pos, kv = int(positions[i]), {m: 0 for m in members}
         s = 0 if slot0[i] else 1
-        ms += router_ms + rounds[s] + profile.catchup_ms(kinds[s], pos - kv[members[s]])
+        paid = router_ms if routed is None or routed[i] else 0.0
+        ms += paid + rounds[s] + profile.catchup_ms(kinds[s], pos - kv[members[s]])
         kv[members[s]] = pos
         if not lazy and members[1 - s] != members[s]:
             ms += profile.catchup_ms(kinds[1 - s], pos - kv[members[1 - s]])
             kv[members[1 - s]] = pos
         pos += int(taus[i])
     return tokens, ms, len(taus)
+
+
+def stick(slot0: np.ndarray, tau_0: np.ndarray, prompt_id: np.ndarray,
+          stick_tau: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(slot choices, rounds the policy decided) when `RoutedDrafter(stick_tau=K)` keeps slot 0 without asking
+    the policy: round r stays with slot 0 when rounds r-1 and r-2 of its prompt drafted with slot 0 and round
+    r-2 accepted at least K tokens (the last tau the host has read when round r is decided). `slot0` is
+    the policy's choice for every round (rows ordered by prompt and round); None: the policy decides all."""
+    slot0 = np.asarray(slot0, dtype=bool)
+    if stick_tau is None:
+        return slot0, np.ones(len(slot0), dtype=bool)
+    out, routed = slot0.copy(), np.ones(len(slot0), dtype=bool)
+    for i in range(2, len(out)):
+        if (prompt_id[i] == prompt_id[i - 2] and out[i - 1] and out[i - 2] and tau_0[i - 2] >= stick_tau):
+            out[i], routed[i] = True, False
+    return out, routed
 
 
 def oracle_gain_share(router_tps: float, best_standalone_tps: float, oracle_tps: float) -> float | None:

@@ -110,15 +110,23 @@ class DrafterPair(Drafter):
 
 
 class RoutedDrafter(DrafterPair):
-    """WhiFlash: a routing policy picks which slot drafts, every round."""
+    """WhiFlash: a routing policy picks which slot drafts, every round.
+
+    With `stick_tau` K the policy is not asked while slot 0 is running well: when the round being
+    verified and the one before it both drafted with slot 0 and that earlier round (the last one whose
+    tau the host has read) accepted at least K tokens, the next round stays with slot 0 and the policy's
+    kernels are not launched. On a small target a routing decision costs a few percent of a round,
+    which is all the headroom routing has where the parallel drafter accepts long blocks."""
 
     kind = "whiflash"
 
-    def __init__(self, pair: str | Pair, router: Any, **options: Any) -> None:
-        """router: a policy `(hidden [H], logits [V]) -> 0-dim long slot` (whiflash.routers); the
-        other options as `DrafterPair`."""
+    def __init__(self, pair: str | Pair, router: Any, stick_tau: int | None = None, **options: Any) -> None:
+        """router: a policy `(hidden [H], logits [V]) -> 0-dim long slot` (whiflash.routers); stick_tau:
+        see the class doc (None: ask the policy every round); the other options as `DrafterPair`."""
+        if stick_tau is not None and (isinstance(stick_tau, bool) or not isinstance(stick_tau, int) or stick_tau < 1):
+            raise ValueError(f"stick_tau: expected an integer >= 1 (or None), got {stick_tau!r}")
         super().__init__(pair, **options)
-        self.router = router
+        self.router, self.stick_tau = router, stick_tau
         if isinstance(router, NeuralPolicy):  # a router trained for another pair or budget is refused
             check_compatible(router.router, "(given)", None, str(self.pair), self.tree_budget)
 
@@ -136,19 +144,29 @@ class RoutedDrafter(DrafterPair):
         if isinstance(self.router, (ScriptedRouter, NeuralPolicy)):
             self.router.reset()
         self._slot = 0
+        self._proposed = False
+        self._last: tuple[int, int] | None = None  # (slot, tau) of the last round whose commit the host has seen
         super().reset(target, max_len, temperature)
 
     def backlog_rows(self, slot: int = 0) -> int:
         return self.slots[slot][0].backlog_len
 
     def route(self, hidden: Tensor, logits: Tensor, tau: Tensor | None = None) -> Tensor:
+        if (self.stick_tau is not None and tau is not None and self._slot == 0 and self._last is not None
+                and self._last[0] == 0 and self._last[1] >= self.stick_tau):
+            return hidden.new_full((), 0, dtype=torch.long)  # a fill kernel: no read, no policy launches
         if tau is not None and isinstance(self.router, NeuralPolicy):  # its context: the round just verified
             self.router.after_round(self._slot, tau)
         return self.router(hidden, logits).reshape(())
 
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
-        self._slot = slot
+        self._slot, self._proposed = slot, True
         return self._draft(slot, pending, pos)
+
+    def observe(self, commit: Commit) -> None:
+        if self._proposed:  # a round's commit (not the prefill's): its length is that round's tau, on the host
+            self._last, self._proposed = (self._slot, int(commit.next_tokens.shape[0])), False
+        super().observe(commit)
 
 
 class OracleDrafter(DrafterPair):
