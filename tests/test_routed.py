@@ -236,15 +236,15 @@ def test_a_context_router_sees_the_round_it_follows(world):
     slot and tau of the round just verified (none before the first), the values datagen rows give it."""
     target, eagle, ddtree = world
     router = NeuralRouter(target.config.hidden_size, mlp_dim=8, context=list(CONTEXT_FEATURES))
+    policy = NeuralPolicy(router, threshold=0.0)
     seen = []
-    real = router.forward
+    real = policy.score
 
     def spy(hidden, context=None):  # the router's own score, then +-1 in turn, so both slots draft
         seen.append(context.reshape(-1).tolist())
         return real(hidden, context) * 0 + (1.0 if len(seen) % 2 else -1.0)
 
-    router.forward = spy
-    policy = NeuralPolicy(router, threshold=0.0)
+    policy.score = spy
     drafter = RoutedDrafter("df-e3", policy, eagle3=eagle, dflash=ddtree)
     for prompt in PROMPTS:
         seen.clear()
@@ -313,3 +313,18 @@ def test_stick_tau_keeps_slot_0_without_asking_the_router(world):
         asked = np.array([s == 0 for s in slots])
         replayed, routed = stick(asked, np.array(taus), np.zeros(len(taus)), 2)
         assert replayed.tolist() == asked.tolist() and (~routed).nonzero()[0].tolist() == stuck
+
+
+def test_the_policy_scores_a_router_as_its_forward_does():
+    """`NeuralPolicy.score` (standardisation folded into the first layer) equals `NeuralRouter.forward` to float
+    rounding, for every activation and with context features; another module is called as it is."""
+    torch.manual_seed(0)
+    for activation in ("gelu", "relu", "silu", "tanh"):
+        for context in ([], ["entropy", "prev_tau"]):
+            router = NeuralRouter(12, mlp_dim=16, activation=activation, context=context).eval()
+            router.set_normalization(torch.randn(12 + len(context)), torch.rand(12 + len(context)) + 0.5)
+            h, c = torch.randn(5, 12), torch.randn(5, len(context)) if context else None
+            policy = NeuralPolicy(router)
+            torch.testing.assert_close(policy.score(h, c), router(h, c), rtol=1e-5, atol=1e-5)
+    plain = torch.nn.Linear(12, 1)
+    torch.testing.assert_close(NeuralPolicy(plain).score(torch.ones(2, 12)), plain(torch.ones(2, 12)))
