@@ -50,12 +50,13 @@ class BenchConfig:
                                                         "(default: the router's own).")
     whiflash_entropy_threshold: float = _h(0.2, "Entropy threshold in nats: slot 0 (parallel drafter) below it.")
     whiflash_no_lazy_catchup: bool = _h(False, "Update the inactive drafter every round instead of lazily on a switch.")
-    whiflash_stick_tau: int | None = _h(None, "Keep slot 0 without asking the router while it runs well: after two slot-0 "
-                                        "rounds the earlier of which accepted at least this many tokens (routing costs "
-                                        "a few percent of a round on small targets). Default: ask every round.")
-    whiflash_thresholds: str | None = _h(None, "thresholds.json from `whiflash-eval calibrate`, comma-separated, one per "
-                                         "routed method: per-category thresholds of the method each was calibrated "
-                                         "for (overrides the flag values).")
+    whiflash_stick_tau: int | None = _h(None, "Keep slot 0 without asking the router while it runs well: after two "
+                                        "slot-0 rounds the earlier of which accepted at least this many tokens "
+                                        "(routing costs a few percent of a round on small targets). Default: ask "
+                                        "every round.")
+    whiflash_thresholds: str | None = _h(None, "thresholds.json from `whiflash-eval calibrate`, comma-separated, one "
+                                         "per routed method: per-category thresholds of the method each was "
+                                         "calibrated for (overrides the flag values).")
     whiflash_time_catchup: bool = _h(False, "Synchronise around catch-up prefills to report their share of decode time "
                                      "(adds host synchronisations, so leave it off for speed figures).")
     eagle_num_steps: int | None = _h(None, "EAGLE-3 chain length (default: the drafter's).")

@@ -57,7 +57,8 @@ def read_rounds(data_dir: str | Path, with_hidden: bool) -> tuple[Any, dict[str,
 
 
 def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: str, values: list[float],
-                      neural_router: str | None = None, lazy: bool = True, stick_tau: int | None = None) -> dict[str, Any]:
+                      neural_router: str | None = None, lazy: bool = True,
+                      stick_tau: int | None = None) -> dict[str, Any]:
     """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
     thresholds.json (without the run bookkeeping). `stick_tau`: as `--whiflash-stick-tau` (`stick`)."""
     if method not in METHODS:

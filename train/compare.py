@@ -77,8 +77,8 @@ def variants_table(result: dict[str, Any]) -> str:
     """The comparison as a Markdown table (shares as fractions; — where the oracle gains nothing)."""
     f = lambda x, d=3: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
     cats = sorted({c for r in result["variants"].values() for c in r["per_category"]})
-    lines = ["| variant | val tau share | tok/s (exported threshold) | share of speed oracle gain | fastest threshold | "
-             "tok/s there | share there | " + " | ".join(f"share {c}" for c in cats) + " |",
+    lines = ["| variant | val tau share | tok/s (exported threshold) | share of speed oracle gain | "
+             "fastest threshold | tok/s there | share there | " + " | ".join(f"share {c}" for c in cats) + " |",
              "|---|---|---|---|---|---|---|" + "---|" * len(cats)]
     for variant, r in result["variants"].items():
         lines.append(f"| {variant} | {f(r['tau_share'])} | {f(r['router_tokens_per_second'], 1)} | "
@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-profile", required=True, help="latency profile JSON (whiflash-eval profile)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help="comma-separated LABEL[+FEATURE...], e.g. tau,speed,speed+entropy+prev_tau")
-    parser.add_argument("--out", default="runs/train/variants", help="folder for the fits' run folders and variants.json")
+    parser.add_argument("--out", default="runs/train/variants",
+                        help="folder for the fits' run folders and variants.json")
     parser.epilog = "Flags after -- go to every whiflash-train fit."
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)

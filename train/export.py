@@ -124,7 +124,8 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
         "## Usage", "", "```python", "from whiflash.router import load_router",
         f"router = load_router(\"<this repo or folder>\", pair=\"{router.pair}\""
         + (f", tree_budget={router.tree_budget})" if router.pair.uses_tree and router.tree_budget else ")"),
-        "gain = router(hidden_states" + (", context)  # [N, H], [N, C] -> [N]" if router.context else ")  # [N, H] -> [N]")
+        "gain = router(hidden_states"
+        + (", context)  # [N, H], [N, C] -> [N]" if router.context else ")  # [N, H] -> [N]")
         + "; draft with slot 0 where gain > threshold", "```", "",
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
