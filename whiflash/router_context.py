@@ -20,13 +20,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CONTEXT_FEATURES", "NO_SLOT", "check_context", "context_from_rows", "context_now"]
+__all__ = ["CONTEXT_FEATURES", "NO_SLOT", "check_context", "context_from_rows", "context_now", "entropy"]
 
 CONTEXT_FEATURES = ("entropy", "prev_slot", "prev_tau")
 """The context features a router may be trained on, by name."""
 
 NO_SLOT = 0.5
 """``prev_slot`` before the first round of a sequence: neither slot."""
+
+
+def entropy(logits: Tensor) -> Tensor:
+    """Next-token entropy in nats, computed in float32 (the entropy router's input and a context feature)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
 
 
 def check_context(names: Sequence[str] | None, what: str = "context") -> tuple[str, ...]:
@@ -69,8 +75,6 @@ def context_now(names: Sequence[str], logits: Tensor, prev_slot: float, prev_tau
 
     ``prev_tau`` is the verified round's tau as the loop holds it (a 0-dim device tensor), or a number;
     the host values become fill kernels, never a copy from pageable memory that would wait for the GPU."""
-    from whiflash.routers import entropy
-
     parts = []
     for name in names:
         if name == "entropy":

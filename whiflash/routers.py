@@ -17,13 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from whiflash.router_context import NO_SLOT, context_now
-
-
-def entropy(logits: Tensor) -> Tensor:
-    """Next-token entropy in nats, computed in float32."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+from whiflash.router_context import NO_SLOT, context_now, entropy
 
 
 class EntropyRouter:
