@@ -44,7 +44,7 @@ def check_context(names: Sequence[str] | None, what: str = "context") -> tuple[s
     return names
 
 
-def context_from_rows(names: Sequence[str], prompt: np.ndarray, rnd: np.ndarray, entropy: np.ndarray,
+def context_from_rows(names: Sequence[str], prompt: np.ndarray, rnd: np.ndarray, ent: np.ndarray,
                       tau_0: np.ndarray, tau_1: np.ndarray, active: np.ndarray) -> np.ndarray:
     """``[rows, len(names)]`` float32 context of every row of a router dataset, in the rows' own order.
 
@@ -62,7 +62,7 @@ def context_from_rows(names: Sequence[str], prompt: np.ndarray, rnd: np.ndarray,
     slot = active[p].astype(np.int64)
     for j, name in enumerate(names):
         if name == "entropy":
-            out[:, j] = entropy
+            out[:, j] = ent
         elif name == "prev_slot":
             out[:, j] = np.where(has, slot, NO_SLOT)
         else:  # prev_tau

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from whiflash.router import NeuralRouter
 from whiflash.router_context import NO_SLOT, context_now, entropy
 
 
@@ -40,14 +41,13 @@ class NeuralPolicy:
     A `NeuralRouter` is scored through its weights with the input standardisation folded into the first
     layer (`W / std`, `b - (W / std) @ mean`): three functional ops instead of seven kernels behind five
     module calls, because the decision sits on every round's critical path and on a small target its host
-    time is a few percent of a round. Any other module is called as it is."""
+    time is a few percent of a round. The folded weights are taken when the policy first scores on a device:
+    a router whose weights change after that needs a new policy. Any other module is called as it is."""
 
     def __init__(self, router: nn.Module, threshold: float | None = None) -> None:
         self.router = router
         self.threshold = float(threshold if threshold is not None else getattr(router, "threshold", 0.0))
         self.context: tuple[str, ...] = tuple(getattr(router, "context", ()))
-        from whiflash.router import NeuralRouter
-
         self._foldable = isinstance(router, NeuralRouter)
         self._folded: tuple[Tensor, Tensor, Any, Tensor, Tensor] | None = None
         self.reset()
