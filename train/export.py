@@ -19,7 +19,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from whiflash.hub import is_hub_id, public_name
 from whiflash.io import atomic_write_json
 from whiflash.router import NeuralRouter, export_single_file, load_router, suggested_repo_name
-from whiflash.router_context import CONTEXT_FEATURES
+from whiflash.router_context import context_columns
 
 from .data import RouterDataModule
 from .metrics import routing_summary
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 @torch.no_grad()
 def score_split(router: NeuralRouter, dm: RouterDataModule, split: str = "val") -> dict[str, np.ndarray]:
     """Predicted gains plus the logged gain/taus/category of every row of ``split``."""
-    cols = [CONTEXT_FEATURES.index(c) for c in router.context]
+    cols = context_columns(router.context)
     router.eval()
     logged = ("gain", "tau_0", "tau_1", "category", "prompt", "round", "position")
     out: dict[str, list[np.ndarray]] = {k: [] for k in ("pred", *logged)}
@@ -175,7 +175,7 @@ def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt
     # Both exports must load strictly and agree with the in-memory router bit for bit.
     rows = dm.split_indices["val"][:256]
     probe = torch.from_numpy(dm.data.hidden(rows))
-    context = torch.from_numpy(dm.data.scalars["context"][rows][:, [CONTEXT_FEATURES.index(c) for c in final.context]])
+    context = torch.from_numpy(dm.data.scalars["context"][rows][:, context_columns(final.context)])
     with torch.no_grad():
         ref = final(probe, context)
         for path in (folder, single):

@@ -16,7 +16,7 @@ from whiflash.errors import UsageError
 from whiflash.flags import check_int, check_number
 from whiflash.pairs import Pair
 from whiflash.router import NeuralRouter
-from whiflash.router_context import CONTEXT_FEATURES, check_context
+from whiflash.router_context import check_context, context_columns
 
 from .metrics import DEFAULT_THRESHOLDS, BinnedAUROC, RoutingTau
 
@@ -83,7 +83,7 @@ class RouterTask(L.LightningModule):
         self.router = NeuralRouter(hidden_size=hidden_size, mlp_dim=mlp_dim, dropout=dropout, drafters=pair,
                                    tree_budget=tree_budget, target=target, tap_layers=tap_layers, context=context)
         #: the columns of a batch's ``context`` (all of CONTEXT_FEATURES) this router reads
-        self.context_columns = [CONTEXT_FEATURES.index(c) for c in context]
+        self.context_columns = context_columns(context)
         self.thresholds = list(thresholds) if thresholds else list(DEFAULT_THRESHOLDS)
         with warnings.catch_warnings():  # Spearman keeps preds+targets: 8 bytes a row, fine for router splits
             warnings.filterwarnings("ignore", message=".*will save all targets and predictions.*")

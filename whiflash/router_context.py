@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CONTEXT_FEATURES", "NO_SLOT", "check_context", "context_from_rows", "context_now", "entropy"]
+__all__ = ["CONTEXT_FEATURES", "NO_SLOT", "check_context", "context_columns", "context_from_rows", "context_now",
+           "entropy"]
 
 CONTEXT_FEATURES = ("entropy", "prev_slot", "prev_tau")
 """The context features a router may be trained on, by name."""
@@ -42,6 +43,11 @@ def check_context(names: Sequence[str] | None, what: str = "context") -> tuple[s
     if unknown or len(set(names)) != len(names):
         raise ValueError(f"{what}: expected distinct names among {', '.join(CONTEXT_FEATURES)}, got {list(names)}")
     return names
+
+
+def context_columns(names: Sequence[str]) -> list[int]:
+    """The columns of ``names`` in a ``context_from_rows(CONTEXT_FEATURES, ...)`` array (what a data module holds)."""
+    return [CONTEXT_FEATURES.index(n) for n in names]
 
 
 def context_from_rows(names: Sequence[str], prompt: np.ndarray, rnd: np.ndarray, ent: np.ndarray,
@@ -78,7 +84,7 @@ def context_now(names: Sequence[str], logits: Tensor, prev_slot: float, prev_tau
     parts = []
     for name in names:
         if name == "entropy":
-            parts.append(entropy(logits).float().reshape(()))
+            parts.append(entropy(logits).reshape(()))
         elif name == "prev_slot":
             parts.append(logits.new_full((), float(prev_slot), dtype=torch.float32))
         elif isinstance(prev_tau, Tensor):

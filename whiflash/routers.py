@@ -97,7 +97,7 @@ class FixedRouter:
         self.slot = slot
 
     def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
-        return _slot_tensor(hidden, self.slot)
+        return slot_tensor(hidden, self.slot)
 
 
 class ScriptedRouter:
@@ -111,10 +111,11 @@ class ScriptedRouter:
         self._it = itertools.cycle(self.slots)
 
     def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
-        return _slot_tensor(hidden, next(self._it))
+        return slot_tensor(hidden, next(self._it))
 
 
-def _slot_tensor(like: Tensor, slot: int) -> Tensor:
+def slot_tensor(like: Tensor, slot: int) -> Tensor:
+    """`slot` as a 0-dim long tensor on `like`'s device, as every routing decision is returned."""
     # a fill kernel on the device: torch.tensor(slot, device=...) copies from pageable host memory,
     # which waits for the GPU to finish and would add a second host synchronisation per round
     return like.new_full((), slot, dtype=torch.long)

@@ -26,7 +26,7 @@ from whiflash.drafters.dflash import DFlashDrafter
 from whiflash.drafters.eagle3 import Eagle3Drafter
 from whiflash.pairs import PAIRS, Pair
 from whiflash.router import check_compatible
-from whiflash.routers import NeuralPolicy, ScriptedRouter
+from whiflash.routers import NeuralPolicy, ScriptedRouter, slot_tensor
 
 
 class DrafterPair(Drafter):
@@ -154,7 +154,7 @@ class RoutedDrafter(DrafterPair):
     def route(self, hidden: Tensor, logits: Tensor, tau: Tensor | None = None) -> Tensor:
         if (self.stick_tau is not None and tau is not None and self._slot == 0 and self._last is not None
                 and self._last[0] == 0 and self._last[1] >= self.stick_tau):
-            return hidden.new_full((), 0, dtype=torch.long)  # a fill kernel: no read, no policy launches
+            return slot_tensor(hidden, 0)  # no read, no policy launches
         if tau is not None and isinstance(self.router, NeuralPolicy):  # its context: the round just verified
             self.router.after_round(self._slot, tau)
         return self.router(hidden, logits).reshape(())
@@ -225,7 +225,7 @@ class OracleDrafter(DrafterPair):
         if self.follow is not None:
             if self.follow not in (0, 1):
                 raise ValueError(f"follow: expected slot 0 or 1 (or None), got {self.follow!r}")
-            return taus.new_full((), self.follow, dtype=torch.long)  # a fill kernel: no host read
+            return slot_tensor(taus, self.follow)
         if self.round_times is None:
             return super().advance(taus)
         t0, t1 = self.round_times
