@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 import whiflash
+from whiflash.decoding.verify import row
 from whiflash.drafters import Commit, DFlashDrafter, Drafter, Eagle3Drafter
 from whiflash.drafters.trees import ancestor_mask
 from whiflash.engine import describe, engine_options, resolve_engine
@@ -120,7 +122,7 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
             key = f"ddtree-b{b}"
             prof.draft[key] = timed(lambda b=b: dflash.draft(pending, context, b))
             prof.round[key] = prof.draft[key] + prof.tree_verify[w]
-        prof.router.update(_router_ms(target, neural, timed))
+        prof.router.update(_router_ms(target, neural, timed, ids[: max(widths.values(), default=1)], context, taps))
         sync(device)
         prof.floor = floor_ms(target, context, bandwidth)
     finally:
@@ -142,14 +144,25 @@ def _catch_up(drafter: Drafter, backlog: Commit) -> None:
     drafter.catch_up()
 
 
-def _router_ms(target: Any, neural: NeuralRouter | None, timed: Any) -> dict[str, float]:
-    """One decision of the entropy router and of a neural router (random weights cost the same)."""
+def _router_ms(target: Any, neural: NeuralRouter | None, timed: Any, ids: Tensor, context: int,
+               taps: tuple[int, ...]) -> dict[str, float]:
+    """One decision of the entropy router and of a neural router (random weights cost the same), as the
+    routed loop pays it: a policy that decides inside the verify pass costs what it adds to a verify of `ids`
+    (and picking the path's last row; never below 0); one that reads the previous round, its own call."""
     cfg, device = target.config, target.device
+    neural = neural if neural is not None else NeuralRouter(cfg.hidden_size).to(device).eval()
+    plain = timed(lambda: target(ids, context, None, None, taps, logits="all"))
+    last = torch.zeros((), dtype=torch.long, device=device)
     hidden = torch.randn(cfg.hidden_size, device=device, dtype=target.dtype)
     logits = torch.randn(cfg.vocab_size, device=device)
-    neural = neural if neural is not None else NeuralRouter(cfg.hidden_size).to(device).eval()
-    return {"entropy": timed(lambda: EntropyRouter()(hidden, logits)),
-            "neural": timed(lambda: NeuralPolicy(neural)(hidden, logits))}
+    out = {}
+    for name, policy in (("entropy", EntropyRouter()), ("neural", NeuralPolicy(neural))):
+        if policy.rows_key is None:
+            out[name] = timed(lambda p=policy: p(hidden, logits))
+            continue
+        routed = timed(lambda p=policy: row(target(ids, context, None, None, taps, logits="all", route=p).routes, last))
+        out[name] = max(0.0, routed - plain)
+    return out
 
 
 def floor_ms(target: Any, context: int, bandwidth: float | None = None) -> float:

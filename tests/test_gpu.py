@@ -133,6 +133,32 @@ def test_cuda_matches_transformers(worlds):
     torch.testing.assert_close(ours(ids, 0).logits, expected, atol=1e-4, rtol=1e-4)
 
 
+def test_a_captured_verify_pass_routes_as_the_eager_one(worlds):
+    """A policy deciding inside the verify pass: with CUDA graphs the same slots as eager (fp32), AR's output,
+    and a threshold changed after capture is the one a replay decides with (the pass is keyed by it)."""
+    from whiflash.router import NeuralRouter
+
+    target, drafters = worlds["qwen3-random"].load(device="cuda")
+    torch.manual_seed(0)
+    router = NeuralRouter(target.config.hidden_size, mlp_dim=16).cuda()
+    target.setup_cache(64)
+    scores = whiflash.NeuralPolicy(router).score(target(torch.tensor(PROMPTS[2] * 3, device="cuda"), 0).hidden).sort().values
+    policy = whiflash.NeuralPolicy(router)
+    engine = target.engine.with_(cuda_graphs=False)
+    for threshold in (float(scores[len(scores) // 2]), float(scores[len(scores) // 4])):
+        policy.threshold = threshold
+        routed = whiflash.RoutedDrafter("df-e3", policy, eagle3=drafters["eagle3"], dflash=drafters["dflash"])
+        for prompt in PROMPTS:
+            ref, _ = whiflash.generate(target, None, prompt, 40)
+            runs = []
+            for graphs in (False, True):
+                target.set_engine(engine.with_(cuda_graphs=graphs))
+                runs.append(whiflash.generate(target, routed, prompt, 40))
+            target.set_engine(engine)
+            (a, sa), (b, sb) = runs
+            assert a == b == ref and sa.slots == sb.slots, (threshold, prompt)
+
+
 def test_datagen_with_cuda_graphs_records_the_eager_rows(worlds, tmp_path):
     import json
 

@@ -328,3 +328,71 @@ def test_the_policy_scores_a_router_as_its_forward_does():
             torch.testing.assert_close(policy.score(h, c), router(h, c), rtol=1e-5, atol=1e-5)
     plain = torch.nn.Linear(12, 1)
     torch.testing.assert_close(NeuralPolicy(plain).score(torch.ones(2, 12)), plain(torch.ones(2, 12)))
+
+
+def _between(values: torch.Tensor) -> float:
+    """A threshold halfway between the two middle values: no row sits on it, so rounding flips no decision."""
+    v = values.sort().values
+    return float(v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def test_a_row_policy_decides_every_verify_row_as_it_decides_one(world):
+    """Policies that decide from the position alone (entropy, a neural router without context or with the
+    entropy only, a fixed slot) decide inside the target's verify pass, eager and fixed-shape alike, exactly
+    as they decide for each row on its own; a router that reads the previous round cannot."""
+    target, eagle, ddtree = world
+    h = target.config.hidden_size
+    torch.manual_seed(1)
+    plain, with_entropy = NeuralRouter(h, mlp_dim=16), NeuralRouter(h, mlp_dim=16, context=["entropy"])
+    ids = torch.tensor(PROMPTS[1])
+    target.setup_cache(64)
+    out = target(ids, 0, logits="all")
+    ent = entropy(out.logits)
+    policies = [EntropyRouter(_between(ent)), FixedRouter(1),
+                NeuralPolicy(plain, _between(NeuralPolicy(plain).score(out.hidden))),
+                NeuralPolicy(with_entropy, _between(NeuralPolicy(with_entropy).score(out.hidden, ent[:, None])))]
+    for policy in policies:
+        one_by_one = [int(policy(out.hidden[i], out.logits[i])) for i in range(len(ids))]
+        assert policy.rows_key is not None
+        if not isinstance(policy, FixedRouter):
+            assert set(one_by_one) == {0, 1}, policy
+        for static in (False, True):
+            target.static = static
+            try:
+                routed = target(ids, 0, logits="all", route=policy).routes
+            finally:
+                target.static = False
+            assert routed.tolist() == one_by_one, (policy, static)
+    with pytest.raises(ValueError, match="route= decides for every row and needs logits='all'"):
+        target(ids, 0, logits="last", route=policies[0])
+    reads_back = NeuralPolicy(NeuralRouter(h, context=["entropy", "prev_tau"]))
+    assert reads_back.rows_key is None
+    assert RoutedDrafter("df-e3", reads_back, eagle3=eagle, dflash=ddtree).row_policy is None
+    assert RoutedDrafter("df-e3", policies[2], eagle3=eagle, dflash=ddtree).row_policy is policies[2]
+
+
+def test_routing_inside_the_verify_pass_chooses_what_the_policy_chooses_after_it(world):
+    """A routed drafter whose policy decides inside the verify pass takes, every round, the decision at the
+    accepted path's last row: the same slots as the same policy asked after the pass, the same output."""
+    target, eagle, ddtree = world
+    torch.manual_seed(2)
+    router = NeuralRouter(target.config.hidden_size, mlp_dim=16)
+    target.setup_cache(64)
+    out = target(torch.tensor(PROMPTS[0] + PROMPTS[1]), 0, logits="all")
+    policy = NeuralPolicy(router, _between(NeuralPolicy(router).score(out.hidden)))
+
+    class AfterThePass:  # the same decisions, without `rows`: the loop asks it after the pass
+        def __call__(self, hidden, logits):
+            return policy(hidden, logits)
+
+    for pair in ("df-e3", "ddt-e3"):
+        router.drafters = pair
+        for prompt in PROMPTS:
+            ref, _ = whiflash.generate(target, None, prompt, 40)
+            inside = RoutedDrafter(pair, policy, eagle3=eagle, dflash=ddtree)
+            after = RoutedDrafter(pair, AfterThePass(), eagle3=eagle, dflash=ddtree)
+            assert inside.row_policy is policy and after.row_policy is None
+            a, sa = whiflash.generate(target, inside, prompt, 40)
+            b, sb = whiflash.generate(target, after, prompt, 40)
+            assert a == b == ref and sa.slots == sb.slots, (pair, prompt)
+            assert set(sa.slots) == {0, 1}, (pair, prompt, sa.slots)

@@ -6,6 +6,12 @@ device so the decision travels to the host with the round's one existing read (s
 `whiflash.decoding.loop`). The per-round oracle is not a policy but a drafter of its own
 (`whiflash.decoding.routed.OracleDrafter`): it needs both slots' drafts, not a prediction. Slot 0 is the diffusion/parallel drafter of the pair (DFlash or
 DDTree), slot 1 the other one (EAGLE-3, or DDTree in `df-ddt`).
+
+A policy whose decision depends on the position's hidden state and logits alone may also decide for
+every row of a verify pass at once (`rows`, `rows_key`): the target then computes the decisions inside its
+verify pass, a CUDA graph, and the loop only picks the row where the accepted path ends. On a small
+target the handful of kernels a decision launches after the pass cost a few percent of a round, which
+is all the headroom routing has where one drafter accepts long blocks.
 """
 from __future__ import annotations
 
@@ -28,8 +34,17 @@ class EntropyRouter:
         self.threshold, self.low = threshold, low_entropy_slot
 
     def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
+        return self.rows(hidden, logits)
+
+    def rows(self, hidden: Tensor, logits: Tensor) -> Tensor:
+        """The slot for every row of `logits` `[..., V]` (a verify pass's rows, or one position)."""
         low = entropy(logits) < self.threshold
         return torch.where(low, self.low, 1 - self.low).long()
+
+    @property
+    def rows_key(self) -> tuple[Any, ...]:
+        """What a captured verify pass that decides with `rows` depends on (the pass is keyed by it)."""
+        return (self, self.threshold, self.low)
 
 
 class NeuralPolicy:
@@ -87,6 +102,21 @@ class NeuralPolicy:
         gain = self.score(hidden.reshape(1, -1), ctx)[0]
         return (gain <= self.threshold).long()  # 0 when gain > threshold
 
+    @torch.no_grad()
+    def rows(self, hidden: Tensor, logits: Tensor) -> Tensor:
+        """`[T]` the slot for every row of `hidden` `[T, H]` and `logits` `[T, V]` (a router whose context
+        is the entropy at most: the previous round's slot and tau are not known inside the verify pass)."""
+        ctx = entropy(logits).reshape(-1, 1) if self.context else None
+        return (self.score(hidden, ctx) <= self.threshold).long()
+
+    @property
+    def rows_key(self) -> tuple[Any, ...] | None:
+        """What a captured verify pass deciding with `rows` depends on; None when the router reads the
+        previous round (its decision needs the round's tau, known only after the pass)."""
+        if any(name != "entropy" for name in self.context):
+            return None
+        return (self, self.threshold)
+
 
 class FixedRouter:
     """Always the same slot (a standalone drafter run through the routed loop)."""
@@ -98,6 +128,13 @@ class FixedRouter:
 
     def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
         return slot_tensor(hidden, self.slot)
+
+    def rows(self, hidden: Tensor, logits: Tensor) -> Tensor:
+        return hidden.new_full(hidden.shape[:-1], self.slot, dtype=torch.long)
+
+    @property
+    def rows_key(self) -> tuple[Any, ...]:
+        return (self, self.slot)
 
 
 class ScriptedRouter:

@@ -9,7 +9,8 @@ proposal, so all methods share one code path and one definition of tau.
 
 The loop talks to drafters only through the `Drafter` hooks: `propose`, `observe`, `route` (the
 routing decision: the next round's slot, asked at the end of each round and after prefill from
-the target's state at the last committed position; None for a single drafter), `advance` (the
+the target's state at the last committed position; None for a single drafter; a drafter whose
+`row_policy` the verify pass runs for every row gets the path's last row of those decisions), `advance` (the
 branch a union proposal's round accepts) and `catchup_seconds`. Everything the host needs from a
 round travels in one read, unpacked into a `RoundRead`.
 """
@@ -115,14 +116,16 @@ class RoundRead(NamedTuple):
                          (taus[0], taus[1]) if taus else None, advanced[0] if advanced else None)
 
 
-def _verify(target: Target, pending: Tensor, proposal: Proposal, n: int,
+def _verify(target: Target, drafter: Drafter | None, pending: Tensor, proposal: Proposal, n: int,
             taps: tuple[int, ...]) -> tuple[Tensor, TargetOutput]:
-    """`[pending, proposal]` and the target's one pass over it (depth positions and ancestor mask for trees)."""
+    """`[pending, proposal]` and the target's one pass over it (depth positions and ancestor mask for trees;
+    the drafter's `row_policy` decides inside the pass)."""
     verify_ids = torch.cat([pending, proposal.tokens])
     positions = None
     if proposal.depths is not None:
         positions = n + torch.cat([proposal.depths.new_zeros(1), proposal.depths])
-    return verify_ids, target(verify_ids, n, positions, proposal.tree_mask, taps, logits="all")
+    route = drafter.row_policy if drafter is not None else None
+    return verify_ids, target(verify_ids, n, positions, proposal.tree_mask, taps, logits="all", route=route)
 
 
 def _accept(target: Target, drafter: Drafter | None, proposal: Proposal, verify_ids: Tensor, out: TargetOutput,
@@ -133,7 +136,11 @@ def _accept(target: Target, drafter: Drafter | None, proposal: Proposal, verify_
         slot_taus = branch_taus(proposal, picked)
         advanced = drafter.advance(slot_taus)
     count, best, keep = accept(proposal, picked, branch=advanced, check=target.engine.check_trees)
-    decision = drafter.route(row(out.hidden, best), row(out.logits, best), count) if drafter is not None else None
+    decision = None
+    if drafter is not None and out.routes is not None:  # decided inside the pass: pick the path's last row
+        decision = drafter.route(None, None, count, row(out.routes, best))
+    elif drafter is not None:
+        decision = drafter.route(row(out.hidden, best), row(out.logits, best), count)
     return Verdict(count, keep, verify_ids[keep], row(picked, best).reshape(1), best, decision, slot_taus, advanced)
 
 
@@ -191,7 +198,7 @@ def generate(
         backlog = drafter.backlog_rows(slot or 0) if drafter is not None else 0
         proposal = drafter.propose(pending, n, slot or 0) if drafter is not None else Proposal(tokens=ids[:0])
         # 2. verify [pending, proposal] in one target pass
-        verify_ids, out = _verify(target, pending, proposal, n, taps)
+        verify_ids, out = _verify(target, drafter, pending, proposal, n, taps)
         # 3. accept: the target's token at every node, the walk, the next round's decision; one host read
         picked = target_tokens(out.logits, temperature, generator)
         verdict = _accept(target, drafter, proposal, verify_ids, out, picked)

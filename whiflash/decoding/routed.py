@@ -151,10 +151,17 @@ class RoutedDrafter(DrafterPair):
     def backlog_rows(self, slot: int = 0) -> int:
         return self.slots[slot][0].backlog_len
 
-    def route(self, hidden: Tensor, logits: Tensor, tau: Tensor | None = None) -> Tensor:
+    @property
+    def row_policy(self) -> Any:
+        return self.router if getattr(self.router, "rows_key", None) is not None else None
+
+    def route(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None = None,
+              decided: Tensor | None = None) -> Tensor:
         if (self.stick_tau is not None and tau is not None and self._slot == 0 and self._last is not None
                 and self._last[0] == 0 and self._last[1] >= self.stick_tau):
-            return slot_tensor(hidden, 0)  # no read, no policy launches
+            return slot_tensor(decided if decided is not None else hidden, 0)  # no read, no policy launches
+        if decided is not None:
+            return decided.reshape(())
         if tau is not None and isinstance(self.router, NeuralPolicy):  # its context: the round just verified
             self.router.after_round(self._slot, tau)
         return self.router(hidden, logits).reshape(())

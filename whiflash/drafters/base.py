@@ -184,11 +184,19 @@ class Drafter(nn.Module, FixedShapePasses):
     catchup_seconds: float = 0.0
     """Seconds spent consuming backlogs since `reset` (routed drafters that time their catch-up; else 0)."""
 
-    def route(self, hidden: Tensor, logits: Tensor, tau: Tensor | None = None) -> Tensor | None:
+    def route(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None = None,
+              decided: Tensor | None = None) -> Tensor | None:
         """The routing decision: the next round's slot (0-dim long, on the device) from the target's final
         hidden state `[H]` and logits `[V]` at the last committed position, or None for a drafter without a
         routing policy (it always drafts with slot 0). `tau`: the round just verified (0-dim, on the device);
-        None after the prefill."""
+        None after the prefill. `decided`: the slot `row_policy` already chose inside the verify pass (then
+        `hidden` and `logits` are None)."""
+        return None
+
+    @property
+    def row_policy(self) -> Any:
+        """A policy the target's verify pass runs for every row (`Target.forward(route=)`), or None: routed
+        drafters whose policy decides from the position alone, so the decision is captured with the pass."""
         return None
 
     def advance(self, taus: Tensor) -> Tensor:

@@ -17,9 +17,10 @@ load strictly, key for key; inside, Q/K/V and gate/up are stacked into one Linea
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -42,6 +43,17 @@ TAP_CONVENTION = "hf-hidden_states[i+1], last layer post-norm"
 another meaning are retrained."""
 
 
+class RowPolicy(Protocol):
+    """A routing policy that decides for many rows at once (`whiflash.routers`): what a verify pass can capture."""
+
+    rows_key: Hashable
+    """Everything its decisions depend on besides the rows (the policy itself, its threshold)."""
+
+    def rows(self, hidden: Tensor, logits: Tensor) -> Tensor:
+        """`[T]` long slot for every row of `hidden` `[T, H]` and `logits` `[T, V]`."""
+        ...
+
+
 @dataclass
 class TargetOutput:
     """What one target pass returns, one row per input token."""
@@ -52,6 +64,8 @@ class TargetOutput:
     """`[T, H]` final post-norm hidden state (the LM head's input; the router's feature)."""
     feats: Tensor | None
     """`[T, len(taps), H]` each tap layer's output (`hidden_states[i + 1]`), in the order asked for."""
+    routes: Tensor | None = None
+    """`[T]` a routing policy's slot for every row (`forward(..., route=)`), or None."""
 
 
 class Backbone(nn.Module):
@@ -122,12 +136,15 @@ class Target(nn.Module, FixedShapePasses):
         tree_mask: Tensor | None = None,
         taps: tuple[int, ...] = (),
         logits: str = "all",
+        route: RowPolicy | None = None,
     ) -> TargetOutput:
         """Run `ids [T]` whose K/V go to slots `[start, start+T)`.
 
         `positions` default to the slots themselves (chains); trees pass depth positions and a
         `[T, T]` boolean `tree_mask` (True where a node may see another: its ancestors and itself).
-        `logits` is "all", "last" or "none".
+        `logits` is "all", "last" or "none". `route` (with `logits="all"`): a routing policy whose
+        `rows(hidden, logits)` decides for every row inside the pass (`TargetOutput.routes`), so a
+        fixed-shape pass captures the decision with the layers.
         """
         t = ids.shape[0]
         end = start + t
@@ -136,10 +153,13 @@ class Target(nn.Module, FixedShapePasses):
         bad = [layer for layer in taps if not 0 <= layer < len(self.model.layers)]
         if bad:
             raise ValueError(f"tap layers {bad} are outside the target's {len(self.model.layers)} layers")
+        if route is not None and logits != "all":
+            raise ValueError(f"route= decides for every row and needs logits='all', got logits={logits!r}")
         if not self.fixed_shapes or logits == "last":  # prefill: eager, exact shapes
             if positions is None:
                 positions = torch.arange(start, end, device=ids.device)
-            return self._run(ids, positions, Rows(start), self._mask(t, start, tree_mask, ids.device), taps, logits)
+            return self._run(ids, positions, Rows(start), self._mask(t, start, tree_mask, ids.device), taps, logits,
+                             route)
         # fixed shapes: slots, positions and mask are made inside the pass from the first slot (a device
         # slice), so a round's host work is the graphs' input copies and their replays
         first = self._cols[start : start + 1]
@@ -148,7 +168,7 @@ class Target(nn.Module, FixedShapePasses):
                 slots = first + self._cols[:t]
                 return slots, slots, self._cols[None, :] <= slots[:, None]  # the committed prefix, a causal block
 
-            return self._fixed((t, taps, logits, "chain"), chain, taps, logits, ids, first)
+            return self._fixed((t, taps, logits, "chain"), chain, taps, logits, route, ids, first)
 
         def tree(first: Tensor, positions: Tensor, tree_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             slots = first + self._cols[:t]
@@ -161,15 +181,15 @@ class Target(nn.Module, FixedShapePasses):
             tree_mask = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril_()
         if positions is None:
             positions = torch.arange(start, end, device=ids.device)
-        return self._fixed((t, taps, logits, "tree"), tree, taps, logits, ids, first, positions, tree_mask)
+        return self._fixed((t, taps, logits, "tree"), tree, taps, logits, route, ids, first, positions, tree_mask)
 
     def _fixed(self, key: tuple, where: Callable[..., tuple[Tensor, Tensor, Tensor]], taps: tuple[int, ...],
-               logits: str, ids: Tensor, *inputs: Tensor) -> TargetOutput:
+               logits: str, route: RowPolicy | None, ids: Tensor, *inputs: Tensor) -> TargetOutput:
         """A fixed-shape pass as two graphs, its first `HEAD_LAYERS` layers and the rest: CUDA starts a
         graph's first kernel only once the whole graph is launched (~0.6 us of host time a kernel, 0.26 ms
         for a compiled Qwen3-8B step), so the GPU runs the short head while the host launches the tail.
         `where(*inputs)` gives the rows' positions, slots and mask; the tail reads the head's outputs in
-        place (no input copies)."""
+        place (no input copies); a `route` policy decides inside the tail, which is keyed by it."""
         n = len(self.model.layers)
         split = min(HEAD_LAYERS, n - 1)
         head_taps = [i for i in taps if i < split]
@@ -183,17 +203,18 @@ class Target(nn.Module, FixedShapePasses):
 
         def tail(x: Tensor, angles: Tensor, slots: Tensor, mask: Tensor, *head_feats: Tensor) -> TargetOutput:
             x, captured = self._layers(x, angles, Rows(slots=slots), mask, split, n, taps)
-            return self._output(x, {**dict(zip(head_taps, head_feats)), **captured}, taps, logits)
+            return self._output(x, {**dict(zip(head_taps, head_feats)), **captured}, taps, logits, route)
 
         parts = self.run_fixed(key + ("head",), head, ids, *inputs)
-        return self.run_fixed(key + ("tail",), tail, *parts, alias_inputs=True)
+        tail_key = key + ("tail", route.rows_key if route is not None else None)
+        return self.run_fixed(tail_key, tail, *parts, alias_inputs=True)
 
     def _run(self, ids: Tensor, positions: Tensor, rows: Rows, mask: Tensor | None,
-             taps: tuple[int, ...], logits: str) -> TargetOutput:
+             taps: tuple[int, ...], logits: str, route: RowPolicy | None = None) -> TargetOutput:
         x = self.embed(ids)
         angles = self.rope.angles(positions, x.dtype)
         x, captured = self._layers(x, angles, rows, mask, 0, len(self.model.layers), taps)
-        return self._output(x, captured, taps, logits)
+        return self._output(x, captured, taps, logits, route)
 
     def _layers(self, x: Tensor, angles: Tensor, rows: Rows, mask: Tensor | None, lo: int, hi: int,
                 taps: tuple[int, ...]) -> tuple[Tensor, dict[int, Tensor]]:
@@ -205,8 +226,10 @@ class Target(nn.Module, FixedShapePasses):
                 captured[i] = x
         return x, captured
 
-    def _output(self, x: Tensor, captured: dict[int, Tensor], taps: tuple[int, ...], logits: str) -> TargetOutput:
-        """Final norm, the stacked taps and the logits asked for, from the last layer's output `x`."""
+    def _output(self, x: Tensor, captured: dict[int, Tensor], taps: tuple[int, ...], logits: str,
+                route: RowPolicy | None = None) -> TargetOutput:
+        """Final norm, the stacked taps, the logits asked for and `route`'s decisions, from the last layer's
+        output `x`."""
         hidden = self.model.norm(x)
         if len(self.model.layers) - 1 in taps:  # transformers' last hidden state is post-norm
             captured[len(self.model.layers) - 1] = hidden
@@ -216,7 +239,8 @@ class Target(nn.Module, FixedShapePasses):
             out_logits = self.lm_head(hidden).float()
         elif logits == "last":
             out_logits = self.lm_head(hidden[-1:]).float()
-        return TargetOutput(out_logits, hidden, stacked)
+        routes = route.rows(hidden, out_logits) if route is not None else None
+        return TargetOutput(out_logits, hidden, stacked, routes)
 
     @staticmethod
     def _mask(t: int, start: int, tree_mask: Tensor | None, device: torch.device) -> Tensor | None:
