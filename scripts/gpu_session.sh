@@ -24,7 +24,8 @@
 #           replaying the router data with the latency profile (whiflash-eval calibrate --replay) ->
 #           TESTBED_DIR/thresholds_PAIR.json and thresholds_neural_PAIR.json, which `eval` then passes
 #           (STICK_TAU=K: both replay and bench the routers with --whiflash-stick-tau K; CALIBRATE_DECODE=1: the
-#           neural thresholds by decoding EVAL_SAMPLES other test prompts, as `eval` will, not by replay);
+#           neural thresholds by decoding EVAL_SAMPLES other test prompts, as `eval` will, not by replay, at
+#           CALIBRATE_THRESHOLDS, default -100,-1,0,1,100; +-100: each drafter alone);
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
 #           `router` step has left a router for PAIR), bf16 + CUDA graphs (+ compiled layers, the default) on
 #           a GPU; METHODS overrides the method list, EVAL_SAMPLES / EVAL_TOKENS the prompts and new tokens,
@@ -195,7 +196,7 @@ PY
         gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
         timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --testbed "$TB" --dataset testbed:test \
           --max-samples "${EVAL_SAMPLES:-30}" --max-new-tokens "${EVAL_TOKENS:-96}" --whiflash-drafters "$PAIR" "${stick[@]}" \
-          --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" --thresholds=-100,-1,0,1,100 \
+          --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" --thresholds="${CALIBRATE_THRESHOLDS:--100,-1,0,1,100}" \
           "${gpu[@]}" --out "$LOG/eval" --output "$TB/thresholds_neural_$PAIR.json" 2>&1 | tee -a "$LOG/calibrate_$PAIR.log" | quiet | tail -12
       elif [ -d "$ROUTER" ]; then
         timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" "${stick[@]}" \
