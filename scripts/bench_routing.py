@@ -77,10 +77,11 @@ def methods(target: Any, eagle: Any, dflash: Any) -> dict[str, tuple[str, Any]]:
 
 
 def measure(shapes: str, device: str, dtype: torch.dtype, new_tokens: int, prompt_tokens: int,
-            repeats: int) -> list[dict[str, Any]]:
+            repeats: int, folder: str | None = None) -> list[dict[str, Any]]:
+    """Rows of the table for `shapes` (its configs in `folder` when given)."""
     from whiflash.eval.shapes import random_models
 
-    target, eagle, dflash = random_models(shapes, device, dtype)
+    target, eagle, dflash = random_models(folder or shapes, device, dtype)
     target.set_engine(target.engine.with_(cuda_graphs=device == "cuda", compiled_layers=False))
     prompt = torch.randint(0, target.config.vocab_size, (prompt_tokens,)).tolist()
     table = methods(target, eagle, dflash)
@@ -116,13 +117,13 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for shapes in args.shapes:
-            where = str(testbed_shapes(shapes, Path(tmp) / shapes)) if shapes in PRESETS else shapes
-            rows += measure(where, args.device, getattr(torch, args.dtype), args.new_tokens, args.prompt_tokens,
-                            args.repeats)
+            folder = str(testbed_shapes(shapes, Path(tmp) / shapes)) if shapes in PRESETS else None
+            rows += measure(shapes, args.device, getattr(torch, args.dtype), args.new_tokens, args.prompt_tokens,
+                            args.repeats, folder)
     print("| shapes | method | rounds | ms/round | vs standalone |")
     print("|---|---|---|---|---|")
     for row in rows:
-        print(f"| {Path(row['shapes']).name} | {row['method']} | {row['rounds']} | {row['ms_per_round']:.4f} | "
+        print(f"| {row['shapes']} | {row['method']} | {row['rounds']} | {row['ms_per_round']:.4f} | "
               f"{row['vs_standalone_ms']:+.4f} ms ({row['vs_standalone_pct']:+.2f}%) |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
