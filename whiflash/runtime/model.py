@@ -206,7 +206,7 @@ class Target(nn.Module, FixedShapePasses):
             return self._output(x, {**dict(zip(head_taps, head_feats)), **captured}, taps, logits, route)
 
         parts = self.run_fixed(key + ("head",), head, ids, *inputs)
-        tail_key = key + ("tail", route.rows_key if route is not None else None)
+        tail_key = key + (route.rows_key if route is not None else None, "tail")
         return self.run_fixed(tail_key, tail, *parts, alias_inputs=True)
 
     def _run(self, ids: Tensor, positions: Tensor, rows: Rows, mask: Tensor | None,
