@@ -145,7 +145,9 @@ def test_a_captured_verify_pass_routes_as_the_eager_one(worlds):
     scores = whiflash.NeuralPolicy(router).score(target(torch.tensor(PROMPTS[2] * 3, device="cuda"), 0).hidden).sort().values
     policy = whiflash.NeuralPolicy(router)
     engine = target.engine.with_(cuda_graphs=False)
+    slots = []  # per threshold: the eager slots of every prompt (they must differ, or the check proves nothing)
     for threshold in (float(scores[len(scores) // 2]), float(scores[len(scores) // 4])):
+        slots.append([])
         policy.threshold = threshold
         routed = whiflash.RoutedDrafter("df-e3", policy, eagle3=drafters["eagle3"], dflash=drafters["dflash"])
         for prompt in PROMPTS:
@@ -157,6 +159,8 @@ def test_a_captured_verify_pass_routes_as_the_eager_one(worlds):
             target.set_engine(engine)
             (a, sa), (b, sb) = runs
             assert a == b == ref and sa.slots == sb.slots, (threshold, prompt)
+            slots[-1].append(sa.slots)
+    assert slots[0] != slots[1], "both thresholds routed alike: pick thresholds further apart"
 
 
 def test_datagen_with_cuda_graphs_records_the_eager_rows(worlds, tmp_path):

@@ -369,6 +369,11 @@ def test_a_row_policy_decides_every_verify_row_as_it_decides_one(world):
     assert reads_back.rows_key is None
     assert RoutedDrafter("df-e3", reads_back, eagle3=eagle, dflash=ddtree).row_policy is None
     assert RoutedDrafter("df-e3", policies[2], eagle3=eagle, dflash=ddtree).row_policy is policies[2]
+    # a captured pass is keyed by rows_key: a policy whose threshold moves must key a new pass
+    for policy in (policies[0], policies[2]):
+        before = policy.rows_key
+        policy.threshold += 1.0
+        assert policy.rows_key != before, policy
 
 
 def test_routing_inside_the_verify_pass_chooses_what_the_policy_chooses_after_it(world):
