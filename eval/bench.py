@@ -247,7 +247,8 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
                               **({"ranks": per_rank} if ranks.world > 1 else {})})
     # each rank logs its own share as it goes (samples-rankR.jsonl); rank 0 merges them into samples.jsonl
     rows = run_samples(runner, mine, run, ranks.describe("bench samples"),
-                       "samples.jsonl" if ranks.world == 1 else f"samples-rank{ranks.rank}.jsonl")
+                       "samples.jsonl" if ranks.world == 1 else f"samples-rank{ranks.rank}.jsonl",
+                       rotations(samples))
     if ranks.world > 1:
         rows = merge_rows(distributed.gather(rows), samples)
         if not ranks.is_main:  # rank 0 writes the results; every rank returns once they are there
@@ -294,22 +295,36 @@ def merge_rows(shares: list[list[dict[str, Any]]], samples: list[Sample]) -> lis
     return sorted((row for rows in shares for row in rows), key=lambda row: order[row["sample"]])
 
 
+def rotations(samples: list[Sample]) -> dict[str, int]:
+    """How far each sample rotates the method order: its index among the samples of its category, so that
+    within every category each method runs at each position equally often (a rotation by the sample's
+    index alone repeats one order per category when categories interleave as often as there are methods)."""
+    seen: dict[str, int] = {}
+    out: dict[str, int] = {}
+    for s in samples:
+        out[s.id] = seen.get(s.category, 0)
+        seen[s.category] = out[s.id] + 1
+    return out
+
+
 def run_samples(runner: Runner, samples: list[Sample], run: Path, desc: str,
-                log_name: str = "samples.jsonl") -> list[dict[str, Any]]:
+                log_name: str = "samples.jsonl", rotation: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """Every turn of every sample through `run_turn`, rows appended to `run/<log_name>` (resumable);
-    returns all rows of that file, earlier ones included."""
+    returns all rows of that file, earlier ones included. `rotation` (default `rotations(samples)`; a sharded
+    bench passes the whole run's) turns each sample's method order."""
+    rotation = rotations(samples) if rotation is None else rotation
     rows_log = SampleLog(run / log_name)
     probe = MarginProbe(runner.paths["target"], device=runner.cfg.device)
-    for k, sample in enumerate(tqdm(samples, desc=desc)):
+    for sample in tqdm(samples, desc=desc):
         replies: list[str] = []
         for turn in range(sample.n_turns):
-            run_turn(runner, rows_log, probe, sample, turn, k, replies)
+            run_turn(runner, rows_log, probe, sample, turn, rotation[sample.id], replies)
     return rows_log.rows
 
 
 def run_turn(runner: Runner, rows_log: SampleLog, probe: MarginProbe, sample: Sample, turn: int, k: int,
               replies: list[str]) -> None:
-    """Every method on one turn of one sample (rotating order), the lossless check, and the rows."""
+    """Every method on one turn of one sample (its order turned by `k`), the lossless check, and the rows."""
     names = runner.names
     order = names[k % len(names):] + names[: k % len(names)]
     ar_row = rows_log.find(sample.id, turn, "ar")
