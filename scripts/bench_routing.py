@@ -15,6 +15,11 @@ the standalone drafter does and the difference is routing alone:
 
 Methods run side by side in one process, interleaved, CUDA graphs on a GPU; the table gives the median
 milliseconds per round over the repeats and each routed method's difference to its standalone drafter.
+
+`--launches` counts instead of timing (any device, a CPU included): per round, the operators each method
+dispatches outside fixed-shape passes (each one a kernel launch and its host cost on a GPU) and the
+fixed-shape passes it runs (each a graph replay under CUDA graphs, its input copies counted as operators).
+What a routed method launches beyond its standalone drafter is host time every round.
 """
 from __future__ import annotations
 
@@ -22,10 +27,12 @@ import argparse
 import json
 import statistics
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import whiflash
 from whiflash.router import NeuralRouter
@@ -101,6 +108,73 @@ def measure(shapes: str, device: str, dtype: torch.dtype, new_tokens: int, promp
     return rows
 
 
+class _Launches(TorchDispatchMode):
+    """Counts operators dispatched outside fixed-shape passes, by name, and the passes themselves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.passes = 0
+        self.inside = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not self.inside:
+            self.ops[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_launches(shapes: str, device: str, dtype: torch.dtype, new_tokens: int, prompt_tokens: int,
+                   folder: str | None = None) -> list[dict[str, Any]]:
+    """Per method: operators a round dispatches outside fixed-shape passes, passes a round, and the operators
+    a routed method dispatches beyond its standalone drafter (name: extra count over the run). Rounds only:
+    a two-token decode (the prefill and one round) is counted too and taken off."""
+    from whiflash.eval.shapes import random_models
+    from whiflash.runtime.graphs import FixedShapePasses
+
+    target, eagle, dflash = random_models(folder or shapes, device, dtype)
+    for model in (target, eagle, dflash):  # fixed-shape passes, as CUDA graphs run them, on any device
+        model.static = True
+    prompt = torch.randint(0, target.config.vocab_size, (prompt_tokens,)).tolist()
+    table = methods(target, eagle, dflash)
+    counter = _Launches()
+    run_fixed = FixedShapePasses.run_fixed
+
+    def counted(self: Any, key: Any, fn: Any, *inputs: Any, **kw: Any) -> Any:
+        counter.passes += 1
+        counter.ops["copy_ (pass input)"] += 0 if kw.get("alias_inputs") else len(inputs)
+        counter.inside += 1
+        try:
+            return run_fixed(self, key, fn, *inputs, **kw)
+        finally:
+            counter.inside -= 1
+
+    per: dict[str, tuple[int, Counter[str], int]] = {}
+    FixedShapePasses.run_fixed = counted  # type: ignore[method-assign]
+    try:
+        for name, (_, drafter) in table.items():
+            whiflash.generate(target, drafter, prompt, 2)  # first use of every pass
+            runs = []
+            for tokens in (2, new_tokens):  # the short run's counts (prefill, one round) come off the long one's
+                counter.ops, counter.passes = Counter(), 0
+                with counter:
+                    _, stats = whiflash.generate(target, drafter, prompt, tokens)
+                runs.append((stats.rounds, counter.ops, counter.passes))
+            (r0, ops0, p0), (r1, ops1, p1) = runs
+            per[name] = (r1 - r0, ops1 - ops0, p1 - p0)
+    finally:
+        FixedShapePasses.run_fixed = run_fixed  # type: ignore[method-assign]
+    rows = []
+    for name, (alone, _) in table.items():
+        rounds, ops, passes = per[name]
+        base = per[alone][1]
+        extra = {k: ops[k] - base[k] for k in sorted(ops.keys() | base.keys(), key=lambda k: base[k] - ops[k])
+                 if ops[k] != base[k]}
+        rows.append({"shapes": shapes, "method": name, "rounds": rounds,
+                     "ops_per_round": round(sum(ops.values()) / rounds, 2), "passes_per_round": round(passes / rounds, 2),
+                     "extra_vs_standalone": extra})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["small", "qwen3-8b"],
@@ -111,6 +185,8 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--launches", action="store_true",
+                    help="count operators and fixed-shape passes per round instead of timing (any device)")
     args = ap.parse_args()
     from whiflash.testbed.presets import PRESETS
 
@@ -118,8 +194,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for shapes in args.shapes:
             folder = str(testbed_shapes(shapes, Path(tmp) / shapes)) if shapes in PRESETS else None
-            rows += measure(shapes, args.device, getattr(torch, args.dtype), args.new_tokens, args.prompt_tokens,
-                            args.repeats, folder)
+            if args.launches:
+                rows += count_launches(shapes, args.device, getattr(torch, args.dtype), args.new_tokens,
+                                       args.prompt_tokens, folder)
+            else:
+                rows += measure(shapes, args.device, getattr(torch, args.dtype), args.new_tokens,
+                                args.prompt_tokens, args.repeats, folder)
+    if args.launches:
+        print("| shapes | method | rounds | operators / round | passes / round | beyond the standalone drafter |")
+        print("|---|---|---|---|---|---|")
+        for row in rows:
+            extra = ", ".join(f"{k} {v / row['rounds']:+.2f}" for k, v in row["extra_vs_standalone"].items())
+            print(f"| {row['shapes']} | {row['method']} | {row['rounds']} | {row['ops_per_round']:.2f} | "
+                  f"{row['passes_per_round']:.2f} | {extra or '—'} |")
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        return
     print("| shapes | method | rounds | ms/round | vs standalone |")
     print("|---|---|---|---|---|")
     for row in rows:

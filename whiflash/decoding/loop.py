@@ -8,11 +8,12 @@ path becomes the new pending token. Plain autoregressive decoding is the same lo
 proposal, so all methods share one code path and one definition of tau.
 
 The loop talks to drafters only through the `Drafter` hooks: `propose`, `observe`, `route` (the
-routing decision: the next round's slot, asked at the end of each round and after prefill from
-the target's state at the last committed position; None for a single drafter; a drafter whose
-`row_policy` the verify pass runs for every row gets the path's last row of those decisions), `advance` (the
-branch a union proposal's round accepts) and `catchup_seconds`. Everything the host needs from a
-round travels in one read, unpacked into a `RoundRead`.
+routing decision: the next round's slot, from the target's state at the last committed position; asked
+after prefill, and at the end of each round only of a drafter with `routes`; None for a single drafter;
+a drafter whose `row_policy` the verify pass runs for every row gets the path's last row of those
+decisions), `advance` (the branch a union proposal's round accepts) and `catchup_seconds`. Everything the
+host needs from a round travels in one read, unpacked into a `RoundRead`; nothing is gathered for a
+consumer that is not there (every kernel launched outside a captured pass is host time each round).
 """
 from __future__ import annotations
 
@@ -137,10 +138,11 @@ def _accept(target: Target, drafter: Drafter | None, proposal: Proposal, verify_
         advanced = drafter.advance(slot_taus)
     count, best, keep = accept(proposal, picked, branch=advanced, check=target.engine.check_trees)
     decision = None
-    if drafter is not None and out.routes is not None:  # decided inside the pass: pick the path's last row
-        decision = drafter.route(None, None, count, row(out.routes, best))
-    elif drafter is not None:
-        decision = drafter.route(row(out.hidden, best), row(out.logits, best), count)
+    if drafter is not None and drafter.routes:  # (the rows are not gathered for a drafter that never routes)
+        if out.routes is not None:  # decided inside the pass: pick the path's last row
+            decision = drafter.route(None, None, count, row(out.routes, best))
+        else:
+            decision = drafter.route(row(out.hidden, best), row(out.logits, best), count)
     return Verdict(count, keep, verify_ids[keep], row(picked, best).reshape(1), best, decision, slot_taus, advanced)
 
 
@@ -184,7 +186,7 @@ def generate(
     t0 = time.perf_counter()
     out = target(ids, 0, taps=taps, logits="last")
     pending = target_tokens(out.logits, temperature, generator)
-    features = _features(out.hidden[-1], out.logits[-1], keep=keep_features)
+    features = _features(out.hidden, out.logits, None, keep=keep_features)
     decision = drafter.route(out.hidden[-1], out.logits[-1]) if drafter is not None else None
     emitted, slot = _read_prefill(pending, decision)
     if drafter is not None:
@@ -216,7 +218,7 @@ def generate(
         stats.add(record)
         if on_round is not None:
             on_round(record)
-        features = _features(row(out.hidden, verdict.best), row(out.logits, verdict.best), keep=keep_features)
+        features = _features(out.hidden, out.logits, verdict.best, keep=keep_features)
         slot, pending, n = read.next_slot, verdict.next_token, n + read.tau
         emitted.extend(read.tokens)
         if stops and not stops.isdisjoint(read.tokens):
@@ -234,10 +236,15 @@ def generate(
     return emitted, stats
 
 
-def _features(hidden: Tensor, logits: Tensor, keep: bool) -> tuple[Tensor | None, Tensor | None]:
-    """The router's features at a decision point, copied (graph outputs are overwritten by the next
-    replay) only when a callback will see them."""
-    return (hidden.clone(), logits.clone()) if keep else (None, None)
+def _features(hidden: Tensor, logits: Tensor, at: Tensor | None, keep: bool) -> tuple[Tensor | None, Tensor | None]:
+    """The router's features at a decision point (row `at`, a 0-dim device index; None: the last row), gathered
+    and copied (graph outputs are overwritten by the next replay) only when a callback will see them: every
+    kernel a round launches costs host time."""
+    if not keep:
+        return None, None
+    if at is None:
+        return hidden[-1].clone(), logits[-1].clone()
+    return row(hidden, at).clone(), row(logits, at).clone()
 
 
 def _read_prefill(pending: Tensor, decision: Tensor | None) -> tuple[list[int], int | None]:

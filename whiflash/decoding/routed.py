@@ -119,6 +119,7 @@ class RoutedDrafter(DrafterPair):
     which is all the headroom routing has where the parallel drafter accepts long blocks."""
 
     kind = "whiflash"
+    routes = True
 
     def __init__(self, pair: str | Pair, router: Any, stick_tau: int | None = None, **options: Any) -> None:
         """router: a policy `(hidden [H], logits [V]) -> 0-dim long slot` (whiflash.routers); stick_tau:

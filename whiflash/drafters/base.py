@@ -184,6 +184,10 @@ class Drafter(nn.Module, FixedShapePasses):
     catchup_seconds: float = 0.0
     """Seconds spent consuming backlogs since `reset` (routed drafters that time their catch-up; else 0)."""
 
+    routes: bool = False
+    """True for a drafter whose `route` decides: the loop asks it every round (and gathers the decision
+    point's hidden state and logits for it); False: `route` is not called after a round."""
+
     def route(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None = None,
               decided: Tensor | None = None) -> Tensor | None:
         """The routing decision: the next round's slot (0-dim long, on the device) from the target's final
