@@ -176,7 +176,7 @@ def generate(
         generator = torch.Generator(device=device)
         generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
     stops = set(stop_token_ids or ())
-    taps = tuple(sorted(set(drafter.tap_layers))) if drafter is not None else ()
+    taps = tuple(dict.fromkeys(drafter.tap_layers)) if drafter is not None else ()  # the drafter's order
     stats = DecodeStats(method=drafter.name if drafter is not None else "ar", prompt_tokens=n)
     keep_features = on_round is not None
 

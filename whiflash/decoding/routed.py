@@ -65,7 +65,10 @@ class DrafterPair(Drafter):
         self.slots: tuple[tuple[Drafter, int | None], ...] = tuple(members[kind] for kind in pair.slots)
         """(member, tree budget or None for a chain) per slot; df-ddt puts one model in both."""
         self.members: list[Drafter] = [dflash] if pair.shares_dflash else [dflash, eagle3]
-        self.tap_layers = tuple(sorted({t for m in self.members for t in m.tap_layers}))
+        # slot 0's member's layers first, in its order, then the other's: the target stacks its taps in this
+        # order, so the drafter of slot 0 (the parallel drafter, the one that runs most rounds where routing has
+        # no headroom) reads its features as a view; the other gathers them, as it would in any union
+        self.tap_layers = tuple(dict.fromkeys(t for m in self.members for t in m.tap_layers))
         self.catchup_seconds = 0.0
 
     def slot_nodes(self, slot: int) -> int:
