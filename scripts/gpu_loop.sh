@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The whole router loop on one GPU, as one resumable command: the `small` build, the latency profile,
+# router data, the router (with its ablation when ROUTER_VARIANTS is set), calibration, the routed bench
+# and the benchmark prompt files. Each call runs, in order, every step not yet done whose estimate fits in
+# what is left of BUDGET_S, and stops before the first that does not; call it again with the same
+# arguments (on the same warm machine: /tmp is not kept) to go on. A step is done when its output is
+# there: a build stage in the testbed's manifest, profile.json, the router data's manifest, the exported
+# router, the thresholds files, the bench's results copied into LOG_DIR. Router data resumes from its
+# finished shards, so it starts whenever DATAGEN_MIN_S (60) are left.
+# TESTS_BESIDE=1: the CUDA tests run beside the first call's build (TESTS_TIMEOUT, 555 s), once.
+# Every knob of scripts/gpu_budget.sh and gpu_session.sh passes through (ROUTER_PROMPTS, ROUTER_PROCS,
+# ROUTER_VARIANTS, CALIBRATE_DECODE, E0_SAMPLES, E_TOKENS, METHODS, ...).
+# Usage: scripts/gpu_loop.sh LOG_DIR TESTBED_DIR BUDGET_S
+#   e.g. three device commands of `TESTS_BESIDE=1 scripts/gpu_loop.sh /tmp/L /tmp/tb 560`
+# PRESET=micro ROUTER_PROMPTS=6 ROUTER_TOKENS=24 LATENCY_CONTEXT=256 E0_SAMPLES=8 E2_SAMPLES=2 E_TOKENS=24
+# EVAL_SAMPLES=4 EVAL_TOKENS=24 checks it on a CPU in a few minutes.
+set -u
+cd "$(dirname "$0")/.."
+L=${1:?LOG_DIR}; TB=${2:?TESTBED_DIR}; budget=${3:?BUDGET_S}
+PAIR=${PAIR:-df-e3}
+ROUTER=$TB/router; [ "$PAIR" != df-e3 ] && ROUTER=$TB/router_$PAIR
+start=$(date +%s)
+mkdir -p "$L"
+
+stage_done() {  # the testbed manifest says build stage $1 is done
+  python3 - "$TB/manifest.json" "$1" <<'PY' 2>/dev/null
+import json, sys
+stage = json.load(open(sys.argv[1])).get("stages", {}).get(sys.argv[2], {})
+sys.exit(0 if stage.get("done") else 1)
+PY
+}
+
+done_() {  # is step $1 done?
+  case $1 in
+    build-*) stage_done "${1#build-}" ;;
+    gs-latency) [ -f "$TB/profile.json" ] ;;
+    gs-router-data) [ -f "$TB/router_data_$PAIR/manifest.json" ] ;;
+    gs-router-train) [ -f "$ROUTER/config.json" ] && [ "$ROUTER/config.json" -nt "$TB/router_data_$PAIR/manifest.json" ] ;;
+    gs-calibrate) [ -f "$TB/thresholds_$PAIR.json" ] && { [ ! -d "$ROUTER" ] || [ -f "$TB/thresholds_neural_$PAIR.json" ]; } ;;
+    eval-routed) [ -f "$L/eval_${PAIR}_routed_results.md" ] ;;
+    eval-prompts) [ -f "$L/eval_${PAIR}_prompts_results.md" ] ;;
+  esac
+}
+
+if [ "${TESTS_BESIDE:-0}" = 1 ] && [ ! -f "$L/tests.started" ]; then
+  touch "$L/tests.started"
+  TESTS_TIMEOUT=${TESTS_TIMEOUT:-555} bash scripts/gpu_session.sh "$L/t" /tmp/whiflash-gpu-tests tests > "$L/tests.out" 2>&1 &
+  tests_pid=$!
+fi
+
+# step:estimate (seconds on an H200, with the CUDA tests beside the first ones)
+for item in build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:80 \
+            gs-router-data:"${DATAGEN_MIN_S:-60}" gs-router-train:60 gs-calibrate:170 eval-routed:150 eval-prompts:90; do
+  step=${item%%:*}; est=${item##*:}
+  done_ "$step" && { echo "=== $step: done before"; continue; }
+  left=$(( budget - ($(date +%s) - start) ))
+  [ "$left" -lt "$est" ] && { echo "=== stop before $step (${left}s left < ${est}s): call again to go on"; break; }
+  PAIR=$PAIR bash scripts/gpu_budget.sh "$L" "$TB" "$left" "$step@$PAIR:$est"
+  done_ "$step" || { echo "=== $step did not finish: call again to go on"; break; }
+done
+[ -n "${tests_pid:-}" ] && wait "$tests_pid" && tail -3 "$L/tests.out"
+echo "=== $(( $(date +%s) - start ))s of ${budget}s"
