@@ -1,0 +1,66 @@
+"""scripts/gpu_loop.sh: which steps a call runs, skips and stops before (the steps themselves run on a GPU)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("corpus", "tokenizer", "tokens", "target", "responses", "eagle3", "dflash")
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def loop(log: Path, tb: Path, budget: int) -> list[str]:
+    out = subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(log), str(tb), str(budget)],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return [line for line in out.splitlines() if line.startswith("=== ")]
+
+
+def finished_testbed(tb: Path, log: Path, stages: tuple[str, ...] = STAGES) -> None:
+    """The outputs by which the loop tells each step is done."""
+    tb.mkdir(parents=True)
+    (tb / "manifest.json").write_text(json.dumps({"stages": {s: {"done": True} for s in stages}}))
+    (tb / "profile.json").write_text("{}")
+    (tb / "router_data_df-e3").mkdir()
+    (tb / "router_data_df-e3/manifest.json").write_text("{}")
+    (tb / "router").mkdir()
+    (tb / "router/config.json").write_text("{}")
+    for name in ("thresholds_df-e3.json", "thresholds_neural_df-e3.json"):
+        (tb / name).write_text("{}")
+    log.mkdir()
+    for tag in ("routed", "prompts"):
+        (log / f"eval_df-e3_{tag}_results.md").write_text("|")
+
+
+def test_a_finished_loop_runs_nothing(tmp_path: Path) -> None:
+    finished_testbed(tmp_path / "tb", tmp_path / "log")
+    lines = loop(tmp_path / "log", tmp_path / "tb", 600)
+    assert all(line.endswith("done before") for line in lines[:-1]) and len(lines) == 11
+
+
+def test_the_loop_stops_before_a_step_that_does_not_fit(tmp_path: Path) -> None:
+    lines = loop(tmp_path / "log", tmp_path / "fresh", 5)  # nothing built; the target stage needs 330 s
+    assert re.fullmatch(r"=== stop before build-target \([45]s left < 330s\): call again to go on", lines[0])
+
+
+def test_an_unfinished_stage_and_a_router_older_than_its_data_are_not_done(tmp_path: Path) -> None:
+    tb, log = tmp_path / "tb", tmp_path / "log"
+    finished_testbed(tb, log, stages=STAGES[:-1])  # dflash not built
+    lines = loop(log, tb, 5)
+    assert lines[:3] == [f"=== build-{s}: done before" for s in ("target", "responses", "eagle3")]
+    assert lines[3].startswith("=== stop before build-dflash")
+    (tb / "manifest.json").write_text(json.dumps({"stages": {s: {"done": True} for s in STAGES}}))
+    data = tb / "router_data_df-e3/manifest.json"
+    data.write_text("{}")  # written after the router: the router is stale
+    router = tb / "router/config.json"
+    stamp = data.stat().st_mtime
+    os.utime(router, (stamp - 10, stamp - 10))
+    lines = loop(log, tb, 5)
+    assert "=== gs-router-data: done before" in lines
+    assert lines[lines.index("=== gs-router-data: done before") + 1].startswith("=== stop before gs-router-train")
