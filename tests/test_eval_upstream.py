@@ -151,7 +151,7 @@ def test_tree_budgets_run_in_one_bench_with_upstream_figures(budgets_run: tuple[
     assert set(best) == {"code", "math", "prose", "all"} and all(b["method"] in ("ddtree-b4", "ddtree-b8")
                                                                for b in best.values())
     md = (run / "results.md").read_text()
-    assert "| speedup (95% CI) | tau | mean ratio | median ratio |" in md and "Best setting per group" in md
+    assert "| speedup (95% CI) | tau | tau pooled | mean ratio | median ratio |" in md and "Best setting per group" in md
     assert "mean over the same samples of the method's time per output token" in md
     assert (run / "plots" / "sweep.png").is_file()
     man = json.loads((run / "manifest.json").read_text())
