@@ -215,8 +215,8 @@ def markdown_table(results: dict[str, Any], run_label: str = "") -> str:
                 cells = [f"{g[k]:+.1f}%" if k in g else "—" for k in ("vs_eagle3", "vs_dflash", "vs_ddtree")]
                 text += f"\n| {m} | {cat} | " + " | ".join(cells) + " |"
     text += f"\n\nSpeedup columns: {results.get('speedup_definition', SPEEDUP_DEFINITION)}.\n"
-    text += (f"τ: {results['tau_definition']}; tau pooled = every round's tau averaged (tokens per round), which a few "
-             "sequences of very long acceptances do not carry.\n")
+    text += (f"τ: {results['tau_definition']}; tau pooled = every round's tau averaged (tokens per round), "
+             "which a few sequences of very long acceptances do not carry.\n")
     if results.get("catchup_note"):
         text += f"Catch-up: {results['catchup_note']}.\n"
     if results.get("lossless_check"):

@@ -170,7 +170,8 @@ def count_launches(shapes: str, device: str, dtype: torch.dtype, new_tokens: int
         extra = {k: ops[k] - base[k] for k in sorted(ops.keys() | base.keys(), key=lambda k: base[k] - ops[k])
                  if ops[k] != base[k]}
         rows.append({"shapes": shapes, "method": name, "rounds": rounds,
-                     "ops_per_round": round(sum(ops.values()) / rounds, 2), "passes_per_round": round(passes / rounds, 2),
+                     "ops_per_round": round(sum(ops.values()) / rounds, 2),
+                     "passes_per_round": round(passes / rounds, 2),
                      "extra_vs_standalone": extra})
     return rows
 

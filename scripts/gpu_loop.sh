@@ -8,6 +8,9 @@
 # router, the thresholds files, the bench's results copied into LOG_DIR. Router data resumes from its
 # finished shards, so it starts whenever DATAGEN_MIN_S (60) are left.
 # TESTS_BESIDE=1: the CUDA tests run beside the first call's build (TESTS_TIMEOUT, 555 s), once.
+# PACK_DIR=DIR: once the router data is there, it is written to DIR (once) as a tar in 15 MiB parts,
+# router_data_PAIR.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most), so router
+# modelling can go on elsewhere: `cat router_data_PAIR.tar.* | tar xf - -C DEST` gives the dataset folder.
 # Every knob of scripts/gpu_budget.sh and gpu_session.sh passes through (ROUTER_PROMPTS, ROUTER_PROCS,
 # ROUTER_VARIANTS, CALIBRATE_DECODE, E0_SAMPLES, E_TOKENS, METHODS, ...).
 # Usage: scripts/gpu_loop.sh LOG_DIR TESTBED_DIR BUDGET_S
@@ -58,5 +61,9 @@ for item in build-target:330 build-responses:80 build-eagle3:170 build-dflash:19
   PAIR=$PAIR bash scripts/gpu_budget.sh "$L" "$TB" "$left" "$step@$PAIR:$est"
   done_ "$step" || { echo "=== $step did not finish: call again to go on"; break; }
 done
+if [ -n "${PACK_DIR:-}" ] && done_ gs-router-data && [ ! -f "$L/router_data.packed" ]; then
+  mkdir -p "$PACK_DIR" && tar cf - -C "$TB" "router_data_$PAIR" | split -b 15m -d - "$PACK_DIR/router_data_$PAIR.tar." \
+    && touch "$L/router_data.packed" && echo "=== router data packed into $PACK_DIR"
+fi
 [ -n "${tests_pid:-}" ] && wait "$tests_pid" && tail -3 "$L/tests.out"
 echo "=== $(( $(date +%s) - start ))s of ${budget}s"

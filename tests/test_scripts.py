@@ -44,6 +44,23 @@ def test_a_finished_loop_runs_nothing(tmp_path: Path) -> None:
     assert all(line.endswith("done before") for line in lines[:-1]) and len(lines) == 11
 
 
+def test_router_data_is_packed_once_into_parts_that_unpack_to_the_dataset(tmp_path: Path) -> None:
+    finished_testbed(tmp_path / "tb", tmp_path / "log")
+    (tmp_path / "tb/router_data_df-e3/shard-00000.parquet").write_bytes(os.urandom(40_000))
+    env = {**os.environ, "PACK_DIR": str(tmp_path / "out")}
+    run = lambda: subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(tmp_path / "log"),  # noqa: E731
+                                  str(tmp_path / "tb"), "60"], env=env, capture_output=True, text=True, check=True)
+    assert "=== router data packed into" in run().stdout
+    parts = sorted((tmp_path / "out").glob("router_data_df-e3.tar.*"))
+    assert [p.name for p in parts] == ["router_data_df-e3.tar.00"]
+    (tmp_path / "back").mkdir()
+    subprocess.run(f"cat {' '.join(map(str, parts))} | tar xf - -C {tmp_path / 'back'}", shell=True, check=True)
+    for name in ("manifest.json", "shard-00000.parquet"):
+        back, there = tmp_path / "back/router_data_df-e3" / name, tmp_path / "tb/router_data_df-e3" / name
+        assert back.read_bytes() == there.read_bytes()
+    assert "packed" not in run().stdout  # once
+
+
 def test_the_loop_stops_before_a_step_that_does_not_fit(tmp_path: Path) -> None:
     lines = loop(tmp_path / "log", tmp_path / "fresh", 5)  # nothing built; the target stage needs 330 s
     assert re.fullmatch(r"=== stop before build-target \([45]s left < 330s\): call again to go on", lines[0])
