@@ -124,6 +124,12 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
             prof.round[key] = prof.draft[key] + prof.tree_verify[w]
         prof.router.update(_router_ms(target, neural, timed, ids[: max(widths.values(), default=1)], context, taps))
         sync(device)
+        loop = _loop_rounds(target, drafters, context)
+        # a round of the loop after a random prompt commits ~1 token: the drafter's smallest catch-up is its own
+        parts = {k: prof.ar_step if k == "ar" else prof.round[k] + min(prof.catchup[k].items(), default=(0, 0.0))[1]
+                 for k in loop}
+        prof.meta["loop_round_wall_ms"] = loop
+        prof.meta["loop_host_ms"] = {k: max(0.0, ms - parts[k]) for k, ms in loop.items()}
         prof.floor = floor_ms(target, context, bandwidth)
     finally:
         for m, was in modes:
@@ -135,6 +141,21 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
     if device.type == "cuda":
         prof.meta["device_name"] = torch.cuda.get_device_name(device)
     return prof
+
+
+def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_tokens: int = 48) -> dict[str, float]:
+    """Wall milliseconds a round of the real loop (`whiflash.generate`) takes, AR and each chain drafter, after a
+    random prompt of `context` tokens (rounds then commit about one token each). Beside the components' device
+    times this is what the host adds to a round: launches outside captured passes, the round's one read."""
+    prompt = torch.randint(0, target.config.vocab_size, (context,)).tolist()
+    room = target.config.max_position_embeddings - context - 2 * max([d.max_nodes for d in drafters.values()] + [0])
+    new_tokens = max(2, min(new_tokens, room - 2))
+    out = {}
+    for kind, drafter in {"ar": None, **drafters}.items():
+        whiflash.generate(target, drafter, prompt, new_tokens)  # captures the graphs of this cache size
+        _, stats = whiflash.generate(target, drafter, prompt, new_tokens)
+        out[kind] = stats.decode_seconds / max(1, stats.rounds) * 1e3
+    return out
 
 
 def _catch_up(drafter: Drafter, backlog: Commit) -> None:

@@ -52,7 +52,7 @@ if [ "${TESTS_BESIDE:-0}" = 1 ] && [ ! -f "$L/tests.started" ]; then
 fi
 
 # step:estimate (seconds on an H200, with the CUDA tests beside the first ones)
-for item in build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:80 \
+for item in build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100 \
             gs-router-data:"${DATAGEN_MIN_S:-60}" gs-router-train:60 gs-calibrate:170 eval-routed:150 eval-prompts:90; do
   step=${item%%:*}; est=${item##*:}
   done_ "$step" && { echo "=== $step: done before"; continue; }

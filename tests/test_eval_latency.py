@@ -99,7 +99,12 @@ def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytes
     (run,) = tmp_path.glob("*_profile-qwen3-8b")
     assert json.loads((run / "profile.json").read_text())["ratios"]["verify 7"] > 0
     assert json.loads((run / "manifest.json").read_text())["tool"] == "whiflash-eval profile"
-    assert "AR step" in capsys.readouterr().out
+    # the real loop's wall ms a round, AR and each chain drafter, and what the host adds to the components
+    assert set(prof.meta["loop_round_wall_ms"]) == set(prof.meta["loop_host_ms"]) == {"ar", "eagle3", "dflash"}
+    assert all(ms > 0 for ms in prof.meta["loop_round_wall_ms"].values())
+    assert all(ms >= 0 for ms in prof.meta["loop_host_ms"].values())
+    printed = capsys.readouterr().out
+    assert "AR step" in printed and "loop round dflash (wall)" in printed
     with pytest.raises(ValueError, match="--random-weights needs --preset"):
         main(["profile", "--random-weights", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="--context 50000: the target has 40960 positions"):

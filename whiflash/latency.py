@@ -14,6 +14,10 @@ All times are milliseconds of one call. Slot kinds are `eagle3`, `dflash` and `d
     catchup[model][n]  KV-only catch-up of a backlog of n committed rows (model: eagle3 or dflash)
     router[name]       one routing decision (entropy, neural)
     floor              (weight + KV bytes) / copy bandwidth: the memory floor of an AR step
+
+Beside the components, `meta` holds `loop_round_wall_ms` (wall time of a round of the real loop, AR and
+each chain drafter, after a prompt of `context` tokens) and `loop_host_ms` (that minus the round's
+components: what the host adds). The consumers cost rounds from the components alone.
 """
 from __future__ import annotations
 
@@ -118,6 +122,10 @@ class LatencyProfile:
         lines = [head, f"AR step {self.ar_step:.3f} ms{floor}", f"{'component':<28}{'ms':>10}{'x AR':>8}"]
         for name, ratio in self.ratios().items():
             lines.append(f"{name:<28}{ratio * self.ar_step:>10.3f}{ratio:>8.2f}")
+        for kind, ms in (m.get("loop_round_wall_ms") or {}).items():  # the loop's wall time, host included
+            host = (m.get("loop_host_ms") or {}).get(kind)
+            lines.append(f"{'loop round ' + kind + ' (wall)':<28}{ms:>10.3f}{ms / self.ar_step:>8.2f}"
+                         + (f"   host {host:.3f}" if host is not None else ""))
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ files
