@@ -53,7 +53,7 @@ fi
 
 # step:estimate (seconds on an H200, with the CUDA tests beside the first ones)
 for item in build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100 \
-            gs-router-data:"${DATAGEN_MIN_S:-60}" gs-router-train:60 gs-calibrate:170 eval-routed:150 eval-prompts:90; do
+            gs-router-data:"${DATAGEN_MIN_S:-60}" gs-router-train:60 gs-calibrate:170 eval-routed:180 eval-prompts:90; do
   step=${item%%:*}; est=${item##*:}
   done_ "$step" && { echo "=== $step: done before"; continue; }
   left=$(( budget - ($(date +%s) - start) ))
@@ -61,9 +61,9 @@ for item in build-target:330 build-responses:80 build-eagle3:170 build-dflash:19
   PAIR=$PAIR bash scripts/gpu_budget.sh "$L" "$TB" "$left" "$step@$PAIR:$est"
   done_ "$step" || { echo "=== $step did not finish: call again to go on"; break; }
 done
-if [ -n "${PACK_DIR:-}" ] && done_ gs-router-data && [ ! -f "$L/router_data.packed" ]; then
+if [ -n "${PACK_DIR:-}" ] && done_ gs-router-data && [ ! -f "$L/router_data_$PAIR.packed" ]; then
   mkdir -p "$PACK_DIR" && tar cf - -C "$TB" "router_data_$PAIR" | split -b 15m -d - "$PACK_DIR/router_data_$PAIR.tar." \
-    && touch "$L/router_data.packed" && echo "=== router data packed into $PACK_DIR"
+    && touch "$L/router_data_$PAIR.packed" && echo "=== router data packed into $PACK_DIR"
 fi
 [ -n "${tests_pid:-}" ] && wait "$tests_pid" && tail -3 "$L/tests.out"
 echo "=== $(( $(date +%s) - start ))s of ${budget}s"
