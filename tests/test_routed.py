@@ -216,6 +216,42 @@ def test_one_host_read_per_round(world, monkeypatch):
         assert reads == ["tolist"] * (stats.rounds + 1), (drafter, reads[:10])
 
 
+def test_a_round_gathers_the_decision_row_only_for_a_drafter_that_routes_or_a_callback(world):
+    """Every gather a round launches outside a captured pass is host time: the decision point's hidden state
+    and logits (two `index_select`s) are gathered for a routed drafter asked after the pass and for an
+    `on_round` callback, never for a drafter that does not route (nor the oracle, which advances instead)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Gathers(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.aten.index_select:
+                seen.append(1)
+            return func(*args, **(kwargs or {}))
+
+    def per_round(drafter, callback=None):
+        seen.clear()
+        with Gathers():
+            _, stats = whiflash.generate(target, drafter, PROMPTS[1], 30, on_round=callback)
+        return len(seen) / stats.rounds
+
+    target, eagle, ddtree = world
+    seen: list[int] = []
+    after = NeuralPolicy(NeuralRouter(target.config.hidden_size, mlp_dim=8, context=["prev_slot"]), 1e9)  # slot 1
+    routed = RoutedDrafter("df-e3", after, eagle3=eagle, dflash=ddtree)
+    assert per_round(None) == per_round(eagle) == 1.0  # the next token only (EAGLE-3 reads its taps as a view)
+    assert per_round(None, lambda record: None) == 3.0
+    for drafter in (eagle, ddtree, OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree)):
+        assert per_round(drafter, lambda record: None) == per_round(drafter) + 2.0, drafter.name
+    # pinned to EAGLE-3's slot, the routed drafter drafts as EAGLE-3 does; beyond it, the decision row (two
+    # gathers) and EAGLE-3's own layers out of the pair's union, which stacks slot 0's layers first
+    assert routed.tap_layers == (*ddtree.tap_layers, *(t for t in eagle.tap_layers if t not in ddtree.tap_layers))
+    assert per_round(routed) - per_round(eagle) == 3.0
+    # deciding inside the verify pass, a policy's decision is one gather of the pass's decisions instead of two
+    inside = RoutedDrafter("df-e3", FixedRouter(0), eagle3=eagle, dflash=ddtree)
+    outside = RoutedDrafter("df-e3", NeuralPolicy(after.router, -1e9), eagle3=eagle, dflash=ddtree)  # slot 0
+    assert per_round(outside) - per_round(inside) == 1.0
+
+
 def test_pairs_refuse_members_and_options_that_do_not_apply(world):
     target, eagle, ddtree = world
     with pytest.raises(ValueError, match="df-ddt takes no EAGLE-3"):
