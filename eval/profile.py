@@ -124,12 +124,8 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
             prof.round[key] = prof.draft[key] + prof.tree_verify[w]
         prof.router.update(_router_ms(target, neural, timed, ids[: max(widths.values(), default=1)], context, taps))
         sync(device)
-        loop = _loop_rounds(target, drafters, context)
-        # a round of the loop after a random prompt commits ~1 token: the drafter's smallest catch-up is its own
-        parts = {k: prof.ar_step if k == "ar" else prof.round[k] + min(prof.catchup[k].items(), default=(0, 0.0))[1]
-                 for k in loop}
-        prof.meta["loop_round_wall_ms"] = loop
-        prof.meta["loop_host_ms"] = {k: max(0.0, ms - parts[k]) for k, ms in loop.items()}
+        prof.meta["loop_round_wall_ms"] = loop = _loop_rounds(target, drafters, context)
+        prof.meta["loop_host_ms"] = host_ms(prof, loop)
         prof.floor = floor_ms(target, context, bandwidth)
     finally:
         for m, was in modes:
@@ -156,6 +152,19 @@ def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_to
         _, stats = whiflash.generate(target, drafter, prompt, new_tokens)
         out[kind] = stats.decode_seconds / max(1, stats.rounds) * 1e3
     return out
+
+
+def host_ms(prof: LatencyProfile, loop: dict[str, float]) -> dict[str, float]:
+    """What the host adds to a round of the loop, per kind of `loop` (`_loop_rounds`' wall ms): the wall time
+    minus the round's components, `ar_step` for AR, else `round` + the smallest backlog's catch-up (a round after
+    a random prompt commits about one token, which the drafter catches up on); never below 0."""
+    def parts(kind: str) -> float:
+        if kind == "ar":
+            return prof.ar_step
+        catchup = prof.catchup.get(kind) or {}
+        return prof.round[kind] + (catchup[min(catchup)] if catchup else 0.0)
+
+    return {kind: max(0.0, ms - parts(kind)) for kind, ms in loop.items()}
 
 
 def _catch_up(drafter: Drafter, backlog: Commit) -> None:

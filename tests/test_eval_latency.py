@@ -119,6 +119,15 @@ def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytes
     assert not loaded
 
 
+def test_the_host_share_of_a_loop_round_is_its_wall_time_less_its_components() -> None:
+    from whiflash.eval.profile import host_ms
+
+    prof = LatencyProfile(ar_step=1.0, round={"dflash": 2.0, "eagle3": 1.5},
+                          catchup={"dflash": {4: 0.3, 1: 0.1}, "eagle3": {}})
+    host = host_ms(prof, {"ar": 1.25, "dflash": 2.5, "eagle3": 1.25})
+    assert host == pytest.approx({"ar": 0.25, "dflash": 0.4, "eagle3": 0.0})  # smallest backlog; never below 0
+
+
 # ---------------------------------------------------------------- calibrate --replay
 
 

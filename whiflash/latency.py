@@ -17,7 +17,8 @@ All times are milliseconds of one call. Slot kinds are `eagle3`, `dflash` and `d
 
 Beside the components, `meta` holds `loop_round_wall_ms` (wall time of a round of the real loop, AR and
 each chain drafter, after a prompt of `context` tokens) and `loop_host_ms` (that minus the round's
-components, never below 0: what the host adds; on a CPU, where the components are wall times too, ~0). The consumers cost rounds from the components alone.
+components, never below 0: what the host adds; on a CPU, where the components are wall times too, ~0).
+The consumers cost rounds from the components alone.
 """
 from __future__ import annotations
 
