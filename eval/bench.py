@@ -188,8 +188,10 @@ def _row(sample: Sample, turn: int, method: Method, order: int, ids: list[int], 
         "row": sample.row, "turn": turn,
         "method": method.name, "label": method.label, "order": order, "prompt_tokens": len(ids),
         "new_tokens": st.new_tokens, "prefill_seconds": st.prefill_seconds, "decode_seconds": st.decode_seconds,
-        "taus": list(st.taus), "mean_tau": st.mean_tau, "slots": list(st.slots), "backlogs": list(st.backlogs),
-        "switch_rate": st.switch_rate if st.slots else None, "catchup_seconds": st.catchup_seconds,
+        # a pinned routed method drafts every round with its one slot's drafter
+        "taus": list(st.taus), "mean_tau": st.mean_tau, "backlogs": list(st.backlogs),
+        "slots": list(st.slots) if method.pinned is None else [method.pinned] * len(st.taus),
+        "switch_rate": st.switch_rate if st.slots else (0.0 if method.pinned is not None else None), "catchup_seconds": st.catchup_seconds,
         "catchup_timed": bool(timed and method.routed), "threshold": threshold, "tokens": out,
     }
 
@@ -338,7 +340,8 @@ def run_turn(runner: Runner, rows_log: SampleLog, probe: MarginProbe, sample: Sa
             continue
         method = runner.method(name, sample.category)
         out, st = runner.generate(method, ids)
-        thr = getattr(getattr(method.drafter, "router", None), "threshold", None)
+        thr = method.threshold if method.threshold is not None else \
+            getattr(getattr(method.drafter, "router", None), "threshold", None)
         fresh[name] = _row(sample, turn, method, pos, ids, out, st, thr, runner.cfg.whiflash_time_catchup)
     ar = ar_row or fresh["ar"]
     for name in names:

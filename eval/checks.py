@@ -74,7 +74,8 @@ def check_profile_config(cfg: ProfileConfig) -> None:
 
 
 def parse_thresholds(text: str, flag: str = "--thresholds") -> list[float]:
-    """The comma-separated threshold values of `calibrate --thresholds`, each a finite number."""
+    """The comma-separated threshold values of `calibrate --thresholds`, each a number; `inf` and `-inf` pin a
+    slot (that drafter alone, no routing decision: `whiflash.calibration.pinned_slot`)."""
     values = []
     for part in (p.strip() for p in str(text).split(",")):
         if not part:
@@ -83,9 +84,9 @@ def parse_thresholds(text: str, flag: str = "--thresholds") -> list[float]:
             value = float(part)
         except ValueError:
             value = math.nan
-        if not math.isfinite(value):
-            raise UsageError(f"{flag} {text!r}: {part!r} is not a finite number; expected comma-separated "
-                             "thresholds, e.g. 0.1,0.2,0.4")
+        if math.isnan(value):
+            raise UsageError(f"{flag} {text!r}: {part!r} is not a number; expected comma-separated "
+                             "thresholds, e.g. 0.1,0.2,0.4 (inf / -inf: one drafter alone)")
         values.append(value)
     if not values:
         raise UsageError(f"{flag} {text!r}: expected at least one threshold value")

@@ -16,6 +16,7 @@ from typing import Any
 
 import whiflash
 from whiflash import session
+from whiflash.calibration import pinned_slot
 from whiflash.pairs import Pair
 
 from .families import budget_method, parse_method
@@ -56,6 +57,10 @@ class Method:
     drafter: Any
     routed: bool = False
     label: str = ""
+    threshold: float | None = None
+    """A routed method's threshold (None: the flag's or the router's own)."""
+    pinned: int | None = None
+    """The slot an infinite threshold pins (`drafter` is then that slot's drafter alone)."""
 
 
 def method_names(algorithm: str, methods: str | list[str] | None, router: str,
@@ -203,8 +208,15 @@ class MethodFactory:
         if name in ("eagle3", "dflash", "ddtree"):
             return Method(name, self.drafter(name), label=LABELS[name])
         if value is not None:  # a routed method at its own threshold
-            label = f"{LABELS[family]} @{value:g} ({self.pair})"
-            return Method(name, self.routed(self.policy(family, value)), routed=True, label=label)
-        label = f"{LABELS[name]} ({self.pair})"
-        drafter = self.oracle(name) if name in ORACLES else self.routed(self.policy(name, threshold))
-        return Method(name, drafter, routed=True, label=label)
+            threshold, label = value, f"{LABELS[family]} @{value:g} ({self.pair})"
+        else:
+            label = f"{LABELS[name]} ({self.pair})"
+        if name in ORACLES:
+            return Method(name, self.oracle(name), routed=True, label=label)
+        flag = {"whiflash-entropy": self.entropy_threshold, "whiflash-neural": self.neural_threshold}.get(family)
+        pinned = pinned_slot(family, threshold if threshold is not None else flag)
+        if pinned is not None:  # the decision cannot change: run that slot's drafter alone, pay no routing
+            kind = self.pair.slots[pinned]
+            drafter = self.drafter(kind, self.pair_tree_budget() if kind == "ddtree" else None)
+            return Method(name, drafter, routed=True, label=label, threshold=threshold, pinned=pinned)
+        return Method(name, self.routed(self.policy(family, threshold)), routed=True, label=label, threshold=threshold)

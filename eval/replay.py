@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from whiflash.calibration import METHODS, best_threshold, picks_slot0
+from whiflash.calibration import METHODS, best_threshold, picks_slot0, pinned_slot
 from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.router_context import context_from_rows
 from whiflash.speed_oracle import simulate, stick  # the cost model, shared with the speed oracle and whiflash-train
@@ -72,7 +72,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
         score, router_ms = cols["entropy"].astype(np.float64), profile.router_ms("entropy")
     else:
         score, router_ms = _neural_scores(neural_router, manifest, cols), profile.router_ms("neural")
-    ar = profile.ar_step
+    ar = profile.ar_ms()
     from whiflash.speed_oracle import DEFINITION, speed_oracle
 
     oracle = speed_oracle({k: v for k, v in cols.items() if k != "hidden"}, kinds, profile, budget, lazy)["categories"]
@@ -81,17 +81,18 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
         sel = np.ones(len(score), bool) if cat == "all" else cols["category"] == cat
         part = {k: v[sel] for k, v in cols.items() if k != "hidden"}
 
-        def speedup(slot0: np.ndarray) -> tuple[float, float]:
+        def speedup(slot0: np.ndarray, decide: bool = True) -> tuple[float, float]:
             slot0, routed = stick(slot0, part["tau_0"], part["prompt_id"], stick_tau)
-            tokens, ms, n = simulate(slot0, part, kinds, rounds, profile, router_ms, lazy, routed)
+            tokens, ms, n = simulate(slot0, part, kinds, rounds, profile, router_ms if decide else 0.0, lazy, routed)
             return tokens * ar / ms, tokens / n
 
-        sweep = {v: speedup(picks_slot0(method, score[sel], v)) for v in sorted(values)}
+        # an infinite threshold pins a slot: that drafter alone, no decision to pay
+        sweep = {v: speedup(picks_slot0(method, score[sel], v), pinned_slot(method, v) is None) for v in sorted(values)}
         best = best_threshold({v: s for v, (s, _) in sweep.items()})
         details[cat] = {"threshold": best, "speedup": sweep[best][0], "tokens_per_second": sweep[best][0] / ar * 1e3,
                         "tau": sweep[best][1], "sweep": {str(v): s for v, (s, _) in sweep.items()},
                         "tau_sweep": {str(v): t for v, (_, t) in sweep.items()},
-                        "fixed": {f"slot{s}": speedup(np.full(sel.sum(), s == 0))[0] for s in (0, 1)}}
+                        "fixed": {f"slot{s}": speedup(np.full(sel.sum(), s == 0), False)[0] for s in (0, 1)}}
         details[cat].update(_oracle_columns(oracle[cat], details[cat]["tokens_per_second"], ar))
     overall = details.pop("all")
     return {"method": method, "mode": "replay", "thresholds": {c: d["threshold"] for c, d in details.items()},

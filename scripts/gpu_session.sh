@@ -25,7 +25,7 @@
 #           TESTBED_DIR/thresholds_PAIR.json and thresholds_neural_PAIR.json, which `eval` then passes
 #           (STICK_TAU=K: both replay and bench the routers with --whiflash-stick-tau K; CALIBRATE_DECODE=1: the
 #           neural thresholds by decoding EVAL_SAMPLES other test prompts, as `eval` will, not by replay, at
-#           CALIBRATE_THRESHOLDS, default -100,-1,0,1,100; +-100: each drafter alone);
+#           CALIBRATE_THRESHOLDS, default -inf,-1,0,1,inf; +-inf: each drafter alone, no decision paid);
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
 #           `router` step has left a router for PAIR), bf16 + CUDA graphs (+ compiled layers, the default) on
 #           a GPU; METHODS overrides the method list, EVAL_SAMPLES / EVAL_TOKENS the prompts and new tokens,
@@ -188,20 +188,20 @@ PY
       stick=(); [ -n "${STICK_TAU:-}" ] && stick=(--whiflash-stick-tau "$STICK_TAU")
       timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" "${stick[@]}" \
         --latency-profile "$TB/profile.json" --calibrate-method whiflash-entropy \
-        --thresholds 0.05,0.1,0.2,0.3,0.5,0.75,1,1.5,2,3 --out "$LOG/eval" --output "$TB/thresholds_$PAIR.json" 2>&1 \
+        --thresholds=-inf,0.05,0.1,0.2,0.3,0.5,0.75,1,1.5,2,3,inf --out "$LOG/eval" --output "$TB/thresholds_$PAIR.json" 2>&1 \
         | tee "$LOG/calibrate_$PAIR.log" | quiet | tail -12
-      # the neural router's thresholds per category; +-100 are its two drafters alone. CALIBRATE_DECODE=1: decode
+      # the neural router's thresholds per category; +-inf are its two drafters alone. CALIBRATE_DECODE=1: decode
       # instead (EVAL_SAMPLES test prompts outside the ones `eval` benches, EVAL_TOKENS tokens, 5 thresholds)
       if [ -d "$ROUTER" ] && [ -n "${CALIBRATE_DECODE:-}" ]; then
         gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
         timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --testbed "$TB" --dataset testbed:test \
           --max-samples "${EVAL_SAMPLES:-30}" --max-new-tokens "${EVAL_TOKENS:-96}" --whiflash-drafters "$PAIR" "${stick[@]}" \
-          --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" --thresholds="${CALIBRATE_THRESHOLDS:--100,-1,0,1,100}" \
+          --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" --thresholds="${CALIBRATE_THRESHOLDS:--inf,-1,0,1,inf}" \
           "${gpu[@]}" --out "$LOG/eval" --output "$TB/thresholds_neural_$PAIR.json" 2>&1 | tee -a "$LOG/calibrate_$PAIR.log" | quiet | tail -12
       elif [ -d "$ROUTER" ]; then
         timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" "${stick[@]}" \
           --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" \
-          --thresholds=-100,-6,-4,-3,-2,-1.5,-1,-0.5,-0.25,0,0.25,0.5,1,1.5,2,3,4,6,100 --out "$LOG/eval" \
+          --thresholds=-inf,-6,-4,-3,-2,-1.5,-1,-0.5,-0.25,0,0.25,0.5,1,1.5,2,3,4,6,inf --out "$LOG/eval" \
           --output "$TB/thresholds_neural_$PAIR.json" 2>&1 | tee -a "$LOG/calibrate_$PAIR.log" | quiet | tail -12
       fi
       cp "$TB/thresholds_$PAIR.json" "$TB/thresholds_neural_$PAIR.json" "$LOG/" 2>/dev/null ;;

@@ -3,6 +3,7 @@ report and calibrate."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -396,7 +397,7 @@ def test_calibrate_then_bench_uses_thresholds(micro: Path, bench_run: Path, tmp_
 
     router = export_single_file(NeuralRouter(hidden_size=128, mlp_dim=8), tmp_path / "r.safetensors")
     neural = tmp_path / "neural.json"
-    neural.write_text(json.dumps({"method": "whiflash-neural", "thresholds": {"code": -50.0, "math": 50.0},
+    neural.write_text(json.dumps({"method": "whiflash-neural", "thresholds": {"code": -50.0, "math": math.inf},
                                   "default": 1.5}))
     assert _bench(tmp_path, "--testbed", str(micro), "--max-samples", "3", "--methods", "whiflash-entropy,whiflash-neural",
                   "--whiflash-neural-router-path", str(router), "--whiflash-thresholds", f"{out},{neural}",
@@ -404,7 +405,13 @@ def test_calibrate_then_bench_uses_thresholds(micro: Path, bench_run: Path, tmp_
     used = {(r["method"], r["category"]): r["threshold"] for r in _rows(_run_dir(tmp_path, "thr")) if r["method"] != "ar"}
     assert used == {("whiflash-entropy", "code"): 0.01, ("whiflash-entropy", "math"): 100.0,
                     ("whiflash-entropy", "prose"): 0.01, ("whiflash-neural", "code"): -50.0,
-                    ("whiflash-neural", "math"): 50.0, ("whiflash-neural", "prose"): 1.5}
+                    ("whiflash-neural", "math"): math.inf, ("whiflash-neural", "prose"): 1.5}
+    # an infinite threshold pins slot 1: EAGLE-3 alone drafts every math round, its output and taus EAGLE-3's own
+    rows = {(r["method"], r["category"]): r for r in _rows(_run_dir(tmp_path, "thr"))}
+    pinned, ar = rows[("whiflash-neural", "math")], rows[("ar", "math")]
+    assert pinned["slots"] == [1] * len(pinned["taus"]) and pinned["switch_rate"] == 0.0
+    assert pinned["tokens"] == ar["tokens"] and len(pinned["taus"]) > 1
+    assert 0 in rows[("whiflash-neural", "code")]["slots"]  # -50: the router still decides (slot 0 here)
     with pytest.raises(ValueError, match="two files for whiflash-entropy"):
         main(["bench", "--out", str(tmp_path), *FAST, "--testbed", str(micro), "--methods", "whiflash-entropy",
               "--whiflash-thresholds", f"{out},{out}", "--name", "thr2", "--no-plots"])

@@ -3,6 +3,7 @@ and calibrate's replay mode on a small synthetic router dataset."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,13 @@ def test_the_host_share_of_a_loop_round_is_its_wall_time_less_its_components() -
                           catchup={"dflash": {4: 0.3, 1: 0.1}, "eagle3": {}})
     host = host_ms(prof, {"ar": 1.25, "dflash": 2.5, "eagle3": 1.25})
     assert host == pytest.approx({"ar": 0.25, "dflash": 0.4, "eagle3": 0.0})  # smallest backlog; never below 0
+    # the consumers price a round with its host share, from the profile's JSON too (DDTree: DFlash's)
+    prof.round["ddtree-b7"] = 3.0
+    prof.meta["loop_host_ms"] = host
+    back = LatencyProfile.from_json(json.loads(json.dumps(prof.to_json())))
+    assert back.round_ms("dflash") == pytest.approx(2.4) and back.round_ms("eagle3") == pytest.approx(1.5)
+    assert back.round_ms("ddtree", 7) == pytest.approx(3.4) and back.ar_ms() == pytest.approx(1.25)
+    assert LatencyProfile(ar_step=1.0, round={"dflash": 2.0}).round_ms("dflash") == 2.0  # no loop rows: components
 
 
 # ---------------------------------------------------------------- calibrate --replay
@@ -164,21 +172,23 @@ def test_calibrate_replay_writes_thresholds_bench_reads(router_data: Path, tmp_p
 
     prof, out = _profile(tmp_path / "p.json"), tmp_path / "thr.json"
     assert main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--thresholds",
-                 "1e-9,1,1000", "--output", str(out), "--out", str(tmp_path)]) == 0
+                 "1e-9,1,1000,inf,-inf", "--output", str(out), "--out", str(tmp_path)]) == 0
     thr = read_thresholds(str(out))["whiflash-entropy"]
     assert thr["method"] == "whiflash-entropy" and thr["mode"] == "replay" and set(thr["thresholds"]) == set(CATEGORIES)
     assert thr["rounds"] == 8 * 12 and len(thr["samples"]) == 8 and thr["slots"] == ["dflash", "eagle3"]
     for d in thr["details"].values():
-        assert set(d["sweep"]) == {"1e-09", "1.0", "1000.0"} and d["speedup"] == max(d["sweep"].values())
-        assert d["sweep"]["1000.0"] == pytest.approx(d["fixed"]["slot0"])  # entropy always below: slot 0
-        assert d["sweep"]["1e-09"] == pytest.approx(d["fixed"]["slot1"])  # never below: slot 1
+        assert set(d["sweep"]) == {"1e-09", "1.0", "1000.0", "inf", "-inf"} and d["speedup"] == max(d["sweep"].values())
+        # an infinite threshold is that slot's drafter alone; a finite one that always picks it still pays its decisions
+        assert d["sweep"]["inf"] == pytest.approx(d["fixed"]["slot0"]) and d["sweep"]["-inf"] == pytest.approx(
+            d["fixed"]["slot1"])
+        assert d["sweep"]["1000.0"] < d["sweep"]["inf"] and d["sweep"]["1e-09"] < d["sweep"]["-inf"]
         # the speed oracle bounds every routing; the share is the router's part of its gain over the better drafter
         best, oracle = d["best_standalone_tokens_per_second"], d["speed_oracle_tokens_per_second"]
         assert oracle >= d["tokens_per_second"] and oracle >= best and d["best_standalone"] in ("slot0", "slot1")
         assert d["share_of_speed_oracle_gain"] == pytest.approx((d["tokens_per_second"] - best) / (oracle - best))
         assert d["speed_oracle_gain"] == pytest.approx(oracle / best - 1)
     assert thr["overall"]["speed_oracle_tokens_per_second"] > 0 and "Dinkelbach" in thr["speed_oracle_definition"]
-    assert thr["default"] in (1e-9, 1.0, 1000.0)
+    assert thr["default"] in (1e-9, 1.0, 1000.0, math.inf, -math.inf)
     manifest = json.loads((Path(thr["run"]) / "manifest.json").read_text())  # a typed run folder
     assert manifest["kind"] == "whiflash.eval" and manifest["tool"] == "whiflash-eval calibrate --replay"
 
@@ -191,11 +201,11 @@ def test_calibrate_replay_neural_and_refusals(router_data: Path, tmp_path: Path)
     out = tmp_path / "neural.json"
     assert main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof),
                  "--calibrate-method", "whiflash-neural", "--whiflash-neural-router-path", str(router),
-                 "--thresholds=-100,0,100", "--output", str(out), "--out", str(tmp_path)]) == 0
+                 "--thresholds=-inf,-100,0,100", "--output", str(out), "--out", str(tmp_path)]) == 0
     thr = json.loads(out.read_text())
     assert thr["method"] == "whiflash-neural" and set(thr["thresholds"]) == set(CATEGORIES)
-    for d in thr["details"].values():  # a predicted gain above -100 everywhere: always slot 0
-        assert d["sweep"]["-100.0"] == pytest.approx(d["fixed"]["slot0"])
+    for d in thr["details"].values():  # a predicted gain above -100 everywhere: always slot 0, paying its decisions
+        assert d["sweep"]["-inf"] == pytest.approx(d["fixed"]["slot0"]) and d["sweep"]["-100.0"] < d["sweep"]["-inf"]
     with pytest.raises(ValueError, match="--replay needs --latency-profile"):
         main(["calibrate", "--replay", str(router_data), "--out", str(tmp_path)])
     with pytest.raises(ValueError, match=rf"--output {tmp_path}: is a folder"):  # before the replay, not after

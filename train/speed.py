@@ -1,8 +1,8 @@
 """Tokens/s terms for the router: the speed training label and the speed replay of a validation split.
 
 Both take a latency profile (`whiflash-eval profile`, given as ``--data.latency_profile FILE``) and cost a
-round as `whiflash-eval calibrate --replay` does: the slot's round (draft + verify) plus its catch-up of
-the rows committed since it last drafted (Lazy Catch-up).
+round as `whiflash-eval calibrate --replay` does: the slot's round (draft + verify + the host's share the
+profile's loop rows measured) plus its catch-up of the rows committed since it last drafted (Lazy Catch-up).
 
 The speed label (``--data.label speed``) of a round is the difference of the two slots' tokens per
 millisecond had that slot drafted it, in τ units::

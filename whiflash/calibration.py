@@ -4,7 +4,9 @@ A threshold router drafts with slot 0 (the pair's parallel drafter) when its sco
 threshold: WhiFlash-Entropy when the target's next-token entropy is below θ, WhiFlash-Neural when the
 predicted gain τ(slot 0) − τ(slot 1) is above θ. A calibration sweeps θ, scores each value (pooled τ
 of logged rounds in `whiflash-train`, replayed or measured speedup in `whiflash-eval calibrate`) and
-keeps the best one; ties go to the smaller θ. `whiflash.train.calibrate`, `whiflash.eval.replay` and
+keeps the best one; ties go to the smaller θ. An infinite θ pins a slot: the method then decodes with
+that slot's drafter alone and pays no decision (`pinned_slot`), so a category where one drafter is
+always faster loses nothing to routing. `whiflash.train.calibrate`, `whiflash.eval.replay` and
 `whiflash.eval.calibrate` all decide through these two functions.
 """
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["METHODS", "best_threshold", "picks_slot0"]
+__all__ = ["METHODS", "best_threshold", "picks_slot0", "pinned_slot"]
 
 METHODS = ("whiflash-entropy", "whiflash-neural")
 """The threshold routers."""
@@ -28,6 +30,14 @@ def picks_slot0(method: str, values: np.ndarray, threshold: float) -> np.ndarray
     if method == "whiflash-neural":
         return np.asarray(values) > threshold
     raise ValueError(f"--calibrate-method: expected one of {', '.join(METHODS)}, got {method!r}")
+
+
+def pinned_slot(method: str, threshold: float | None) -> int | None:
+    """The slot an infinite `threshold` always picks (entropy: +inf slot 0, -inf slot 1; neural the other way
+    round); None for a finite one (or none)."""
+    if threshold is None or not math.isinf(threshold):
+        return None
+    return 0 if bool(picks_slot0(method, np.zeros(1), threshold)[0]) else 1
 
 
 def best_threshold(sweep: Mapping[float, float]) -> float | None:

@@ -18,7 +18,9 @@ All times are milliseconds of one call. Slot kinds are `eagle3`, `dflash` and `d
 Beside the components, `meta` holds `loop_round_wall_ms` (wall time of a round of the real loop, AR and
 each chain drafter, after a prompt of `context` tokens) and `loop_host_ms` (that minus the round's
 components, never below 0: what the host adds; on a CPU, where the components are wall times too, ~0).
-The consumers cost rounds from the components alone.
+`round_ms` and `ar_ms` add that host share to the components (DDTree takes DFlash's), so a replay prices a
+round as the bench's wall clock pays it: on an H200 at `small`'s shapes the host added 23-37% to a round,
+more to EAGLE-3's than to DFlash's. A profile without loop rows adds 0.
 """
 from __future__ import annotations
 
@@ -71,14 +73,24 @@ class LatencyProfile:
 
     # ------------------------------------------------------------------ queries
 
+    def host_ms(self, kind: str) -> float:
+        """What the host adds to a round of slot kind `kind` (or `ar`), from the loop rows (`meta`'s
+        `loop_host_ms`; DDTree: DFlash's); 0 when the profile has none."""
+        host = self.meta.get("loop_host_ms") or {}
+        return float(host.get(kind, host.get(catchup_model(kind), 0.0)))
+
     def round_ms(self, kind: str, tree_budget: int | None = None) -> float:
-        """One round of a slot (draft + verify, catch-up excluded)."""
+        """One round of a slot as the loop pays it: draft + verify + the host's share (catch-up excluded)."""
         key = slot_kind(kind, tree_budget)
         if key not in self.round:
             hint = f" (profile with --tree-budgets {tree_budget})" if kind == "ddtree" else ""
             raise ValueError(f"latency profile {self.source}: no round time for {key}; it has "
                              f"{', '.join(sorted(self.round)) or 'none'}{hint}")
-        return self.round[key]
+        return self.round[key] + self.host_ms(key)
+
+    def ar_ms(self) -> float:
+        """One AR step as the loop pays it: `ar_step` + the host's share."""
+        return self.ar_step + self.host_ms("ar")
 
     def catchup_ms(self, kind: str, rows: int) -> float:
         """Catch-up of `rows` backlog rows for a slot kind: linear between the measured backlog

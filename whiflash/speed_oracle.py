@@ -216,7 +216,7 @@ def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: L
         best = max(alone, key=lambda k: alone[k])
         tok, ms, n0, iterations = _oracle_ratio(spans, cols, costs, alone[best] / 1e3)
         tps = tok / ms * 1e3
-        out[cat] = {"tokens_per_second": tps, "speedup": tps * profile.ar_step / 1e3, "tau": tok / len(idx),
+        out[cat] = {"tokens_per_second": tps, "speedup": tps * profile.ar_ms() / 1e3, "tau": tok / len(idx),
                     "slot0_rounds": n0 / len(idx), "rounds": int(len(idx)), "standalone": alone,
                     "best_standalone": best, "best_standalone_tokens_per_second": alone[best],
                     "oracle_gain": tps / alone[best] - 1.0, "iterations": iterations}
