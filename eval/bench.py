@@ -149,13 +149,20 @@ class Runner:
         max_len = min(longest + self.max_nodes() + 2, self.target.config.max_position_embeddings + self.max_nodes() + 2)
         self.target.setup_cache(max_len)
         warm = min(self.cfg.warmup_tokens, self.cfg.max_new_tokens)
-        # A routed method may route its whole warm-up to one member; the other's graphs (drafting, the
-        # long catch-up after a switch, the target's verify at its shape) would then be captured inside a
-        # timed sample (+0.5 s once), so members no standalone method warms up are warmed up alone.
-        standalone = [m.drafter for m in self._methods.values() if not m.routed]
-        members = [Method(d.kind, d) for d in self.factory.loaded_drafters() if all(d is not s for s in standalone)]
-        for m in tqdm([*self._methods.values(), *members] if warm else [], desc="warm-up", leave=False):
-            self.generate(m, longest_ids or [0], warm)
+        # A routed method may route its whole warm-up to one slot; the other's graphs (its drafting, the long
+        # catch-up after a switch, the target's verify at its width with this policy deciding inside it, keyed
+        # by the policy and its threshold) would then be captured inside a timed sample (+0.5 s once), so a
+        # routed method is also warmed up with each slot forced.
+        runs = [(m, None) for m in self._methods.values()]
+        runs += [(m, s) for m in self._methods.values() if isinstance(m.drafter, whiflash.RoutedDrafter) for s in (0, 1)]
+        for m, slot in tqdm(runs if warm else [], desc="warm-up", leave=False):
+            if slot is not None:
+                m.drafter.force_slot = slot
+            try:
+                self.generate(m, longest_ids or [0], warm)
+            finally:
+                if slot is not None:
+                    m.drafter.force_slot = None
         if self.target.device.type == "cuda":
             torch.cuda.synchronize(self.target.device)
         return max_len

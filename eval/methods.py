@@ -139,10 +139,6 @@ class MethodFactory:
             self._drafters[(kind, budget)] = whiflash.load_drafter(kind, path, self.target, **opts)
         return self._drafters[(kind, budget)]
 
-    def loaded_drafters(self) -> list[Any]:
-        """Every drafter loaded so far (standalone methods and routed members share them)."""
-        return list(self._drafters.values())
-
     def neural_router(self) -> Any:
         if self._neural is None:
             if not self.neural_router_path:

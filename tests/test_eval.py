@@ -217,23 +217,32 @@ def test_resume_skips_done_rows(micro: Path, tmp_path: Path, monkeypatch: pytest
 # ---------------------------------------------------------------- datasets
 
 
-def test_warm_up_reaches_members_only_routed_methods_use(micro: Path, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A routed method may route its whole warm-up to one member; the other is warmed up alone, so no
-    CUDA graph of it is captured inside a timed sample (DDTree + EAGLE-3 without a standalone EAGLE-3)."""
-    calls: list[str] = []
-    real = whiflash.generate
+def test_warm_up_drafts_with_every_slot_of_a_routed_method(micro: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A routed method may route its whole warm-up to one slot (here: an entropy threshold no round is below,
+    so slot 1 every round); it is warmed up again with each slot forced, so neither member's passes nor the
+    target's verify at a slot's width with the policy deciding inside it (a graph keyed by the policy) is
+    captured inside a timed sample. DDTree + EAGLE-3, with no standalone EAGLE-3 to warm EAGLE-3 up."""
+    calls: list[tuple[str, set[int]]] = []
+    real, propose = whiflash.generate, whiflash.RoutedDrafter.propose
 
     def spy(target, drafter, ids, max_new_tokens, **kw):
-        calls.append("ar" if drafter is None else "routed" if hasattr(drafter, "members") else drafter.kind)
+        calls.append(("ar" if drafter is None else "routed" if hasattr(drafter, "members") else drafter.kind, set()))
         return real(target, drafter, ids, max_new_tokens, **kw)
 
+    def spy_propose(self, pending, pos, slot=0):
+        calls[-1][1].add(slot if self.force_slot is None else self.force_slot)
+        return propose(self, pending, pos, slot)
+
     monkeypatch.setattr(whiflash, "generate", spy)
+    monkeypatch.setattr(whiflash.RoutedDrafter, "propose", spy_propose)
     args = ["--testbed", str(micro), "--max-samples", "1", "--methods", "ar,ddtree,whiflash-entropy",
-            "--whiflash-drafters", "ddt-e3", "--name", "w", "--no-plots"]
+            "--whiflash-drafters", "ddt-e3", "--whiflash-entropy-threshold", "1e-9", "--name", "w", "--no-plots"]
     assert _bench(tmp_path, *args) == 0
-    assert len(calls) == 4 + 3  # warm-ups, then one timed decode per method
-    assert sorted(calls[:4]) == ["ar", "ddtree", "eagle3", "routed"]  # DDTree once: its standalone method does
+    assert len(calls) == 5 + 3  # warm-ups, then one timed decode per method
+    warm = [c for c in calls[:5] if c[0] == "routed"]
+    assert [sorted(kinds) for _, kinds in warm] == [[1], [0], [1]]  # the policy's slot, then each slot forced
+    assert calls[-3:][[c[0] for c in calls[-3:]].index("routed")][1] == {1}  # the timed decode: the policy again
 
 
 def _write(path: Path, records: list[dict]) -> Path:

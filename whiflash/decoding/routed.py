@@ -123,6 +123,10 @@ class RoutedDrafter(DrafterPair):
 
     kind = "whiflash"
     routes = True
+    force_slot: int | None = None
+    """Draft with this slot every round whatever the policy decides (a warm-up sets it, so every slot's passes,
+    the policy's verify graph at that slot's width among them, are captured before anything is timed); None:
+    the policy's slot."""
 
     def __init__(self, pair: str | Pair, router: Any, stick_tau: int | None = None, **options: Any) -> None:
         """router: a policy `(hidden [H], logits [V]) -> 0-dim long slot` (whiflash.routers); stick_tau:
@@ -171,6 +175,7 @@ class RoutedDrafter(DrafterPair):
         return self.router(hidden, logits).reshape(())
 
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
+        slot = slot if self.force_slot is None else self.force_slot
         self._slot, self._proposed = slot, True
         return self._draft(slot, pending, pos)
 
