@@ -1,6 +1,8 @@
 """Prompt sources for datagen: testbed corpus splits and JSONL prompt sets.
 
-A source is `testbed:SPLIT` (prefixes of the testbed corpus split, every category) or a UTF-8 JSONL file:
+A source is `testbed:SPLIT` (prefixes of the testbed corpus split, every category), `testbed:heldout` (per
+category, prefixes of the split the drafters did not learn from: `whiflash.testbed.prompts.heldout_split`; what
+router data should come from) or a UTF-8 JSONL file:
 FastChat-style records (`question_id`, `category`, `turns`: a list of strings, the first turn is used) or
 records with `prompt` (text) or `input_ids` (token ids), each optionally with `id` and `category`. Ids
 are unique: a record repeating another's id (or a source listed twice) is refused.
@@ -57,11 +59,17 @@ def read_source(source: str, testbed: Path | None, per_category: int) -> list[Pr
     """Prompts of one source, in a fixed order (resumption relies on it)."""
     if source.startswith("testbed:"):
         from whiflash.testbed import CATEGORIES, held_out_prompts
-        from whiflash.testbed.prompts import testbed_split
+        from whiflash.testbed.prompts import HELDOUT, heldout_split, testbed_split
 
-        split = testbed_split(source, testbed, "--prompts")
-        return [PromptItem(f"testbed-{split}-{cat}-{i}", cat, p.prompt, source=source)
-                for cat in CATEGORIES for i, p in enumerate(held_out_prompts(testbed, cat, per_category, split=split))]
+        if source == HELDOUT and testbed is None:
+            raise ValueError(f"--prompts {HELDOUT} needs --testbed DIR (a built testbed folder)")
+        out = []
+        for cat in CATEGORIES:  # testbed:heldout: each category from the split its drafters did not learn from
+            split = testbed_split(f"testbed:{heldout_split(testbed, cat)}" if source == HELDOUT else source,
+                                  testbed, "--prompts")
+            out += [PromptItem(f"testbed-{split}-{cat}-{i}", cat, p.prompt, source=source)
+                    for i, p in enumerate(held_out_prompts(testbed, cat, per_category, split=split))]
+        return out
     path = Path(source)
     if not path.is_file():
         raise FileNotFoundError(f"--prompts {source!r}: no such file (expected a JSONL file or testbed:SPLIT)")

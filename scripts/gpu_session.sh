@@ -11,7 +11,8 @@
 #           (adds WhiFlash-Neural when the `router` step has left a router in TESTBED_DIR/router);
 #   latency whiflash-eval profile of the testbed's models at LATENCY_CONTEXT positions (1024) -> TESTBED_DIR/profile.json (round, verify and catch-up
 #           times; the router and calibrate steps use it when it is there);
-#   router  whiflash-datagen on training-split prompts (ROUTER_PROMPTS per category, default 48, ROUTER_TOKENS new
+#   router  whiflash-datagen on testbed:heldout prompts (per category the split the drafters did not learn from;
+#           ROUTER_SOURCE to change it; ROUTER_PROMPTS per category, default 48, ROUTER_TOKENS new
 #           tokens, default 96; ROUTER_PROCS processes sharing the GPU under torchrun, default 1; ROUTER_FLAGS more
 #           datagen flags) + whiflash-train fit for the pair PAIR (default df-e3; ROUTER_TRAIN_FLAGS more fit flags;
 #           with the latency profile it reports the share of the speed oracle's gain, and ROUTER_VARIANTS, e.g.
@@ -143,7 +144,7 @@ PY
       procs=${ROUTER_PROCS:-1}; launch=(python3 -m whiflash.datagen)
       [ "$procs" -gt 1 ] && launch=(python3 -m torch.distributed.run --standalone --nproc-per-node "$procs" -m whiflash.datagen)
       start=$(date +%s)
-      timeout "${ROUTER_TIMEOUT:-300}" "${launch[@]}" --testbed "$TB" --prompts testbed:train --pair "$PAIR" \
+      timeout "${ROUTER_TIMEOUT:-300}" "${launch[@]}" --testbed "$TB" --prompts "${ROUTER_SOURCE:-testbed:heldout}" --pair "$PAIR" \
         --per-category "${ROUTER_PROMPTS:-48}" --max-new-tokens "${ROUTER_TOKENS:-96}" --processes-per-device "$procs" \
         "${gpu[@]}" ${ROUTER_FLAGS:-} --out "$TB/router_data_$PAIR" 2>&1 | tee "$LOG/router_$PAIR.log" | quiet | grep -v "^\[\|W1\|I1" | tail -12
       echo "datagen: $(( $(date +%s) - start )) s with $procs process(es) on the device, launch included"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -341,6 +342,30 @@ def test_testbed_sources_without_brackets_and_clear_errors(micro, tmp_path, monk
     with pytest.raises(FolderKindError, match=rf"--out {micro}: is a testbed build"):
         cli("--testbed", str(micro), "--prompts", "testbed:train", "--out", str(micro), *fast)
     assert (micro / "manifest.json").read_bytes() == testbed_manifest
+
+
+def test_heldout_prompts_come_from_the_split_the_drafters_did_not_learn_from(micro, tmp_path):
+    """`testbed:heldout`: per category the other of train / validation than the responses stage continued (micro
+    continues train prompts everywhere; a manifest saying validation for prose gives train there)."""
+    from whiflash.datagen.prompts import read_source
+    from whiflash.testbed import held_out_prompts
+
+    items = read_source("testbed:heldout", micro, 2)
+    assert [i.prompt_id.rsplit("-", 2)[0] for i in items] == ["testbed-validation"] * 8
+    assert [i.text for i in items if i.category == "code"] == [p.prompt for p in held_out_prompts(
+        micro, "code", 2, split="validation")]
+    fake = tmp_path / "tb"
+    shutil.copytree(micro / "corpus", fake / "corpus")
+    manifest = json.loads((micro / "manifest.json").read_text())
+    manifest["stages"]["responses"]["per_category"]["prose"]["split"] = "validation"
+    (fake / "manifest.json").write_text(json.dumps(manifest))
+    splits = {i.category: i.prompt_id.split("-")[1] for i in read_source("testbed:heldout", fake, 1)}
+    assert splits == {"code": "validation", "math": "validation", "prose": "train", "agentic": "validation"}
+    del manifest["stages"]["responses"]
+    (fake / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"--prompts testbed:heldout: .*manifest.json does not say which split the "
+                                         r"drafters' responses came from for code"):
+        read_source("testbed:heldout", fake, 1)
 
 
 def test_prompts_longer_than_the_target_allows_keep_their_last_tokens(micro, tmp_path):

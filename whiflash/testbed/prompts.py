@@ -17,6 +17,7 @@ prefixes out of a few hundred source files.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from dataclasses import dataclass
@@ -25,7 +26,10 @@ from pathlib import Path
 from .corpus import SPLITS, read_corpus
 from .presets import CATEGORIES
 
-__all__ = ["Prompt", "cut_prompt", "held_out_prompts", "eval_prompts", "testbed_split"]
+__all__ = ["HELDOUT", "Prompt", "cut_prompt", "held_out_prompts", "eval_prompts", "heldout_split", "testbed_split"]
+
+HELDOUT = "testbed:heldout"
+"""A prompt source of its own: per category, prompts the drafters never learned from (`heldout_split`)."""
 
 _HEADER = re.compile(r"^[ \t]*(?:async\s+)?(?:def|class)\s+\w+.*:[ \t]*$")
 
@@ -153,3 +157,18 @@ def testbed_split(source: str, testbed: str | Path | None, flag: str) -> str:
         raise FileNotFoundError(f"{flag} {source!r}: --testbed {testbed}: {why} (expected a built testbed: "
                                 f"python -m whiflash.testbed build --out {testbed})")
     return split
+
+
+def heldout_split(testbed: str | Path, category: str, flag: str = "--prompts") -> str:
+    """The split of `category` whose prompts neither drafter learned from and no benchmark reads: the responses
+    stage continued `train` or `validation` prompts of each category for the drafters' training data (its manifest
+    entry says which), so this is the other of the two. Router data from the drafters' own training prompts repeat
+    the very continuations the drafters learned (the same prompts, the same greedy tokens): there a drafter
+    accepts far more than on any new prompt, and a router learns a world the benchmark does not show."""
+    path = Path(testbed) / "manifest.json"
+    try:
+        used = json.loads(path.read_text())["stages"]["responses"]["per_category"][category]["split"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"{flag} {HELDOUT}: {path} does not say which split the drafters' responses came from for "
+                         f"{category} (expected a testbed built through its responses stage)") from None
+    return "validation" if used == "train" else "train"
