@@ -164,7 +164,9 @@ def heldout_split(testbed: str | Path, category: str, flag: str = "--prompts") -
     stage continued `train` or `validation` prompts of each category for the drafters' training data (its manifest
     entry says which), so this is the other of the two. Router data from the drafters' own training prompts repeat
     the very continuations the drafters learned (the same prompts, the same greedy tokens): there a drafter
-    accepts far more than on any new prompt, and a router learns a world the benchmark does not show."""
+    accepts far more than on any new prompt, and a router learns a world the benchmark does not show. Where the
+    drafters learned from validation prompts (`small`'s prose and agentic) this gives train, the split the target
+    itself was trained on: no split but test is new to all three models there, and test is the benchmark's."""
     path = Path(testbed) / "manifest.json"
     try:
         used = json.loads(path.read_text())["stages"]["responses"]["per_category"][category]["split"]
