@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole router loop on one GPU, as one resumable command: the `small` build, the latency profile,
 # router data, the router (with its ablation when ROUTER_VARIANTS is set), calibration, the routed bench
-# and the benchmark prompt files. Each call runs, in order, every step not yet done whose estimate fits in
+# and the benchmark prompt files; then, while the budget lasts, the testbed's acceptance stage, the bench at
+# temperature 1 (E1_SAMPLES prompts) and the DDTree budget sweep with the oracle (E0_SAMPLES). Each call runs, in order, every step not yet done whose estimate fits in
 # what is left of BUDGET_S, and stops before the first that does not; call it again with the same
 # arguments (on the same warm machine: /tmp is not kept) to go on. A step is done when its output is
 # there: a build stage in the testbed's manifest, profile.json, the router data's manifest, the exported
@@ -42,6 +43,7 @@ done_() {  # is step $1 done?
     gs-calibrate) [ -f "$TB/thresholds_$PAIR.json" ] && { [ ! -d "$ROUTER" ] || [ -f "$TB/thresholds_neural_$PAIR.json" ]; } ;;
     eval-routed) [ -f "$L/eval_${PAIR}_routed_results.md" ] ;;
     eval-prompts) [ -f "$L/eval_${PAIR}_prompts_results.md" ] ;;
+    eval-t1|eval-t0) [ -f "$L/eval_${PAIR}_${1#eval-}_results.md" ] ;;
   esac
 }
 
@@ -53,7 +55,8 @@ fi
 
 # step:estimate (seconds on an H200, with the CUDA tests beside the first ones)
 for item in build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100 \
-            gs-router-data:"${DATAGEN_MIN_S:-60}" gs-router-train:60 gs-calibrate:170 eval-routed:180 eval-prompts:90; do
+            gs-router-data:"${DATAGEN_MIN_S:-60}" gs-router-train:60 gs-calibrate:170 eval-routed:180 eval-prompts:90 \
+            build-acceptance:200 eval-t1:100 eval-t0:200; do
   step=${item%%:*}; est=${item##*:}
   done_ "$step" && { echo "=== $step: done before"; continue; }
   left=$(( budget - ($(date +%s) - start) ))

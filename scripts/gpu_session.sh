@@ -26,7 +26,8 @@
 #           TESTBED_DIR/thresholds_PAIR.json and thresholds_neural_PAIR.json, which `eval` then passes
 #           (STICK_TAU=K: both replay and bench the routers with --whiflash-stick-tau K; CALIBRATE_DECODE=1: the
 #           neural thresholds by decoding EVAL_SAMPLES other test prompts, as `eval` will, not by replay, at
-#           CALIBRATE_THRESHOLDS, default -inf,-1,0,1,inf; +-inf: each drafter alone, no decision paid);
+#           CALIBRATE_THRESHOLDS, default -inf,T-1,T,T+1,inf around the router's exported threshold T; +-inf: each
+#           drafter alone, no decision paid);
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
 #           `router` step has left a router for PAIR), bf16 + CUDA graphs (+ compiled layers, the default) on
 #           a GPU; METHODS overrides the method list, EVAL_SAMPLES / EVAL_TOKENS the prompts and new tokens,
@@ -195,9 +196,11 @@ PY
       # instead (EVAL_SAMPLES test prompts outside the ones `eval` benches, EVAL_TOKENS tokens, 5 thresholds)
       if [ -d "$ROUTER" ] && [ -n "${CALIBRATE_DECODE:-}" ]; then
         gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
+        # around the threshold the router was exported with (the fastest on its validation replay), and each drafter alone
+        around=$(python3 -c "import json, sys; t = json.load(open(sys.argv[1])).get('threshold') or 0.0; print(f'-inf,{t - 1:g},{t:g},{t + 1:g},inf')" "$ROUTER/config.json")
         timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --testbed "$TB" --dataset testbed:test \
           --max-samples "${EVAL_SAMPLES:-30}" --max-new-tokens "${EVAL_TOKENS:-96}" --whiflash-drafters "$PAIR" "${stick[@]}" \
-          --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" --thresholds="${CALIBRATE_THRESHOLDS:--inf,-1,0,1,inf}" \
+          --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" --thresholds="${CALIBRATE_THRESHOLDS:-$around}" \
           "${gpu[@]}" --out "$LOG/eval" --output "$TB/thresholds_neural_$PAIR.json" 2>&1 | tee -a "$LOG/calibrate_$PAIR.log" | quiet | tail -12
       elif [ -d "$ROUTER" ]; then
         timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" "${stick[@]}" \

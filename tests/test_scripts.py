@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("corpus", "tokenizer", "tokens", "target", "responses", "eagle3", "dflash")
+STAGES = ("corpus", "tokenizer", "tokens", "target", "responses", "eagle3", "dflash", "acceptance")
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -34,14 +34,14 @@ def finished_testbed(tb: Path, log: Path, stages: tuple[str, ...] = STAGES) -> N
     for name in ("thresholds_df-e3.json", "thresholds_neural_df-e3.json"):
         (tb / name).write_text("{}")
     log.mkdir()
-    for tag in ("routed", "prompts"):
+    for tag in ("routed", "prompts", "t1", "t0"):
         (log / f"eval_df-e3_{tag}_results.md").write_text("|")
 
 
 def test_a_finished_loop_runs_nothing(tmp_path: Path) -> None:
     finished_testbed(tmp_path / "tb", tmp_path / "log")
     lines = loop(tmp_path / "log", tmp_path / "tb", 600)
-    assert all(line.endswith("done before") for line in lines[:-1]) and len(lines) == 11
+    assert all(line.endswith("done before") for line in lines[:-1]) and len(lines) == 14
 
 
 def test_router_data_is_packed_once_into_parts_that_unpack_to_the_dataset(tmp_path: Path) -> None:
@@ -66,9 +66,17 @@ def test_the_loop_stops_before_a_step_that_does_not_fit(tmp_path: Path) -> None:
     assert re.fullmatch(r"=== stop before build-target \([45]s left < 330s\): call again to go on", lines[0])
 
 
+def test_after_the_routed_benches_come_acceptance_temperature_1_and_the_budget_sweep(tmp_path: Path) -> None:
+    tb, log = tmp_path / "tb", tmp_path / "log"
+    finished_testbed(tb, log, stages=STAGES[:-1])
+    (log / "eval_df-e3_t1_results.md").unlink()
+    lines = loop(log, tb, 150)  # acceptance (200 s) does not fit; T = 1 (100 s) is not tried before it
+    assert lines[-2].startswith("=== stop before build-acceptance") and "eval-t1" not in "".join(lines)
+
+
 def test_an_unfinished_stage_and_a_router_older_than_its_data_are_not_done(tmp_path: Path) -> None:
     tb, log = tmp_path / "tb", tmp_path / "log"
-    finished_testbed(tb, log, stages=STAGES[:-1])  # dflash not built
+    finished_testbed(tb, log, stages=STAGES[:-2])  # dflash (and acceptance) not built
     lines = loop(log, tb, 5)
     assert lines[:3] == [f"=== build-{s}: done before" for s in ("target", "responses", "eagle3")]
     assert lines[3].startswith("=== stop before build-dflash")
