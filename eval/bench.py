@@ -28,6 +28,7 @@ from whiflash.io import atomic_write_text, checkpoint_stamp
 from whiflash.locks import owning_folders
 from whiflash.session import Session
 
+from .benchmarks import TESTBED_CATEGORY
 from .checks import check_bench_config
 from .config import BenchConfig
 from .datasets import Sample, load_selection
@@ -90,9 +91,7 @@ class Runner:
 
     def method(self, name: str, category: str | None = None) -> Method:
         """Method `name`, with the calibrated threshold of `category` when thresholds were given for it."""
-        thr = None
-        if name in self.thresholds:
-            thr = self.thresholds[name]["thresholds"].get(category, self.thresholds[name].get("default"))
+        thr = threshold_for(self.thresholds[name], category) if name in self.thresholds else None
         key = (name, thr)
         if key not in self._methods:
             self._methods[key] = self.factory.build(name, thr)
@@ -166,6 +165,16 @@ class Runner:
         if self.target.device.type == "cuda":
             torch.cuda.synchronize(self.target.device)
         return max_len
+
+
+def threshold_for(calibrated: dict[str, Any], category: str | None) -> float | None:
+    """A thresholds.json's threshold for `category`: its own, else that of the testbed category a benchmark
+    category stands for (`TESTBED_CATEGORY`: chat -> prose, coding -> code), else the file's `default`."""
+    per = calibrated["thresholds"]
+    for cat in (category, TESTBED_CATEGORY.get(category or "")):
+        if cat in per:
+            return per[cat]
+    return calibrated.get("default")
 
 
 def read_thresholds(paths: str) -> dict[str, dict[str, Any]]:

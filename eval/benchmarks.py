@@ -89,6 +89,10 @@ class Benchmark:
         return f"{self.repo} ({f'config {self.config}, ' if self.config else ''}split {self.split})"
 
 
+TESTBED_CATEGORY = {"chat": "prose", "coding": "code", "math": "math", "agentic": "agentic"}
+"""The testbed category each benchmark category stands for: thresholds calibrated on a testbed apply to the
+benchmark prompt files run through it by this map (chat prompts take prose's)."""
+
 BENCHMARKS: dict[str, Benchmark] = {
     "gsm8k": Benchmark("math", "openai/gsm8k", "test", ("question",), _math("question"), config="main",
                        display="GSM8K"),

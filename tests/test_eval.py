@@ -426,6 +426,16 @@ def test_calibrate_then_bench_uses_thresholds(micro: Path, bench_run: Path, tmp_
               "--whiflash-thresholds", f"{out},{out}", "--name", "thr2", "--no-plots"])
 
 
+def test_a_benchmark_category_takes_the_threshold_of_the_testbed_category_it_stands_for() -> None:
+    from whiflash.eval.bench import threshold_for
+
+    calibrated = {"thresholds": {"code": 1.0, "prose": math.inf, "chat": 2.0}, "default": 0.5}
+    assert threshold_for(calibrated, "coding") == 1.0 and threshold_for(calibrated, "code") == 1.0
+    assert threshold_for(calibrated, "chat") == 2.0  # its own first
+    assert threshold_for({**calibrated, "thresholds": {"prose": math.inf}}, "chat") == math.inf
+    assert threshold_for(calibrated, "math") == 0.5 and threshold_for(calibrated, None) == 0.5
+
+
 def test_neural_router_file_and_tree_pair(micro: Path, tmp_path: Path) -> None:
     from whiflash.router import NeuralRouter, export_single_file
 
