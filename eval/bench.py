@@ -207,8 +207,9 @@ def _row(sample: Sample, turn: int, method: Method, order: int, ids: list[int], 
         # a pinned routed method drafts every round with its one slot's drafter
         "taus": list(st.taus), "mean_tau": st.mean_tau, "backlogs": list(st.backlogs),
         "slots": list(st.slots) if method.pinned is None else [method.pinned] * len(st.taus),
-        "switch_rate": st.switch_rate if st.slots else (0.0 if method.pinned is not None else None), "catchup_seconds": st.catchup_seconds,
-        "catchup_timed": bool(timed and method.routed), "threshold": threshold, "tokens": out,
+        "switch_rate": st.switch_rate if st.slots else (0.0 if method.pinned is not None else None),
+        "catchup_seconds": st.catchup_seconds, "catchup_timed": bool(timed and method.routed), "threshold": threshold,
+        "tokens": out,
     }
 
 

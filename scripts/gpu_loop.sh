@@ -2,7 +2,8 @@
 # The whole router loop on one GPU, as one resumable command: the `small` build, the latency profile,
 # router data, the router (with its ablation when ROUTER_VARIANTS is set), calibration, the routed bench
 # and the benchmark prompt files; then, while the budget lasts, the testbed's acceptance stage, the bench at
-# temperature 1 (E1_SAMPLES prompts) and the DDTree budget sweep with the oracle (E0_SAMPLES). Each call runs, in order, every step not yet done whose estimate fits in
+# temperature 1 (E1_SAMPLES prompts) and the DDTree budget sweep with the oracle (E0_SAMPLES). Each call
+# runs, in order, every step not yet done whose estimate fits in
 # what is left of BUDGET_S, and stops before the first that does not; call it again with the same
 # arguments (on the same warm machine: /tmp is not kept) to go on. A step is done when its output is
 # there: a build stage in the testbed's manifest, profile.json, the router data's manifest, the exported
