@@ -77,7 +77,7 @@ def main() -> int:
     data, routers = work / f"data-{models.hexdigest()[:12]}", work / f"runs-{models.hexdigest()[:12]}"
     if not (sorted(routers.glob("*/router")) and (data / "manifest.json").is_file()):  # reuse: most of a rerun
         step("router data", "whiflash-datagen", datagen_main,
-             ["--testbed", str(root), "--prompts", "[testbed:train]", "--per-category", "60",
+             ["--testbed", str(root), "--prompts", "[testbed:heldout]", "--per-category", "60",
               "--max-new-tokens", "96", "--out", str(data), *device])
         step("router training", "whiflash-train", train_main,
              ["fit", "--data.path", str(data), "--trainer.default_root_dir", str(routers)])
