@@ -40,8 +40,8 @@ SPEEDUP_DEFINITION = ("speedup = mean over samples of AR time per output token /
 PROTOCOL = (
     "Per sample, every method (AR included) decodes the same prompt in the same process, in an order that "
     "rotates from one sample of a category to the next. Before the first timed sample the target cache is "
-    "allocated for the longest sample and every method runs one untimed warm-up decode (capturing CUDA graphs "
-    "when enabled). "
+    "allocated for the longest sample and every method runs one untimed warm-up decode, a routed method one "
+    "more with each of its slots forced (capturing CUDA graphs when enabled). "
     "Timings are device-synchronised; prefill is excluded: time per output token (TPOT) = decode seconds / "
     "decode tokens, where decode tokens = new tokens - 1 (the first new token comes from the prefill). "
     "Speedup = mean AR TPOT / mean method TPOT over the same samples (bootstrap 95% interval over samples); "
