@@ -419,6 +419,7 @@ def test_calibrate_then_bench_uses_thresholds(micro: Path, bench_run: Path, tmp_
     rows = {(r["method"], r["category"]): r for r in _rows(_run_dir(tmp_path, "thr"))}
     pinned, ar = rows[("whiflash-neural", "math")], rows[("ar", "math")]
     assert pinned["slots"] == [1] * len(pinned["taus"]) and pinned["switch_rate"] == 0.0
+    assert pinned["backlogs"] == [] and rows[("whiflash-neural", "code")]["backlogs"]  # no routed drafter ran
     assert pinned["tokens"] == ar["tokens"] and len(pinned["taus"]) > 1
     assert 0 in rows[("whiflash-neural", "code")]["slots"]  # -50: the router still decides (slot 0 here)
     with pytest.raises(ValueError, match="two files for whiflash-entropy"):
