@@ -224,18 +224,18 @@ def test_warm_up_drafts_with_every_slot_of_a_routed_method(micro: Path, tmp_path
     target's verify at a slot's width with the policy deciding inside it (a graph keyed by the policy) is
     captured inside a timed sample. DDTree + EAGLE-3, with no standalone EAGLE-3 to warm EAGLE-3 up."""
     calls: list[tuple[str, set[int]]] = []
-    real, propose = whiflash.generate, whiflash.RoutedDrafter.propose
+    real, draft = whiflash.generate, whiflash.RoutedDrafter._draft
 
     def spy(target, drafter, ids, max_new_tokens, **kw):
         calls.append(("ar" if drafter is None else "routed" if hasattr(drafter, "members") else drafter.kind, set()))
         return real(target, drafter, ids, max_new_tokens, **kw)
 
-    def spy_propose(self, pending, pos, slot=0):
-        calls[-1][1].add(slot if self.force_slot is None else self.force_slot)
-        return propose(self, pending, pos, slot)
+    def spy_draft(self, slot, pending, pos):  # the slot that really drafts
+        calls[-1][1].add(slot)
+        return draft(self, slot, pending, pos)
 
     monkeypatch.setattr(whiflash, "generate", spy)
-    monkeypatch.setattr(whiflash.RoutedDrafter, "propose", spy_propose)
+    monkeypatch.setattr(whiflash.RoutedDrafter, "_draft", spy_draft)
     args = ["--testbed", str(micro), "--max-samples", "1", "--methods", "ar,ddtree,whiflash-entropy",
             "--whiflash-drafters", "ddt-e3", "--whiflash-entropy-threshold", "1e-9", "--name", "w", "--no-plots"]
     assert _bench(tmp_path, *args) == 0
