@@ -10,6 +10,8 @@
 #   eval-prompts[@PAIR]  AR, EAGLE-3, DFlash, DDTree and WhiFlash-Neural on the JSONL prompt files in PROMPTS_DIR
 #                 (.prompts), E2_SAMPLES rows of each (10, upstream's selection), E_TOKENS new tokens
 #   gputest       the testbed generator's CUDA-graph test
+#   router-test[@PAIR]  router data on the test split (TEST_PROMPTS a category, 80: the pool the benchmark draws its
+#                 prompts from) -> TESTBED_DIR/router_data_PAIR_test, for replaying the router on the benchmark's prompts
 #   gs-STEP[@PAIR]  any gpu_session.sh step (latency, router, calibrate, tests, ...) for PAIR (default df-e3)
 #   eval-routed[@PAIR]  the routed bench: AR, EAGLE-3, DFlash, DDTree, WhiFlash-Entropy (calibrated thresholds when
 #                 the calibrate step left them), WhiFlash-Neural and the oracle; E0_SAMPLES prompts, E_TOKENS tokens
@@ -37,10 +39,12 @@ for item in "$@"; do
     eval-t1) EVAL_TIMEOUT=$left EVAL_SAMPLES=${E1_SAMPLES:-40} EVAL_TOKENS=${E_TOKENS:-256} \
                METHODS=ar,eagle3,dflash,ddtree EVAL_FLAGS="--temperature 1" EVAL_TAG=_t1 \
                bash scripts/gpu_session.sh "$L" "$TB" eval ;;
+    router-test) PAIR=$pair ROUTER_TIMEOUT=$left ROUTER_SOURCE=testbed:test ROUTER_PROMPTS=${TEST_PROMPTS:-80} \
+               ROUTER_DATA=$TB/router_data_${pair}_test bash scripts/gpu_session.sh "$L" "$TB" router-data ;;
     gs-*) PAIR=$pair ROUTER_TIMEOUT=$left LATENCY_TIMEOUT=$left CALIBRATE_TIMEOUT=$left TESTS_TIMEOUT=$left \
             EVAL_TIMEOUT=$left BUILD_TIMEOUT=$left bash scripts/gpu_session.sh "$L" "$TB" "${name#gs-}" ;;
     eval-routed) methods=()  # df-e3: the eval step's default list (+ WhiFlash-Neural when the router is there)
-               [ "$pair" != df-e3 ] && methods=(METHODS=ar,ddtree,whiflash-neural)
+               [ "$pair" != df-e3 ] && methods=(METHODS=ar,eagle3,ddtree,whiflash-neural)
                env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
                  "${methods[@]}" EVAL_TAG=_routed bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     eval-prompts) files=(); for f in "${PROMPTS_DIR:-.prompts}"/*.jsonl; do files+=("$f"); done  # benchmark prompt files
@@ -48,7 +52,7 @@ for item in "$@"; do
                env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E2_SAMPLES:-10} EVAL_TOKENS=${E_TOKENS:-256} EVAL_DATASET="$data" \
                  METHODS=ar,eagle3,dflash,ddtree,whiflash-neural EVAL_TAG=_prompts bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     gputest) timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k batched_generation 2>&1 | tail -3 ;;
-    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, eval-prompts, gs-STEP, gputest)"; exit 2 ;;
+    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, eval-prompts, router-test, gs-STEP, gputest)"; exit 2 ;;
   esac
   echo "=== $name done, ${left}s were left before it; $(( $(date +%s) - start ))s in all"
 done

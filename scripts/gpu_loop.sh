@@ -1,29 +1,31 @@
 #!/usr/bin/env bash
 # The whole router loop on one GPU, as one resumable command: the `small` build, the latency profile,
-# router data, the router (with its ablation when ROUTER_VARIANTS is set), calibration, the routed bench
-# and the benchmark prompt files; then, while the budget lasts, the testbed's acceptance stage, the bench at
-# temperature 1 (E1_SAMPLES prompts) and the DDTree budget sweep with the oracle (E0_SAMPLES). Each call
-# runs, in order, every step not yet done whose estimate fits in
-# what is left of BUDGET_S, and stops before the first that does not; call it again with the same
-# arguments (on the same warm machine: /tmp is not kept) to go on. A step is done when its output is
-# there: a build stage in the testbed's manifest, profile.json, the router data's manifest, the exported
-# router, the thresholds files, the bench's results copied into LOG_DIR. Router data resumes from its
-# finished shards, so it starts whenever DATAGEN_MIN_S (60) are left.
+# router data, the router (with its ablation when ROUTER_VARIANTS is set), calibration, the routed bench,
+# router data on the test split's prompts (a replay of the benchmark's own prompts: does what the router
+# learned hold there?) and the benchmark prompt files; then the same router loop for the ddt-e3 pair; then,
+# while the budget lasts, the testbed's acceptance stage, the bench at temperature 1 (E1_SAMPLES prompts) and
+# the DDTree budget sweep with the oracle (E0_SAMPLES). Each call runs, in order, every step not yet done
+# whose estimate fits in what is left of BUDGET_S, and stops before the first that does not; call it again
+# with the same arguments (on the same warm machine: /tmp is not kept) to go on. A step is done when its
+# output is there: a build stage in the testbed's manifest, profile.json, the router data's manifest, the
+# exported router, the thresholds files, the bench's results copied into LOG_DIR. Router data resumes from
+# its finished shards, so it starts whenever DATAGEN_MIN_S (60) are left.
+# PAIRS (df-e3,ddt-e3): the pairs whose router loops run, in order; the first also gets the test-split data
+# (TEST_PROMPTS a category, 80: the pool the benchmark draws from) and the prompt files.
 # TESTS_BESIDE=1: the CUDA tests run beside the first call's build (TESTS_TIMEOUT, 555 s), once.
-# PACK_DIR=DIR: once the router data is there, it is written to DIR (once) as a tar in 15 MiB parts,
-# router_data_PAIR.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most), so router
-# modelling can go on elsewhere: `cat router_data_PAIR.tar.* | tar xf - -C DEST` gives the dataset folder.
+# PACK_DIR=DIR: once a router dataset is there, it is written to DIR (once) as a tar in 15 MiB parts,
+# router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most), so router
+# modelling can go on elsewhere: `cat router_data_NAME.tar.* | tar xf - -C DEST` gives the dataset folder.
 # Every knob of scripts/gpu_budget.sh and gpu_session.sh passes through (ROUTER_PROMPTS, ROUTER_PROCS,
 # ROUTER_VARIANTS, CALIBRATE_DECODE, E0_SAMPLES, E_TOKENS, METHODS, ...).
 # Usage: scripts/gpu_loop.sh LOG_DIR TESTBED_DIR BUDGET_S
 #   e.g. three device commands of `TESTS_BESIDE=1 scripts/gpu_loop.sh /tmp/L /tmp/tb 560`
 # PRESET=micro ROUTER_PROMPTS=6 ROUTER_TOKENS=24 LATENCY_CONTEXT=256 E0_SAMPLES=8 E2_SAMPLES=2 E_TOKENS=24
-# EVAL_SAMPLES=4 EVAL_TOKENS=24 checks it on a CPU in a few minutes.
+# EVAL_SAMPLES=4 EVAL_TOKENS=24 TEST_PROMPTS=2 checks it on a CPU in a few minutes.
 set -u
 cd "$(dirname "$0")/.."
 L=${1:?LOG_DIR}; TB=${2:?TESTBED_DIR}; budget=${3:?BUDGET_S}
-PAIR=${PAIR:-df-e3}
-ROUTER=$TB/router; [ "$PAIR" != df-e3 ] && ROUTER=$TB/router_$PAIR
+IFS=, read -r -a pairs <<< "${PAIRS:-df-e3,ddt-e3}"
 start=$(date +%s)
 mkdir -p "$L"
 
@@ -35,16 +37,18 @@ sys.exit(0 if stage.get("done") else 1)
 PY
 }
 
-done_() {  # is step $1 done?
+done_() {  # is step $1 done for pair $2?
+  local router=$TB/router; [ "$2" != df-e3 ] && router=$TB/router_$2
   case $1 in
     build-*) stage_done "${1#build-}" ;;
     gs-latency) [ -f "$TB/profile.json" ] ;;
-    gs-router-data) [ -f "$TB/router_data_$PAIR/manifest.json" ] ;;
-    gs-router-train) [ -f "$ROUTER/config.json" ] && [ "$ROUTER/config.json" -nt "$TB/router_data_$PAIR/manifest.json" ] ;;
-    gs-calibrate) [ -f "$TB/thresholds_$PAIR.json" ] && { [ ! -d "$ROUTER" ] || [ -f "$TB/thresholds_neural_$PAIR.json" ]; } ;;
-    eval-routed) [ -f "$L/eval_${PAIR}_routed_results.md" ] ;;
-    eval-prompts) [ -f "$L/eval_${PAIR}_prompts_results.md" ] ;;
-    eval-t1|eval-t0) [ -f "$L/eval_${PAIR}_${1#eval-}_results.md" ] ;;
+    gs-router-data) [ -f "$TB/router_data_$2/manifest.json" ] ;;
+    router-test) [ -f "$TB/router_data_${2}_test/manifest.json" ] ;;
+    gs-router-train) [ -f "$router/config.json" ] && [ "$router/config.json" -nt "$TB/router_data_$2/manifest.json" ] ;;
+    gs-calibrate) [ -f "$TB/thresholds_$2.json" ] && { [ ! -d "$router" ] || [ -f "$TB/thresholds_neural_$2.json" ]; } ;;
+    eval-routed) [ -f "$L/eval_$2_routed_results.md" ] ;;
+    eval-prompts) [ -f "$L/eval_$2_prompts_results.md" ] ;;
+    eval-t1|eval-t0) [ -f "$L/eval_$2_${1#eval-}_results.md" ] ;;
   esac
 }
 
@@ -54,20 +58,28 @@ if [ "${TESTS_BESIDE:-0}" = 1 ] && [ ! -f "$L/tests.started" ]; then
   tests_pid=$!
 fi
 
-# step:estimate (seconds on an H200, with the CUDA tests beside the first ones)
-for item in build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100 \
-            gs-router-data:"${DATAGEN_MIN_S:-60}" gs-router-train:60 gs-calibrate:170 eval-routed:180 eval-prompts:90 \
-            build-acceptance:200 eval-t1:100 eval-t0:200; do
-  step=${item%%:*}; est=${item##*:}
-  done_ "$step" && { echo "=== $step: done before"; continue; }
-  left=$(( budget - ($(date +%s) - start) ))
-  [ "$left" -lt "$est" ] && { echo "=== stop before $step (${left}s left < ${est}s): call again to go on"; break; }
-  PAIR=$PAIR bash scripts/gpu_budget.sh "$L" "$TB" "$left" "$step@$PAIR:$est"
-  done_ "$step" || { echo "=== $step did not finish: call again to go on"; break; }
+# step[@pair]:estimate (seconds on an H200, with the CUDA tests beside the first ones)
+steps=(build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100)
+for p in "${pairs[@]}"; do
+  steps+=("gs-router-data@$p:${DATAGEN_MIN_S:-60}" "gs-router-train@$p:60" "gs-calibrate@$p:170" "eval-routed@$p:180")
+  [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:90" "eval-prompts@$p:90")
 done
-if [ -n "${PACK_DIR:-}" ] && done_ gs-router-data && [ ! -f "$L/router_data_$PAIR.packed" ]; then
-  mkdir -p "$PACK_DIR" && tar cf - -C "$TB" "router_data_$PAIR" | split -b 15m -d - "$PACK_DIR/router_data_$PAIR.tar." \
-    && touch "$L/router_data_$PAIR.packed" && echo "=== router data packed into $PACK_DIR"
-fi
+steps+=(build-acceptance:200 eval-t1:100 eval-t0:200)
+pack() {  # the router dataset folder TB/$1 into PACK_DIR, once
+  [ -n "${PACK_DIR:-}" ] && [ -f "$TB/$1/manifest.json" ] && [ ! -f "$L/$1.packed" ] || return 0
+  mkdir -p "$PACK_DIR" && tar cf - -C "$TB" "$1" | split -b 15m -d - "$PACK_DIR/$1.tar." \
+    && touch "$L/$1.packed" && echo "=== $1 packed into $PACK_DIR"
+}
+for item in "${steps[@]}"; do
+  step=${item%%:*}; est=${item##*:}; pair=${pairs[0]}
+  [[ $step == *@* ]] && pair=${step#*@} && step=${step%@*}
+  name=$step; [[ $step == build-* || $step == gs-latency ]] || name=$step@$pair
+  done_ "$step" "$pair" && { echo "=== $name: done before"; continue; }
+  left=$(( budget - ($(date +%s) - start) ))
+  [ "$left" -lt "$est" ] && { echo "=== stop before $name (${left}s left < ${est}s): call again to go on"; break; }
+  PAIR=$pair bash scripts/gpu_budget.sh "$L" "$TB" "$left" "$step@$pair:$est"
+  done_ "$step" "$pair" || { echo "=== $name did not finish: call again to go on"; break; }
+done
+for p in "${pairs[@]}"; do pack "router_data_$p"; pack "router_data_${p}_test"; done
 [ -n "${tests_pid:-}" ] && wait "$tests_pid" && tail -3 "$L/tests.out"
 echo "=== $(( $(date +%s) - start ))s of ${budget}s"

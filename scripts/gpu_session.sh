@@ -19,6 +19,7 @@
 #           "tau,speed,speed+entropy", fits one router per variant with whiflash.train.compare, prints the ablation
 #           table and keeps the variant of the fastest replayed tokens/s), router into TESTBED_DIR/router (df-e3) or
 #           TESTBED_DIR/router_PAIR; router-data and router-train are its two halves, for two device commands
+#           (ROUTER_DATA: the folder router-data writes, default TESTBED_DIR/router_data_PAIR)
 #           (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse`
 #           importable);
 #   calibrate  per-category WhiFlash-Entropy thresholds, and WhiFlash-Neural's when the router is there, by
@@ -65,7 +66,7 @@ PAIR=${PAIR:-df-e3}
 ROUTER=$TB/router; [ "$PAIR" != df-e3 ] && ROUTER=$TB/router_$PAIR
 mkdir -p "$LOG"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-quiet() { grep -v -i "it/s\|s/it\|warn"; }  # progress bars and library warnings stay in the logs only
+quiet() { grep -v -i "it/s\|s/it\|prompt/s\|warn"; }  # progress bars and library warnings stay in the logs only
 
 for step in $STEPS; do
   echo "=== $step ($(date +%T))"
@@ -145,11 +146,12 @@ PY
       procs=${ROUTER_PROCS:-1}; launch=(python3 -m whiflash.datagen)
       [ "$procs" -gt 1 ] && launch=(python3 -m torch.distributed.run --standalone --nproc-per-node "$procs" -m whiflash.datagen)
       start=$(date +%s)
+      data=${ROUTER_DATA:-$TB/router_data_$PAIR}; name=$(basename "$data")
       timeout "${ROUTER_TIMEOUT:-300}" "${launch[@]}" --testbed "$TB" --prompts "${ROUTER_SOURCE:-testbed:heldout}" --pair "$PAIR" \
         --per-category "${ROUTER_PROMPTS:-48}" --max-new-tokens "${ROUTER_TOKENS:-96}" --processes-per-device "$procs" \
-        "${gpu[@]}" ${ROUTER_FLAGS:-} --out "$TB/router_data_$PAIR" 2>&1 | tee "$LOG/router_$PAIR.log" | quiet | grep -v "^\[\|W1\|I1" | tail -12
+        "${gpu[@]}" ${ROUTER_FLAGS:-} --out "$data" 2>&1 | tee "$LOG/$name.log" | quiet | grep -v "^\[\|W1\|I1" | tail -12
       echo "datagen: $(( $(date +%s) - start )) s with $procs process(es) on the device, launch included"
-      cp "$TB/router_data_$PAIR"/*.png "$TB/router_data_$PAIR/manifest.json" "$LOG/" 2>/dev/null; }
+      mkdir -p "$LOG/$name" && cp "$data"/*.png "$data/manifest.json" "$LOG/$name/" 2>/dev/null; }
       [ "$step" = router-data ] && continue
       [ "$step" = router-train ] && start=$(date +%s)
       left=$(( ${ROUTER_TIMEOUT:-300} - ($(date +%s) - start) ))

@@ -23,25 +23,28 @@ def loop(log: Path, tb: Path, budget: int) -> list[str]:
 
 
 def finished_testbed(tb: Path, log: Path, stages: tuple[str, ...] = STAGES) -> None:
-    """The outputs by which the loop tells each step is done."""
+    """The outputs by which the loop tells each step is done, for both pairs."""
     tb.mkdir(parents=True)
     (tb / "manifest.json").write_text(json.dumps({"stages": {s: {"done": True} for s in stages}}))
     (tb / "profile.json").write_text("{}")
-    (tb / "router_data_df-e3").mkdir()
-    (tb / "router_data_df-e3/manifest.json").write_text("{}")
-    (tb / "router").mkdir()
-    (tb / "router/config.json").write_text("{}")
-    for name in ("thresholds_df-e3.json", "thresholds_neural_df-e3.json"):
-        (tb / name).write_text("{}")
     log.mkdir()
-    for tag in ("routed", "prompts", "t1", "t0"):
-        (log / f"eval_df-e3_{tag}_results.md").write_text("|")
+    for pair, router in (("df-e3", "router"), ("ddt-e3", "router_ddt-e3")):
+        for data in (f"router_data_{pair}", f"router_data_{pair}_test"):
+            (tb / data).mkdir()
+            (tb / data / "manifest.json").write_text("{}")
+        (tb / router).mkdir()
+        (tb / router / "config.json").write_text("{}")
+        for name in (f"thresholds_{pair}.json", f"thresholds_neural_{pair}.json"):
+            (tb / name).write_text("{}")
+        for tag in ("routed", "prompts", "t1", "t0"):
+            (log / f"eval_{pair}_{tag}_results.md").write_text("|")
 
 
 def test_a_finished_loop_runs_nothing(tmp_path: Path) -> None:
     finished_testbed(tmp_path / "tb", tmp_path / "log")
     lines = loop(tmp_path / "log", tmp_path / "tb", 600)
-    assert all(line.endswith("done before") for line in lines[:-1]) and len(lines) == 14
+    assert all(line.endswith("done before") for line in lines[:-1]) and len(lines) == 19
+    assert "=== router-test@df-e3: done before" in lines and "=== eval-routed@ddt-e3: done before" in lines
 
 
 def test_router_data_is_packed_once_into_parts_that_unpack_to_the_dataset(tmp_path: Path) -> None:
@@ -50,9 +53,10 @@ def test_router_data_is_packed_once_into_parts_that_unpack_to_the_dataset(tmp_pa
     env = {**os.environ, "PACK_DIR": str(tmp_path / "out")}
     run = lambda: subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(tmp_path / "log"),  # noqa: E731
                                   str(tmp_path / "tb"), "60"], env=env, capture_output=True, text=True, check=True)
-    assert "=== router data packed into" in run().stdout
+    assert "=== router_data_df-e3 packed into" in run().stdout
     parts = sorted((tmp_path / "out").glob("router_data_df-e3.tar.*"))
     assert [p.name for p in parts] == ["router_data_df-e3.tar.00"]
+    assert (tmp_path / "out/router_data_ddt-e3_test.tar.00").is_file()  # every pair's datasets
     (tmp_path / "back").mkdir()
     subprocess.run(f"cat {' '.join(map(str, parts))} | tar xf - -C {tmp_path / 'back'}", shell=True, check=True)
     for name in ("manifest.json", "shard-00000.parquet"):
@@ -87,5 +91,18 @@ def test_an_unfinished_stage_and_a_router_older_than_its_data_are_not_done(tmp_p
     stamp = data.stat().st_mtime
     os.utime(router, (stamp - 10, stamp - 10))
     lines = loop(log, tb, 5)
-    assert "=== gs-router-data: done before" in lines
-    assert lines[lines.index("=== gs-router-data: done before") + 1].startswith("=== stop before gs-router-train")
+    assert "=== gs-router-data@df-e3: done before" in lines
+    assert lines[lines.index("=== gs-router-data@df-e3: done before") + 1].startswith("=== stop before gs-router-train@df-e3")
+
+
+def test_the_second_pair_loops_after_the_first_and_pairs_picks_them(tmp_path: Path) -> None:
+    tb, log = tmp_path / "tb", tmp_path / "log"
+    finished_testbed(tb, log)
+    shutil.rmtree(tb / "router_data_ddt-e3")
+    lines = loop(log, tb, 5)
+    assert "=== eval-prompts@df-e3: done before" in lines
+    assert lines[lines.index("=== eval-prompts@df-e3: done before") + 1].startswith(
+        "=== stop before gs-router-data@ddt-e3 (")
+    out = subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(log), str(tb), "5"], capture_output=True,
+                         text=True, timeout=60, check=True, env={**os.environ, "PAIRS": "df-e3"}).stdout
+    assert "ddt-e3" not in out and "=== build-acceptance: done before" in out
