@@ -100,14 +100,14 @@ def test_fixed_shape_decoding_with_the_kernel_equals_the_eager_path(tmp_path) ->
         da._masked_attention = lambda *a: (calls.__setitem__(0, calls[0] + 1), real(*a))[1]
         prompt = [1, 5, 7, 9, 11, 3]
         for drafter in [None, *drafters]:
-            eager = whiflash.generate(target, drafter, prompt, 16)
+            eager = whiflash.generate(target, drafter, prompt, 10)  # several rounds of each (interpreted: seconds a round)
             for m in [target, *drafters]:
                 m.static = True
-            fixed = whiflash.generate(target, drafter, prompt, 16)
+            fixed = whiflash.generate(target, drafter, prompt, 10)
             for m in [target, *drafters]:
                 m.static = False
             assert eager[0] == fixed[0] and eager[1].taus == fixed[1].taus, drafter
-        assert calls[0] > 100, calls
+        assert calls[0] > 60, calls
         print("ok")
     """)
     assert out.strip() == "ok"
@@ -165,11 +165,11 @@ def test_gemv_kernel_matches_linear_and_decodes_alike(tmp_path) -> None:
         on = target.engine
         for drafter in (eagle, dflash):
             target.set_engine(on.with_(gemv=False))  # the reference: cuBLAS's products, eager passes
-            reference = whiflash.generate(target, drafter, [3, 1, 4, 1, 5], 12)
+            reference = whiflash.generate(target, drafter, [3, 1, 4, 1, 5], 8)
             target.set_engine(on)
             for m in (target, eagle, dflash):
                 m.static = True
-            fixed = whiflash.generate(target, drafter, [3, 1, 4, 1, 5], 12)
+            fixed = whiflash.generate(target, drafter, [3, 1, 4, 1, 5], 8)
             for m in (target, eagle, dflash):
                 m.static = False
             assert reference[0] == fixed[0] and reference[1].taus == fixed[1].taus, drafter
