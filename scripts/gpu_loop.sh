@@ -16,6 +16,7 @@
 # PACK_DIR=DIR: once a router dataset is there, it is written to DIR (once) as a tar in 15 MiB parts,
 # router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most), so router
 # modelling can go on elsewhere: `cat router_data_NAME.tar.* | tar xf - -C DEST` gives the dataset folder.
+# DRY_RUN=1: print each step's gpu_budget.sh command instead of running it (the loop then stops after it).
 # Every knob of scripts/gpu_budget.sh and gpu_session.sh passes through (ROUTER_PROMPTS, ROUTER_PROCS,
 # ROUTER_VARIANTS, CALIBRATE_DECODE, E0_SAMPLES, E_TOKENS, METHODS, ...).
 # Usage: scripts/gpu_loop.sh LOG_DIR TESTBED_DIR BUDGET_S
@@ -70,15 +71,26 @@ pack() {  # the router dataset folder TB/$1 into PACK_DIR, once
   mkdir -p "$PACK_DIR" && tar cf - -C "$TB" "$1" | split -b 15m -d - "$PACK_DIR/$1.tar." \
     && touch "$L/$1.packed" && echo "=== $1 packed into $PACK_DIR"
 }
-for item in "${steps[@]}"; do
-  step=${item%%:*}; est=${item##*:}; pair=${pairs[0]}
+skip_to=0
+for i in "${!steps[@]}"; do
+  [ "$i" -lt "$skip_to" ] && continue
+  item=${steps[$i]}; step=${item%%:*}; est=${item##*:}; pair=${pairs[0]}
   [[ $step == *@* ]] && pair=${step#*@} && step=${step%@*}
   name=$step; [[ $step == build-* || $step == gs-latency ]] || name=$step@$pair
   done_ "$step" "$pair" && { echo "=== $name: done before"; continue; }
   left=$(( budget - ($(date +%s) - start) ))
   [ "$left" -lt "$est" ] && { echo "=== stop before $name (${left}s left < ${est}s): call again to go on"; break; }
-  PAIR=$pair bash scripts/gpu_budget.sh "$L" "$TB" "$left" "$step@$pair:$est"
-  done_ "$step" "$pair" || { echo "=== $name did not finish: call again to go on"; break; }
+  run=$step; skip_to=$(( i + 1 ))
+  if [[ $step == build-* ]]; then  # the next build stages that fit too go in the same process (UNTIL=the last):
+    # each build process spends 13-17 s re-checking the stages before its own
+    while [[ ${steps[$skip_to]:-} == build-* ]] && [ $(( est + ${steps[$skip_to]##*:} )) -le "$left" ]; do
+      est=$(( est + ${steps[$skip_to]##*:} )); run=${steps[$skip_to]%%:*}; skip_to=$(( skip_to + 1 ))
+    done
+    [ "$run" != "$step" ] && echo "=== $step to ${run#build-} in one build process (${est}s estimate)"
+  fi
+  if [ "${DRY_RUN:-0}" = 1 ]; then echo "=== would run: gpu_budget.sh $L $TB $left $run@$pair:$est"
+  else PAIR=$pair bash scripts/gpu_budget.sh "$L" "$TB" "$left" "$run@$pair:$est"; fi
+  done_ "${run}" "$pair" || { echo "=== $name did not finish: call again to go on"; break; }
 done
 for p in "${pairs[@]}"; do pack "router_data_$p"; pack "router_data_${p}_test"; done
 [ -n "${tests_pid:-}" ] && wait "$tests_pid" && tail -3 "$L/tests.out"

@@ -106,3 +106,21 @@ def test_the_second_pair_loops_after_the_first_and_pairs_picks_them(tmp_path: Pa
     out = subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(log), str(tb), "5"], capture_output=True,
                          text=True, timeout=60, check=True, env={**os.environ, "PAIRS": "df-e3"}).stdout
     assert "ddt-e3" not in out and "=== build-acceptance: done before" in out
+
+
+def test_build_stages_that_fit_together_run_in_one_build_process(tmp_path: Path) -> None:
+    def dry(tb: Path, budget: int) -> list[str]:
+        out = subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(tmp_path / "log"), str(tb), str(budget)],
+                             capture_output=True, text=True, timeout=60, check=True, env={**os.environ, "DRY_RUN": "1"})
+        return [line for line in out.stdout.splitlines() if line.startswith("=== ")]
+
+    lines = dry(tmp_path / "fresh", 560)  # target (330) + responses (80) fit, + eagle3 (170) does not
+    assert lines[0] == "=== build-target to responses in one build process (410s estimate)"
+    assert re.fullmatch(r"=== would run: gpu_budget\.sh \S+ \S+ 5[56]\d build-responses@df-e3:410", lines[1])
+    assert lines[2] == "=== build-target did not finish: call again to go on"
+    tb = tmp_path / "tb"
+    tb.mkdir()
+    (tb / "manifest.json").write_text(json.dumps({"stages": {s: {"done": True} for s in STAGES[:5]}}))
+    lines = dry(tb, 400)
+    assert "=== build-eagle3 to dflash in one build process (360s estimate)" in lines
+    assert dry(tb, 300)[-3].endswith(" build-eagle3@df-e3:170")  # alone where the two do not fit
