@@ -67,8 +67,9 @@ def read_source(source: str, testbed: Path | None, per_category: int) -> list[Pr
         for cat in CATEGORIES:  # testbed:heldout: each category from the split its drafters did not learn from
             split = testbed_split(f"testbed:{heldout_split(testbed, cat)}" if source == HELDOUT else source,
                                   testbed, "--prompts")
-            out += [PromptItem(f"testbed-{split}-{cat}-{i}", cat, p.prompt, source=source)
-                    for i, p in enumerate(held_out_prompts(testbed, cat, per_category, split=split))]
+            # the id whiflash-eval gives the same prompt (`testbed-SPLIT-DOC@CUT`), so rows and bench samples pair up
+            out += [PromptItem(f"testbed-{split}-{p.id}", cat, p.prompt, source=source)
+                    for p in held_out_prompts(testbed, cat, per_category, split=split)]
         return out
     path = Path(source)
     if not path.is_file():

@@ -9,6 +9,12 @@ from the run itself (the faster of the pair's single-drafter methods, by upstrea
 
 which is (method tok/s - best tok/s) / (oracle tok/s - best tok/s) with the oracle at the measured
 better drafter times (1 + its replayed gain). Speedups share the run's AR, so they stand for tokens/s.
+
+When the rows hold the run's own prompts (datagen gives a testbed prompt the sample id the bench gives it,
+so `whiflash-datagen --prompts testbed:test` with the bench's `--max-samples` a category covers them), the
+replay keeps only those: the oracle's gain on exactly the prompts measured. Beside it, each slot's τ in the
+rows (mean of per-prompt means) against the τ the run measured for that drafter alone: the rows follow the
+oracle's path, so a gap there is what the logged states do not share with a drafter's own decode.
 """
 from __future__ import annotations
 
@@ -25,16 +31,22 @@ def _standalone_names(kind: str, tree_budget: int | None) -> tuple[str, ...]:
     return ("ddtree", slot_kind(kind, tree_budget)) if kind == "ddtree" else (kind,)
 
 
-def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str | Path,
-                  lazy: bool = True) -> dict[str, Any]:
+def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str | Path, lazy: bool = True,
+                  samples: dict[str, str] | None = None) -> dict[str, Any]:
     """Per category of the run: the better standalone drafter measured, the speed oracle's replayed gain over
     it, and every routed method's share of that gain (None where the oracle gains nothing or a figure is
-    missing)."""
+    missing). `samples`: the run's sample ids and their categories; where the rows hold any of them, only those
+    prompts' rows are replayed."""
+    import numpy as np
+
     from .replay import read_rounds
     from whiflash.speed_oracle import DEFINITION, oracle_gain_share, speed_oracle
 
     profile = LatencyProfile.read(profile_path, flag="--latency-profile")
     manifest, cols = read_rounds(data, with_hidden=False)
+    own = np.isin(cols["prompt_id"], sorted(samples or ()))
+    if own.any():
+        cols = {k: v[own] for k, v in cols.items()}
     kinds, budget = tuple(manifest.pair.slots), manifest.tree_budget
     oracle = speed_oracle(cols, kinds, profile, budget, lazy)["categories"]
     names = [n for k in kinds for n in _standalone_names(k, budget)]
@@ -47,20 +59,40 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
         best = max(alone, key=lambda m: alone[m])
         gain = o["oracle_gain"]
         routed = {m: f["speedup"] for m, f in per.items() if m.startswith("whiflash-") and f.get("speedup") is not None}
+        sel = np.ones(len(cols["category"]), bool) if cat == "all" else cols["category"] == cat
         out[cat] = {"best_standalone": best, "best_standalone_speedup": alone[best], "speed_oracle_gain": gain,
                     "speed_oracle_speedup": alone[best] * (1 + gain),
                     "share_of_speed_oracle_gain": {m: oracle_gain_share(s, alone[best], alone[best] * (1 + gain))
-                                                   for m, s in routed.items()}}
+                                                   for m, s in routed.items()},
+                    "prompts": int(len(set(cols["prompt_id"][sel].tolist()))), "runs_own_prompts": bool(own.any()),
+                    "run_prompts": sum(cat in ("all", c) for c in (samples or {}).values()) or None,
+                    "tau_replayed": {slot_kind(k, budget): _tau(cols["prompt_id"][sel], cols[f"tau_{i}"][sel])
+                                     for i, k in enumerate(kinds)},
+                    "tau_measured": {slot_kind(k, budget): next((per[m].get("tau") for m in _standalone_names(k, budget)
+                                                                 if m in per), None) for k in kinds}}
     return {"data": str(data), "latency_profile": str(profile_path), "definition": DEFINITION,
             "report_definition": __doc__.split("\n\n")[1].strip() if __doc__ else "", "categories": out}
 
 
+def _tau(prompt_ids: Any, taus: Any) -> float:
+    """Mean over prompts of each prompt's mean τ (the bench's τ definition)."""
+    means = [float(taus[prompt_ids == p].mean()) for p in dict.fromkeys(prompt_ids.tolist())]
+    return sum(means) / len(means)
+
+
 def shares_markdown(shares: dict[str, Any]) -> str:
-    """The report.md section: one row per category and routed method."""
+    """The report.md section: one row per category and routed method, then each slot's τ replayed and measured."""
     lines = ["| category | method | better standalone (speedup) | speed oracle gain (replayed) | "
-             "share of the speed oracle's gain |", "|---|---|---|---|---|"]
+             "share of the speed oracle's gain | prompts replayed |", "|---|---|---|---|---|---|"]
     for cat, c in shares["categories"].items():
+        whose = f"of the run's {c.get('run_prompts')}" if c.get("runs_own_prompts") else "the dataset's"
         for m, share in c["share_of_speed_oracle_gain"].items():
             lines.append(f"| {cat} | {m} | {c['best_standalone']} ({c['best_standalone_speedup']:.3f}×) | "
-                         f"{100 * c['speed_oracle_gain']:+.1f}% | {'—' if share is None else f'{share:.3f}'} |")
+                         f"{100 * c['speed_oracle_gain']:+.1f}% | {'—' if share is None else f'{share:.3f}'} | "
+                         f"{c.get('prompts', '—')} ({whose}) |")
+    lines += ["", "| category | drafter | τ in the rows (oracle's path) | τ measured alone |", "|---|---|---|---|"]
+    for cat, c in shares["categories"].items():
+        for kind, tau in c.get("tau_replayed", {}).items():
+            measured = c.get("tau_measured", {}).get(kind)
+            lines.append(f"| {cat} | {kind} | {tau:.2f} | {'—' if measured is None else f'{measured:.2f}'} |")
     return "\n".join(lines)

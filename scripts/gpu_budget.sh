@@ -11,7 +11,8 @@
 #                 (.prompts), E2_SAMPLES rows of each (10, upstream's selection), E_TOKENS new tokens
 #   gputest       the testbed generator's CUDA-graph test
 #   router-test[@PAIR]  router data on the test split (TEST_PROMPTS a category, 80: the pool the benchmark draws its
-#                 prompts from) -> TESTBED_DIR/router_data_PAIR_test, for replaying the router on the benchmark's prompts
+#                 prompts from) -> TESTBED_DIR/router_data_PAIR_test, for replaying the router on the benchmark's prompts;
+#                 then `whiflash-eval report` of the routed bench against them (LOG_DIR/report_PAIR_test)
 #   gs-STEP[@PAIR]  any gpu_session.sh step (latency, router, calibrate, tests, ...) for PAIR (default df-e3)
 #   eval-routed[@PAIR]  the routed bench: AR, EAGLE-3, DFlash, DDTree, WhiFlash-Entropy (calibrated thresholds when
 #                 the calibrate step left them), WhiFlash-Neural and the oracle; E0_SAMPLES prompts, E_TOKENS tokens
@@ -40,7 +41,14 @@ for item in "$@"; do
                METHODS=ar,eagle3,dflash,ddtree EVAL_FLAGS="--temperature 1" EVAL_TAG=_t1 \
                bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     router-test) PAIR=$pair ROUTER_TIMEOUT=$left ROUTER_SOURCE=testbed:test ROUTER_PROMPTS=${TEST_PROMPTS:-80} \
-               ROUTER_DATA=$TB/router_data_${pair}_test bash scripts/gpu_session.sh "$L" "$TB" router-data ;;
+               ROUTER_DATA=$TB/router_data_${pair}_test bash scripts/gpu_session.sh "$L" "$TB" router-data
+               # the routed bench against these rows: the speed oracle on the bench's own prompts, each drafter's
+               # τ on the oracle's path against its τ alone (report_PAIR_test/report.md)
+               routed=$(ls -d "$L"/eval/*_"${pair}"_routed 2>/dev/null | tail -1)
+               [ -n "$routed" ] && [ -f "$TB/router_data_${pair}_test/manifest.json" ] && \
+                 python3 -m whiflash.eval report "$routed" --replay "$TB/router_data_${pair}_test" \
+                   --latency-profile "$TB/profile.json" --out "$L/report_${pair}_test" 2>&1 | tail -3 && \
+                 sed -n '/Share of the speed oracle/,$p' "$L/report_${pair}_test/report.md" ;;
     gs-*) PAIR=$pair ROUTER_TIMEOUT=$left LATENCY_TIMEOUT=$left CALIBRATE_TIMEOUT=$left TESTS_TIMEOUT=$left \
             EVAL_TIMEOUT=$left BUILD_TIMEOUT=$left bash scripts/gpu_session.sh "$L" "$TB" "${name#gs-}" ;;
     eval-routed) methods=()  # df-e3: the eval step's default list (+ WhiFlash-Neural when the router is there)

@@ -351,7 +351,7 @@ def test_heldout_prompts_come_from_the_split_the_drafters_did_not_learn_from(mic
     from whiflash.testbed import held_out_prompts
 
     items = read_source("testbed:heldout", micro, 2)
-    assert [i.prompt_id.rsplit("-", 2)[0] for i in items] == ["testbed-validation"] * 8
+    assert [i.prompt_id.split("-")[1] for i in items] == ["validation"] * 8
     assert [i.text for i in items if i.category == "code"] == [p.prompt for p in held_out_prompts(
         micro, "code", 2, split="validation")]
     fake = tmp_path / "tb"
@@ -366,6 +366,16 @@ def test_heldout_prompts_come_from_the_split_the_drafters_did_not_learn_from(mic
     with pytest.raises(ValueError, match=r"--prompts testbed:heldout: .*manifest.json does not say which split the "
                                          r"drafters' responses came from for code"):
         read_source("testbed:heldout", fake, 1)
+
+
+def test_a_testbed_prompt_has_the_id_the_bench_gives_it(micro):
+    """Rows and bench samples of one testbed prompt pair up by id (`whiflash-eval report --replay` relies on it)."""
+    from whiflash.datagen.prompts import read_source
+    from whiflash.eval.datasets import load_samples
+
+    texts = {i.prompt_id: i.text for i in read_source("testbed:test", micro, 6)}
+    samples = load_samples("testbed:test", testbed=micro, max_samples=6)  # drawn from a pool of 6 a category
+    assert len(texts) == 24 and len(samples) == 6 and all(texts[s.id] == s.turns[0] for s in samples)
 
 
 def test_prompts_longer_than_the_target_allows_keep_their_last_tokens(micro, tmp_path):

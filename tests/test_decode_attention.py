@@ -100,7 +100,7 @@ def test_fixed_shape_decoding_with_the_kernel_equals_the_eager_path(tmp_path) ->
         da._masked_attention = lambda *a: (calls.__setitem__(0, calls[0] + 1), real(*a))[1]
         prompt = [1, 5, 7, 9, 11, 3]
         for drafter in [None, *drafters]:
-            eager = whiflash.generate(target, drafter, prompt, 10)  # several rounds of each (interpreted: seconds a round)
+            eager = whiflash.generate(target, drafter, prompt, 10)  # several rounds each (interpreted: 1-2 s a round)
             for m in [target, *drafters]:
                 m.static = True
             fixed = whiflash.generate(target, drafter, prompt, 10)

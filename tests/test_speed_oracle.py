@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -117,3 +118,39 @@ def test_report_shares_of_measured_routers(tmp_path) -> None:
     assert "| code | whiflash-neural | dflash (2.000×) |" in shares_markdown(shares)
     with pytest.raises(UsageError, match="--replay DATA and --latency-profile FILE go together"):
         report([str(tmp_path)], str(tmp_path / "out"), replay=str(data))
+
+
+def test_report_replays_only_the_runs_own_prompts_where_the_rows_hold_them(tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    from whiflash.eval.oracle_share import oracle_shares, shares_markdown
+    from whiflash.eval.report import _sample_ids
+    from whiflash.train.synthetic import write_synthetic_dataset
+
+    data = tmp_path / "rows"
+    write_synthetic_dataset(data, num_prompts=6, rounds_per_prompt=8, hidden_size=8, categories=("code", "math"),
+                            progress=False)
+    rows = pq.read_table(sorted(data.glob("shard-*.parquet")),
+                         columns=["prompt_id", "category", "tau_0", "tau_1"]).to_pandas()
+    code = rows[rows.category == "code"]
+    mine = sorted(set(code.prompt_id))[:2]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "samples.jsonl").write_text("".join(json.dumps({"sample": s, "category": "code", "method": m}) + "\n"
+                                               for s in [*mine, "not-in-the-rows"] for m in ("ar", "dflash")))
+    assert _sample_ids(run) == dict.fromkeys([*mine, "not-in-the-rows"], "code") and _sample_ids(tmp_path) == {}
+    cells = {"code": {"dflash": {"speedup": 2.0, "tau": 3.5}, "eagle3": {"speedup": 1.6, "tau": 2.5},
+                      "whiflash-neural": {"speedup": 2.1}}}
+    prof = _profile().write(tmp_path / "p.json")
+    every, own = oracle_shares({"cells": cells}, data, prof), oracle_shares({"cells": cells}, data, prof,
+                                                                             samples=_sample_ids(run))
+    assert every["categories"]["code"]["prompts"] == len(set(code.prompt_id)) > 2
+    assert not every["categories"]["code"]["runs_own_prompts"]
+    c = own["categories"]["code"]
+    assert c["prompts"] == 2 and c["run_prompts"] == 3 and c["runs_own_prompts"]
+    assert c["tau_measured"] == {"dflash": 3.5, "eagle3": 2.5}
+    kept = code[code.prompt_id.isin(mine)]
+    for i, kind in enumerate(("dflash", "eagle3")):  # the synthetic pair's slots
+        assert c["tau_replayed"][kind] == pytest.approx(kept.groupby("prompt_id")[f"tau_{i}"].mean().mean())
+    text = shares_markdown(own)
+    assert "| 2 (of the run's 3) |" in text and f"| code | dflash | {c['tau_replayed']['dflash']:.2f} | 3.50 |" in text

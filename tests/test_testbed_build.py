@@ -258,7 +258,8 @@ def test_cpu_thread_count_is_part_of_the_training_fingerprints(micro: Path, tmp_
     monkeypatch.setattr(target, "train_target", refuse)
     cfg = get_preset("micro")
     m = build(copy, cfg, until="target")  # the preset's own thread count: every stage reused, nothing trained
-    assert {e["stage"]: e["action"] for e in m["log"][-4:]} == dict.fromkeys(("corpus", "tokenizer", "tokens", "target"), "reused")
+    reused = dict.fromkeys(("corpus", "tokenizer", "tokens", "target"), "reused")
+    assert {e["stage"]: e["action"] for e in m["log"][-4:]} == reused
     cfg.num_threads = 2
     with pytest.raises(Retrained):
         build(copy, cfg, until="target")
