@@ -10,7 +10,6 @@ category.
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from dataclasses import replace
@@ -29,7 +28,7 @@ from .checks import check_bench_config
 from .config import BenchConfig
 from .datasets import load_samples
 from .metrics import aggregate, summarize_rows
-from .outputs import check_output_file, prepare_run_dir, write_manifest, write_results
+from .outputs import check_output_file, prepare_run_dir, run_samples, write_manifest, write_results
 from .selection import balanced
 
 log = logging.getLogger(__name__)
@@ -69,8 +68,7 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     testbed = Path(cfg.testbed) if cfg.testbed else None
     bench_ids = {s.id for s in load_samples(cfg.dataset, testbed=testbed, max_samples=cfg.max_samples, seed=cfg.seed)}
     if exclude_run:
-        manifest = json.loads((Path(exclude_run) / "manifest.json").read_text())
-        bench_ids |= {s["id"] for s in manifest["samples"]}
+        bench_ids |= set(run_samples(exclude_run, "--exclude-run"))
     pool = [s for s in load_samples(cfg.dataset, testbed=testbed, max_samples=None, seed=cfg.seed + 1)
             if s.id not in bench_ids]
     samples = balanced(pool, cfg.max_samples, cfg.seed + 1)
@@ -116,9 +114,12 @@ def _write(result: dict[str, Any], run: Path, output: str | None) -> Path:
 
 @owning_folders()
 def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, method: str = "whiflash-entropy",
-                     values: list[float] | None = None, output: str | None = None) -> Path:
+                     values: list[float] | None = None, output: str | None = None,
+                     replay_run: str | None = None) -> Path:
     """Replay `values` for `method` over the router dataset `data` with the latency profile and write
-    thresholds.json (the end-to-end format, plus the estimates); returns its path. Decodes nothing."""
+    thresholds.json (the end-to-end format, plus the estimates); returns its path. Decodes nothing.
+    `replay_run`: a bench run folder; only its prompts' rows are replayed (the estimate on exactly the
+    prompts it measured, to set beside its figures)."""
     from .replay import replay_thresholds
 
     if not latency_profile:
@@ -127,9 +128,11 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
     check_int(cfg.whiflash_stick_tau, "--whiflash-stick-tau", optional=True)
     check_folder(Path(cfg.out), None, "--out")
     check_output_file(output)
+    samples = run_samples(replay_run, "--replay-run") if replay_run else None
     result = replay_thresholds(data, latency_profile, method, values, cfg.whiflash_neural_router_path,
-                               lazy=not cfg.whiflash_no_lazy_catchup, stick_tau=cfg.whiflash_stick_tau)
-    config = {"calibrate_method": method, "values": values, "replay": str(data), "latency_profile": latency_profile,
+                               lazy=not cfg.whiflash_no_lazy_catchup, stick_tau=cfg.whiflash_stick_tau, samples=samples)
+    config = {"calibrate_method": method, "values": values, "replay": str(data), "replay_run": replay_run,
+              "latency_profile": latency_profile,
               "neural_router": cfg.whiflash_neural_router_path, "lazy_catchup": not cfg.whiflash_no_lazy_catchup,
               "stick_tau": cfg.whiflash_stick_tau}
     run, _ = prepare_run_dir(cfg.out, cfg.name or f"calibrate-replay-{method}", config, resume=False)

@@ -18,7 +18,7 @@ from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentParser, Namespac
 
 from whiflash import distributed
 from whiflash.engine import ENGINE_FIELDS, engine_defaults
-from whiflash.errors import run_cli
+from whiflash.errors import UsageError, run_cli
 
 from .calibrate import DEFAULT_THRESHOLDS
 from .checks import parse_thresholds
@@ -91,6 +91,9 @@ def build_parser() -> ArgumentParser:
                           "rounds and --latency-profile instead of decoding")
     cal.add_argument("--latency-profile", type=str | None, default=None,
                      help="with --replay: the profile JSON of `whiflash-eval profile` for these models and device")
+    cal.add_argument("--replay-run", type=str | None, default=None,
+                     help="with --replay: a bench run folder; replay only the rows of its prompts, for estimates on "
+                          "exactly the prompts it measured")
     sub.add_subcommand("calibrate", cal, help="sweep routing thresholds per category; write thresholds.json")
 
     prof = _flags_parser("Time AR step, chain and tree verify, drafter rounds, catch-up per backlog length and "
@@ -178,9 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         from .calibrate import calibrate, calibrate_replay
 
         values = parse_thresholds(args.thresholds)
+        if args.replay_run and not args.replay:
+            raise UsageError("calibrate: --replay-run RUN goes with --replay DATAGEN_DIR (it picks the rows to replay)")
         if args.replay:
             calibrate_replay(bench_config(args), args.replay, args.latency_profile, method=args.calibrate_method,
-                             values=values, output=args.output)
+                             values=values, output=args.output, replay_run=args.replay_run)
         else:
             calibrate(bench_config(args), method=args.calibrate_method, values=values,
                       exclude_run=args.exclude_run, output=args.output)

@@ -116,6 +116,15 @@ def write_manifest(run: Path, *, argv: list[str], seed: int, device: str, models
     return manifest
 
 
+def run_samples(run: str | Path, flag: str) -> dict[str, str]:
+    """Sample id -> category of a bench run folder, from its manifest (a clear error naming `flag` otherwise)."""
+    path = Path(run) / MANIFEST
+    try:
+        return {s["id"]: s.get("category", "") for s in json.loads(path.read_text())["samples"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"{flag} {run}: {path} lists no samples (expected a `whiflash-eval bench` run folder)") from None
+
+
 class SampleLog:
     """`samples.jsonl`: rows appended and flushed one at a time; `done` lists (sample, turn, method) keys."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 import torch
@@ -58,13 +58,21 @@ def read_rounds(data_dir: str | Path, with_hidden: bool) -> tuple[Any, dict[str,
 
 def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: str, values: list[float],
                       neural_router: str | None = None, lazy: bool = True,
-                      stick_tau: int | None = None) -> dict[str, Any]:
+                      stick_tau: int | None = None, samples: Collection[str] | None = None) -> dict[str, Any]:
     """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
-    thresholds.json (without the run bookkeeping). `stick_tau`: as `--whiflash-stick-tau` (`stick`)."""
+    thresholds.json (without the run bookkeeping). `stick_tau`: as `--whiflash-stick-tau` (`stick`).
+    `samples`: replay only these prompts' rows (a bench run's sample ids, `--replay-run`)."""
     if method not in METHODS:
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
     profile = LatencyProfile.read(profile_path, flag="--latency-profile")
     manifest, cols = read_rounds(data_dir, with_hidden=method == "whiflash-neural")
+    if samples is not None:
+        keep = np.isin(cols["prompt_id"], sorted(samples))
+        if not keep.any():
+            raise ValueError(f"--replay-run: none of its {len(samples)} samples are among the prompts of {data_dir} "
+                             "(expected rows of the same prompts: whiflash-datagen --prompts testbed:test with "
+                             "--per-category the bench's --max-samples)")
+        cols = {k: v[keep] for k, v in cols.items()}
     kinds, budget = manifest.pair.slots, manifest.tree_budget
     rounds = tuple(profile.round_ms(k, budget) for k in kinds)  # a slot missing from the profile fails here
     # the router's input per round: the entropy, or the neural router's predicted gain

@@ -20,7 +20,7 @@ from whiflash.io import atomic_write_json, atomic_write_text
 from whiflash.locks import claim, owning_folders
 
 from .metrics import METRICS_VERSION, aggregate
-from .outputs import csv_text, latex_table, markdown_table, table_rows
+from .outputs import csv_text, latex_table, markdown_table, run_samples, table_rows
 from .plots import speedup_bars, tau_histograms
 
 log = logging.getLogger(__name__)
@@ -55,15 +55,6 @@ def load_results(run: str | Path) -> dict[str, Any]:
     return {**results, **aggregate(rows, methods, seed=seed, iterations=iterations)}
 
 
-def _sample_ids(run: str | Path) -> dict[str, str]:
-    """Sample id -> category, from a run folder's samples.jsonl (empty when the folder has no such file)."""
-    path = Path(run) / "samples.jsonl"
-    if not path.is_file():
-        return {}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {r["sample"]: r.get("category", "") for r in rows}
-
-
 @owning_folders()  # the report folder's lock ends with the call
 def report(runs: list[str], out: str | None = None, replay: str | None = None,
            latency_profile: str | None = None) -> Path:
@@ -78,7 +69,7 @@ def report(runs: list[str], out: str | None = None, replay: str | None = None,
     if replay is not None:
         from .oracle_share import oracle_shares
 
-        shares = {label: oracle_shares(res, replay, latency_profile, samples=_sample_ids(run))
+        shares = {label: oracle_shares(res, replay, latency_profile, samples=run_samples(run, "report"))
                   for run, (label, res) in zip(runs, loaded)}
     folder = Path(out) if out else Path("runs/eval") / f"report_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     check_folder(folder, EVAL, "--out")  # never into another tool's folder (or a folder of foreign files)

@@ -221,6 +221,33 @@ def test_calibrate_replay_neural_and_refusals(router_data: Path, tmp_path: Path)
               "--out", str(tmp_path)])
 
 
+def test_calibrate_replay_of_a_bench_runs_own_prompts(router_data: Path, tmp_path: Path) -> None:
+    """`--replay-run RUN`: only the rows of the run's prompts are replayed (its manifest's sample ids)."""
+    import pyarrow.parquet as pq
+
+    from whiflash.errors import UsageError
+
+    prof, out = _profile(tmp_path / "p.json"), tmp_path / "thr.json"
+    ids = sorted(set(pq.read_table(sorted(router_data.glob("shard-*.parquet")), columns=["prompt_id"])
+                     .column("prompt_id").to_pylist()))
+    run = tmp_path / "bench"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"samples": [{"id": i, "category": "?"} for i in [*ids[:3], "x"]]}))
+    assert main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--replay-run", str(run),
+                 "--thresholds", "1,inf,-inf", "--output", str(out), "--out", str(tmp_path)]) == 0
+    thr = json.loads(out.read_text())
+    assert thr["samples"] == ids[:3] and thr["rounds"] == 3 * 12
+    (run / "manifest.json").write_text(json.dumps({"samples": [{"id": "elsewhere"}]}))
+    with pytest.raises(ValueError, match=r"--replay-run: none of its 1 samples are among the prompts of"):
+        main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--replay-run", str(run),
+              "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match=rf"--replay-run {tmp_path}: .*lists no samples"):
+        main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--replay-run",
+              str(tmp_path), "--out", str(tmp_path)])
+    with pytest.raises(UsageError, match="--replay-run RUN goes with --replay"):
+        main(["calibrate", "--replay-run", str(run), "--out", str(tmp_path)])
+
+
 def test_profile_script_smoke_prints_the_engine_options_and_their_goals() -> None:
     """scripts/profile_shapes.py on the CPU at toy widths: the engine-option tables and the summary."""
     import os
