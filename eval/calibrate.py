@@ -28,7 +28,7 @@ from .checks import check_bench_config
 from .config import BenchConfig
 from .datasets import load_samples
 from .metrics import aggregate, summarize_rows
-from .outputs import check_output_file, prepare_run_dir, run_samples, write_manifest, write_results
+from .outputs import check_output_file, prepare_run_dir, run_sample_ids, write_manifest, write_results
 from .selection import balanced
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     testbed = Path(cfg.testbed) if cfg.testbed else None
     bench_ids = {s.id for s in load_samples(cfg.dataset, testbed=testbed, max_samples=cfg.max_samples, seed=cfg.seed)}
     if exclude_run:
-        bench_ids |= set(run_samples(exclude_run, "--exclude-run"))
+        bench_ids |= set(run_sample_ids(exclude_run, "--exclude-run"))
     pool = [s for s in load_samples(cfg.dataset, testbed=testbed, max_samples=None, seed=cfg.seed + 1)
             if s.id not in bench_ids]
     samples = balanced(pool, cfg.max_samples, cfg.seed + 1)
@@ -128,7 +128,7 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
     check_int(cfg.whiflash_stick_tau, "--whiflash-stick-tau", optional=True)
     check_folder(Path(cfg.out), None, "--out")
     check_output_file(output)
-    samples = run_samples(replay_run, "--replay-run") if replay_run else None
+    samples = run_sample_ids(replay_run, "--replay-run") if replay_run else None
     result = replay_thresholds(data, latency_profile, method, values, cfg.whiflash_neural_router_path,
                                lazy=not cfg.whiflash_no_lazy_catchup, stick_tau=cfg.whiflash_stick_tau, samples=samples)
     config = {"calibrate_method": method, "values": values, "replay": str(data), "replay_run": replay_run,

@@ -116,7 +116,7 @@ def write_manifest(run: Path, *, argv: list[str], seed: int, device: str, models
     return manifest
 
 
-def run_samples(run: str | Path, flag: str) -> dict[str, str]:
+def run_sample_ids(run: str | Path, flag: str) -> dict[str, str]:
     """Sample id -> category of a bench run folder, from its manifest (a clear error naming `flag` otherwise)."""
     path = Path(run) / MANIFEST
     try:

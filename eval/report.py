@@ -20,7 +20,7 @@ from whiflash.io import atomic_write_json, atomic_write_text
 from whiflash.locks import claim, owning_folders
 
 from .metrics import METRICS_VERSION, aggregate
-from .outputs import csv_text, latex_table, markdown_table, run_samples, table_rows
+from .outputs import csv_text, latex_table, markdown_table, run_sample_ids, table_rows
 from .plots import speedup_bars, tau_histograms
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def report(runs: list[str], out: str | None = None, replay: str | None = None,
     if replay is not None:
         from .oracle_share import oracle_shares
 
-        shares = {label: oracle_shares(res, replay, latency_profile, samples=run_samples(run, "report"))
+        shares = {label: oracle_shares(res, replay, latency_profile, samples=run_sample_ids(run, "report"))
                   for run, (label, res) in zip(runs, loaded)}
     folder = Path(out) if out else Path("runs/eval") / f"report_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     check_folder(folder, EVAL, "--out")  # never into another tool's folder (or a folder of foreign files)

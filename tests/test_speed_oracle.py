@@ -124,7 +124,7 @@ def test_report_replays_only_the_runs_own_prompts_where_the_rows_hold_them(tmp_p
     import pyarrow.parquet as pq
 
     from whiflash.eval.oracle_share import oracle_shares, shares_markdown
-    from whiflash.eval.outputs import run_samples
+    from whiflash.eval.outputs import run_sample_ids
     from whiflash.train.synthetic import write_synthetic_dataset
 
     data = tmp_path / "rows"
@@ -138,14 +138,14 @@ def test_report_replays_only_the_runs_own_prompts_where_the_rows_hold_them(tmp_p
     run.mkdir()
     (run / "manifest.json").write_text(json.dumps({"samples": [{"id": s, "category": "code", "turns": 1}
                                                                for s in [*mine, "not-in-the-rows"]]}))
-    assert run_samples(run, "report") == dict.fromkeys([*mine, "not-in-the-rows"], "code")
+    assert run_sample_ids(run, "report") == dict.fromkeys([*mine, "not-in-the-rows"], "code")
     with pytest.raises(ValueError, match=rf"report {tmp_path}: .*manifest.json lists no samples"):
-        run_samples(tmp_path, "report")
+        run_sample_ids(tmp_path, "report")
     cells = {"code": {"dflash": {"speedup": 2.0, "tau": 3.5}, "eagle3": {"speedup": 1.6, "tau": 2.5},
                       "whiflash-neural": {"speedup": 2.1}}}
     prof = _profile().write(tmp_path / "p.json")
     every, own = oracle_shares({"cells": cells}, data, prof), oracle_shares({"cells": cells}, data, prof,
-                                                                             samples=run_samples(run, "report"))
+                                                                             samples=run_sample_ids(run, "report"))
     assert every["categories"]["code"]["prompts"] == len(set(code.prompt_id)) > 2
     assert not every["categories"]["code"]["runs_own_prompts"]
     c = own["categories"]["code"]
