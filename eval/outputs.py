@@ -122,7 +122,8 @@ def run_sample_ids(run: str | Path, flag: str) -> dict[str, str]:
     try:
         return {s["id"]: s.get("category", "") for s in json.loads(path.read_text())["samples"]}
     except (OSError, ValueError, KeyError, TypeError):
-        raise ValueError(f"{flag} {run}: {path} lists no samples (expected a `whiflash-eval bench` run folder)") from None
+        raise ValueError(f"{flag} {run}: {path} lists no samples (expected a `whiflash-eval bench` run "
+                         "folder)") from None
 
 
 class SampleLog:

@@ -11,7 +11,7 @@
 #                 (.prompts), E2_SAMPLES rows of each (10, upstream's selection), E_TOKENS new tokens
 #   gputest       the testbed generator's CUDA-graph test
 #   router-test[@PAIR]  router data on the test split (TEST_PROMPTS a category, 80: the pool the benchmark draws its
-#                 prompts from) -> TESTBED_DIR/router_data_PAIR_test, for replaying the router on the benchmark's prompts;
+#                 prompts from) -> TESTBED_DIR/router_data_PAIR_test, to replay the router on the benchmark's prompts;
 #                 then `whiflash-eval report` of the routed bench against them (LOG_DIR/report_PAIR_test) and the
 #                 neural router replayed on the bench's own prompts (LOG_DIR/replay_PAIR_test_neural.json)
 #   gs-STEP[@PAIR]  any gpu_session.sh step (latency, router, calibrate, tests, ...) for PAIR (default df-e3)
@@ -52,10 +52,11 @@ for item in "$@"; do
                  sed -n '/Share of the speed oracle/,$p' "$L/report_${pair}_test/report.md"
                # and the neural router replayed on exactly those prompts, to set beside what the bench measured
                router=$TB/router; [ "$pair" != df-e3 ] && router=$TB/router_$pair
-               [ -n "$routed" ] && [ -d "$router" ] && python3 -m whiflash.eval calibrate --replay "$TB/router_data_${pair}_test" \
-                 --replay-run "$routed" --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural \
-                 --whiflash-neural-router-path "$router" --thresholds=-inf,-3,-2,-1,-0.5,0,0.5,1,2,3,inf \
-                 --out "$L/eval" --output "$L/replay_${pair}_test_neural.json" 2>&1 | tail -2 ;;
+               [ -n "$routed" ] && [ -d "$router" ] && \
+                 python3 -m whiflash.eval calibrate --replay "$TB/router_data_${pair}_test" --replay-run "$routed" \
+                   --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural \
+                   --whiflash-neural-router-path "$router" --thresholds=-inf,-3,-2,-1,-0.5,0,0.5,1,2,3,inf \
+                   --out "$L/eval" --output "$L/replay_${pair}_test_neural.json" 2>&1 | tail -2 ;;
     gs-*) PAIR=$pair ROUTER_TIMEOUT=$left LATENCY_TIMEOUT=$left CALIBRATE_TIMEOUT=$left TESTS_TIMEOUT=$left \
             EVAL_TIMEOUT=$left BUILD_TIMEOUT=$left bash scripts/gpu_session.sh "$L" "$TB" "${name#gs-}" ;;
     eval-routed) methods=()  # df-e3: the eval step's default list (+ WhiFlash-Neural when the router is there)
