@@ -21,6 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from whiflash.latency import LatencyProfile, slot_kind
 
 __all__ = ["oracle_shares", "shares_markdown"]
@@ -37,16 +39,13 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
     it, and every routed method's share of that gain (None where the oracle gains nothing or a figure is
     missing). `samples`: the run's sample ids and their categories; where the rows hold any of them, only those
     prompts' rows are replayed."""
-    import numpy as np
-
-    from .replay import read_rounds
+    from .replay import read_rounds, rows_of_prompts
     from whiflash.speed_oracle import DEFINITION, oracle_gain_share, speed_oracle
 
     profile = LatencyProfile.read(profile_path, flag="--latency-profile")
     manifest, cols = read_rounds(data, with_hidden=False)
-    own = np.isin(cols["prompt_id"], sorted(samples or ()))
-    if own.any():
-        cols = {k: v[own] for k, v in cols.items()}
+    own = rows_of_prompts(cols, samples or ())
+    cols = own or cols
     kinds, budget = tuple(manifest.pair.slots), manifest.tree_budget
     oracle = speed_oracle(cols, kinds, profile, budget, lazy)["categories"]
     names = [n for k in kinds for n in _standalone_names(k, budget)]
@@ -64,7 +63,7 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
                     "speed_oracle_speedup": alone[best] * (1 + gain),
                     "share_of_speed_oracle_gain": {m: oracle_gain_share(s, alone[best], alone[best] * (1 + gain))
                                                    for m, s in routed.items()},
-                    "prompts": int(len(set(cols["prompt_id"][sel].tolist()))), "runs_own_prompts": bool(own.any()),
+                    "prompts": int(len(set(cols["prompt_id"][sel].tolist()))), "runs_own_prompts": own is not None,
                     "run_prompts": sum(cat in ("all", c) for c in (samples or {}).values()) or None,
                     "tau_replayed": {slot_kind(k, budget): _tau(cols["prompt_id"][sel], cols[f"tau_{i}"][sel])
                                      for i, k in enumerate(kinds)},
@@ -76,8 +75,8 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
 
 def _tau(prompt_ids: Any, taus: Any) -> float:
     """Mean over prompts of each prompt's mean τ (the bench's τ definition)."""
-    means = [float(taus[prompt_ids == p].mean()) for p in dict.fromkeys(prompt_ids.tolist())]
-    return sum(means) / len(means)
+    _, prompt = np.unique(prompt_ids, return_inverse=True)
+    return float((np.bincount(prompt, weights=taus) / np.bincount(prompt)).mean())
 
 
 def shares_markdown(shares: dict[str, Any]) -> str:

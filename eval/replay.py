@@ -29,7 +29,7 @@ from whiflash.speed_oracle import simulate, stick  # the cost model, shared with
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ESTIMATE", "replay_thresholds", "simulate"]
+__all__ = ["ESTIMATE", "replay_thresholds", "rows_of_prompts", "simulate"]
 
 ESTIMATE = ("replayed from datagen rows: per round the chosen slot's tau, costed as router + that slot's round "
             "(draft + verify) + its catch-up (lazy, or both slots' every round without Lazy Catch-up) from the latency "
@@ -56,6 +56,12 @@ def read_rounds(data_dir: str | Path, with_hidden: bool) -> tuple[Any, dict[str,
     return manifest, {k: v[order] for k, v in cols.items()}
 
 
+def rows_of_prompts(cols: dict[str, np.ndarray], prompt_ids: Collection[str]) -> dict[str, np.ndarray] | None:
+    """The rows of `cols` whose prompt is among `prompt_ids` (a bench run's sample ids), or None when none is."""
+    keep = np.isin(cols["prompt_id"], sorted(prompt_ids))
+    return {k: v[keep] for k, v in cols.items()} if keep.any() else None
+
+
 def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: str, values: list[float],
                       neural_router: str | None = None, lazy: bool = True,
                       stick_tau: int | None = None, samples: Collection[str] | None = None) -> dict[str, Any]:
@@ -67,12 +73,11 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
     profile = LatencyProfile.read(profile_path, flag="--latency-profile")
     manifest, cols = read_rounds(data_dir, with_hidden=method == "whiflash-neural")
     if samples is not None:
-        keep = np.isin(cols["prompt_id"], sorted(samples))
-        if not keep.any():
+        cols = rows_of_prompts(cols, samples)
+        if cols is None:
             raise ValueError(f"--replay-run: none of its {len(samples)} samples are among the prompts of {data_dir} "
                              "(expected rows of the same prompts: whiflash-datagen --prompts testbed:test with "
                              "--per-category the bench's --max-samples)")
-        cols = {k: v[keep] for k, v in cols.items()}
     kinds, budget = manifest.pair.slots, manifest.tree_budget
     rounds = tuple(profile.round_ms(k, budget) for k in kinds)  # a slot missing from the profile fails here
     # the router's input per round: the entropy, or the neural router's predicted gain
