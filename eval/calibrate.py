@@ -141,6 +141,9 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
                           "neural_router": cfg.whiflash_neural_router_path}, command="calibrate --replay")
     result["run"] = str(run)
     path = _write(result, run, output)
+    if result["excluded_training_prompts"]:
+        log.info("left out the rows of %d prompts the router was trained on; replayed %d prompts",
+                 result["excluded_training_prompts"], len(result["samples"]))
     log.info("replayed thresholds per category %s (estimated speedup %s, share of the speed oracle's gain over the "
              "better standalone drafter %s) written to %s", result["thresholds"],
              {c: round(d["speedup"], 3) for c, d in result["details"].items()},

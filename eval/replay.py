@@ -67,7 +67,8 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
                       stick_tau: int | None = None, samples: Collection[str] | None = None) -> dict[str, Any]:
     """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
     thresholds.json (without the run bookkeeping). `stick_tau`: as `--whiflash-stick-tau` (`stick`).
-    `samples`: replay only these prompts' rows (a bench run's sample ids, `--replay-run`)."""
+    `samples`: replay only these prompts' rows (a bench run's sample ids, `--replay-run`). A neural router's
+    replay leaves out the rows of the prompts it was trained on, where its export lists them."""
     if method not in METHODS:
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
     profile = LatencyProfile.read(profile_path, flag="--latency-profile")
@@ -78,6 +79,9 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
             raise ValueError(f"--replay-run: none of its {len(samples)} samples are among the prompts of {data_dir} "
                              "(expected rows of the same prompts: whiflash-datagen --prompts testbed:test with "
                              "--per-category the bench's --max-samples)")
+    excluded = 0
+    if method == "whiflash-neural" and neural_router:
+        cols, excluded = _without_training_prompts(cols, neural_router, data_dir)
     kinds, budget = manifest.pair.slots, manifest.tree_budget
     rounds = tuple(profile.round_ms(k, budget) for k in kinds)  # a slot missing from the profile fails here
     # the router's input per round: the entropy, or the neural router's predicted gain
@@ -110,11 +114,29 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
     overall = details.pop("all")
     return {"method": method, "mode": "replay", "thresholds": {c: d["threshold"] for c, d in details.items()},
             "default": overall["threshold"], "details": details, "overall": overall,
-            "samples": sorted(set(cols["prompt_id"].tolist())), "data": str(data_dir),
+            "samples": sorted(set(cols["prompt_id"].tolist())), "excluded_training_prompts": excluded,
+            "data": str(data_dir),
             "latency_profile": str(profile_path), "pair": str(manifest.pair), "tree_budget": manifest.tree_budget,
             "slots": [slot_kind(k, budget) for k in kinds], "rounds": int(len(score)),
             "device": profile.meta.get("device"), "lazy_catchup": lazy, "stick_tau": stick_tau, "estimate": ESTIMATE,
             "speed_oracle_definition": DEFINITION}
+
+
+def _without_training_prompts(cols: dict[str, np.ndarray], router: str,
+                              data_dir: str | Path) -> tuple[dict[str, np.ndarray], int]:
+    """`cols` without the rows of the prompts the router was fitted on (`TRAINING_PROMPTS` beside its export),
+    and how many prompts that left out: on its own training rows a router looks better than anywhere else."""
+    from whiflash.router import TRAINING_PROMPTS, training_prompts
+
+    trained = training_prompts(router)
+    if not trained:
+        return cols, 0
+    seen = np.isin(cols["prompt_id"], trained)
+    if seen.all():
+        raise ValueError(f"--replay {data_dir}: every prompt of it is one the router --whiflash-neural-router-path "
+                         f"{router} was trained on ({TRAINING_PROMPTS}); replay rows of other prompts (its "
+                         "validation split, or whiflash-datagen on the prompts to calibrate for)")
+    return {k: v[~seen] for k, v in cols.items()}, len(set(cols["prompt_id"][seen].tolist()))
 
 
 def _oracle_columns(oracle: dict[str, Any], router_tps: float, ar_ms: float) -> dict[str, Any]:

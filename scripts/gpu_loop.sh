@@ -62,7 +62,7 @@ fi
 # step[@pair]:estimate (seconds on an H200, with the CUDA tests beside the first ones)
 steps=(build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100)
 for p in "${pairs[@]}"; do
-  steps+=("gs-router-data@$p:${DATAGEN_MIN_S:-60}" "gs-router-train@$p:60" "gs-calibrate@$p:170" "eval-routed@$p:180")
+  steps+=("gs-router-data@$p:${DATAGEN_MIN_S:-60}" "gs-router-train@$p:60" "gs-calibrate@$p:210" "eval-routed@$p:180")
   [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:90" "eval-prompts@$p:90")
 done
 steps+=(build-acceptance:200 eval-t1:100 eval-t0:200)

@@ -26,9 +26,10 @@
 #           replaying the router data with the latency profile (whiflash-eval calibrate --replay) ->
 #           TESTBED_DIR/thresholds_PAIR.json and thresholds_neural_PAIR.json, which `eval` then passes
 #           (STICK_TAU=K: both replay and bench the routers with --whiflash-stick-tau K; CALIBRATE_DECODE=1: the
-#           neural thresholds by decoding EVAL_SAMPLES other test prompts, as `eval` will, not by replay, at
-#           CALIBRATE_THRESHOLDS, default -inf,T-1,T,T+1,inf around the router's exported threshold T; +-inf: each
-#           drafter alone, no decision paid);
+#           neural thresholds by decoding EVAL_SAMPLES other test prompts, as `eval` will, at
+#           CALIBRATE_THRESHOLDS, default -inf, T-0.5, T, T+0.5 for each category's replayed threshold T, inf;
+#           +-inf: each drafter alone, no decision paid; the neural replay leaves out the rows of the prompts the
+#           router was trained on, listed in its export's training_prompts.json);
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
 #           `router` step has left a router for PAIR), bf16 + CUDA graphs (+ compiled layers, the default) on
 #           a GPU; METHODS overrides the method list, EVAL_SAMPLES / EVAL_TOKENS the prompts and new tokens,
@@ -194,23 +195,30 @@ PY
         --latency-profile "$TB/profile.json" --calibrate-method whiflash-entropy \
         --thresholds=-inf,0.05,0.1,0.2,0.3,0.5,0.75,1,1.5,2,3,inf --out "$LOG/eval" --output "$TB/thresholds_$PAIR.json" 2>&1 \
         | tee "$LOG/calibrate_$PAIR.log" | quiet | tail -12
-      # the neural router's thresholds per category; +-inf are its two drafters alone. CALIBRATE_DECODE=1: decode
-      # instead (EVAL_SAMPLES test prompts outside the ones `eval` benches, EVAL_TOKENS tokens, 5 thresholds)
-      if [ -d "$ROUTER" ] && [ -n "${CALIBRATE_DECODE:-}" ]; then
+      # the neural router's thresholds per category, replayed on the rows of the prompts it was not trained on
+      # (its export's training_prompts.json); +-inf are its two drafters alone. CALIBRATE_DECODE=1: then decode
+      # (EVAL_SAMPLES test prompts outside the ones `eval` benches, EVAL_TOKENS tokens) at each category's
+      # replayed threshold and +-0.5 around it, and each drafter alone
+      if [ -d "$ROUTER" ]; then
+        replayed="$TB/thresholds_neural_$PAIR.json"; [ -n "${CALIBRATE_DECODE:-}" ] && replayed="$TB/thresholds_neural_replay_$PAIR.json"
+        timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" "${stick[@]}" \
+          --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" \
+          --thresholds=-inf,-6,-4,-3,-2,-1.5,-1,-0.5,-0.25,0,0.25,0.5,0.75,1,1.5,2,2.5,3,4,6,inf --out "$LOG/eval" \
+          --output "$replayed" 2>&1 | tee -a "$LOG/calibrate_$PAIR.log" | quiet | tail -12
+      fi
+      if [ -d "$ROUTER" ] && [ -n "${CALIBRATE_DECODE:-}" ] && [ -f "$TB/thresholds_neural_replay_$PAIR.json" ]; then
         gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
-        # around the threshold the router was exported with (the fastest on its validation replay), and each drafter alone
-        around=$(python3 -c "import json, sys; t = json.load(open(sys.argv[1])).get('threshold') or 0.0; print(f'-inf,{t - 1:g},{t:g},{t + 1:g},inf')" "$ROUTER/config.json")
+        around=$(python3 -c "
+import json, math, sys
+ts = [t for t in json.load(open(sys.argv[1]))['thresholds'].values() if math.isfinite(t)]
+print(','.join(['-inf', *sorted({f'{t + d:g}' for t in ts for d in (-0.5, 0, 0.5)}, key=float), 'inf']))" \
+          "$TB/thresholds_neural_replay_$PAIR.json")
         timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --testbed "$TB" --dataset testbed:test \
           --max-samples "${EVAL_SAMPLES:-30}" --max-new-tokens "${EVAL_TOKENS:-96}" --whiflash-drafters "$PAIR" "${stick[@]}" \
           --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" --thresholds="${CALIBRATE_THRESHOLDS:-$around}" \
           "${gpu[@]}" --out "$LOG/eval" --output "$TB/thresholds_neural_$PAIR.json" 2>&1 | tee -a "$LOG/calibrate_$PAIR.log" | quiet | tail -12
-      elif [ -d "$ROUTER" ]; then
-        timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" "${stick[@]}" \
-          --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" \
-          --thresholds=-inf,-6,-4,-3,-2,-1.5,-1,-0.5,-0.25,0,0.25,0.5,1,1.5,2,3,4,6,inf --out "$LOG/eval" \
-          --output "$TB/thresholds_neural_$PAIR.json" 2>&1 | tee -a "$LOG/calibrate_$PAIR.log" | quiet | tail -12
       fi
-      cp "$TB/thresholds_$PAIR.json" "$TB/thresholds_neural_$PAIR.json" "$LOG/" 2>/dev/null ;;
+      cp "$TB/thresholds_$PAIR.json" "$TB"/thresholds_neural*_"$PAIR.json" "$LOG/" 2>/dev/null ;;
     bench)
       router=(); [ -d "$TB/router" ] && router=(--router "$TB/router")
       timeout 300 python3 scripts/bench_testbed.py --testbed "$TB" --prompts 4 --max-new-tokens 96 "${router[@]}" \

@@ -221,6 +221,32 @@ def test_calibrate_replay_neural_and_refusals(router_data: Path, tmp_path: Path)
               "--out", str(tmp_path)])
 
 
+def test_neural_replay_leaves_out_the_prompts_the_router_was_trained_on(router_data: Path, tmp_path: Path) -> None:
+    """training_prompts.json beside a router export: those prompts' rows are not replayed; all of them: an error."""
+    import pyarrow.parquet as pq
+
+    from whiflash.router import NeuralRouter, export_single_file, write_training_prompts
+
+    prof, out = _profile(tmp_path / "p.json"), tmp_path / "thr.json"
+    ids = sorted(set(pq.read_table(sorted(router_data.glob("shard-*.parquet")), columns=["prompt_id"])
+                     .column("prompt_id").to_pylist()))
+    router = export_single_file(NeuralRouter(hidden_size=16, mlp_dim=8), tmp_path / "r" / "router.safetensors")
+    args = ["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--calibrate-method",
+            "whiflash-neural", "--whiflash-neural-router-path", str(router), "--thresholds=-inf,0,inf",
+            "--output", str(out), "--out", str(tmp_path)]
+    assert main(args) == 0 and json.loads(out.read_text())["samples"] == ids  # no record: every row
+    write_training_prompts(router.parent, ids[2:], "sha")
+    assert main(args) == 0
+    thr = json.loads(out.read_text())
+    assert thr["samples"] == ids[:2] and thr["excluded_training_prompts"] == len(ids) - 2 and thr["rounds"] == 2 * 12
+    write_training_prompts(router.parent, ids, "sha")
+    with pytest.raises(ValueError, match=r"every prompt of it is one the router .* was trained on"):
+        main(args)
+    (router.parent / "training_prompts.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"training_prompts.json: expected"):
+        main(args)
+
+
 def test_calibrate_replay_of_a_bench_runs_own_prompts(router_data: Path, tmp_path: Path) -> None:
     """`--replay-run RUN`: only the rows of the run's prompts are replayed (its manifest's sample ids)."""
     import pyarrow.parquet as pq

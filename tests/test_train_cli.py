@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from whiflash.errors import UsageError
-from whiflash.router import load_router
+from whiflash.router import load_router, training_prompts
 from whiflash.train.cli import run
 from whiflash.train.export import score_split
 from whiflash.train.metrics import routing_summary
@@ -82,6 +82,10 @@ def test_run_directory_has_config_logs_plots_and_exports(trained: dict) -> None:
     assert manifest["data_manifest_sha256"] in card and "df-e3" in card and "recommended threshold" in card
     cfg_json = json.loads((run_dir / "router" / "config.json").read_text())
     assert cfg_json["hidden_size"] == H and cfg_json["drafters"] == "df-e3" and cfg_json["target"] == "synthetic-target"
+    # beside both exports, the prompts the router learned from (a replay leaves their rows out)
+    for where in (run_dir / "router", run_dir / "router.safetensors"):
+        assert training_prompts(where) == sorted(trained["cli"].datamodule.split_prompts["train"])
+    assert not set(training_prompts(run_dir / "router")) & set(trained["cli"].datamodule.split_prompts["val"])
 
 
 def test_exports_load_strictly_with_identical_outputs(trained: dict) -> None:

@@ -18,7 +18,8 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from whiflash.hub import is_hub_id, public_name
 from whiflash.io import atomic_write_json
-from whiflash.router import NeuralRouter, export_single_file, load_router, suggested_repo_name
+from whiflash.router import (NeuralRouter, export_single_file, load_router, suggested_repo_name,
+                             write_training_prompts)
 from whiflash.router_context import context_columns
 
 from .data import RouterDataModule
@@ -172,6 +173,8 @@ def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt
     final.save_pretrained(folder, config=final.config())
     model_card(final, dm, results, ckpt).save(folder / "README.md")
     single = export_single_file(final, run_dir / "router.safetensors")
+    for where in (folder, run_dir):  # beside both exports: a replay leaves the rows the router learned from out
+        write_training_prompts(where, dm.split_prompts["train"], dm.manifest_sha256)
     # Both exports must load strictly and agree with the in-memory router bit for bit.
     rows = dm.split_indices["val"][:256]
     probe = torch.from_numpy(dm.data.hidden(rows))

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from whiflash.hub import local_or_hub
-from whiflash.io import atomic_path
+from whiflash.io import atomic_path, atomic_write_json
 from whiflash.pairs import Pair
 from whiflash.router_context import check_context
 from whiflash.router_layouts import ACTIVATIONS, hints_from, metadata_config, router_from_state
@@ -38,6 +38,8 @@ from whiflash.runtime.weights import read_json, read_safetensors, readable_safet
 log = logging.getLogger(__name__)
 
 CONFIG_METADATA_KEY = "whiflash_router_config"
+TRAINING_PROMPTS = "training_prompts.json"
+"""Beside an export of whiflash-train: the ids of the prompts whose rows the router was fitted on."""
 
 _ACTIVATION = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh}
 
@@ -163,6 +165,29 @@ def export_single_file(router: NeuralRouter, path: str | Path) -> Path:
     with atomic_path(path) as tmp:
         save_file(state, str(tmp), metadata=meta)
     return path
+
+
+def write_training_prompts(folder: str | Path, prompts: list[str], dataset_sha256: str) -> Path:
+    """Record in `folder` the prompts a router was fitted on, so a replay can leave their rows out."""
+    path = Path(folder) / TRAINING_PROMPTS
+    atomic_write_json(path, {"dataset_manifest_sha256": dataset_sha256, "prompts": sorted(prompts)})
+    return path
+
+
+def training_prompts(source: str | Path) -> list[str] | None:
+    """The prompt ids the router at `source` was fitted on: `TRAINING_PROMPTS` in its folder, or beside its
+    single file; None where there is none (a Hub id, a router trained elsewhere)."""
+    src = Path(source)
+    path = src / TRAINING_PROMPTS if src.is_dir() else src.parent / TRAINING_PROMPTS
+    if not path.is_file():
+        return None
+    try:
+        prompts = json.loads(path.read_text())["prompts"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: expected {{\"prompts\": [prompt ids]}} as whiflash-train writes it ({e})") from e
+    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+        raise ValueError(f"{path}: \"prompts\" should be a list of prompt ids (strings)")
+    return prompts
 
 
 def _build(config: dict[str, Any], weights: str | Path, source: str, config_from: str) -> NeuralRouter:
