@@ -124,8 +124,10 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
             prof.round[key] = prof.draft[key] + prof.tree_verify[w]
         prof.router.update(_router_ms(target, neural, timed, ids[: max(widths.values(), default=1)], context, taps))
         sync(device)
-        prof.meta["loop_round_wall_ms"] = loop = _loop_rounds(target, drafters, context)
-        prof.meta["loop_host_ms"] = host_ms(prof, loop)
+        loop, routed = _loop_rounds(target, drafters, context, neural=neural)
+        prof.meta["loop_round_wall_ms"], prof.meta["loop_host_ms"] = loop, host_ms(prof, loop)
+        if routed:
+            prof.meta["loop_routed_round_wall_ms"] = routed
         prof.floor = floor_ms(target, context, bandwidth)
     finally:
         for m, was in modes:
@@ -139,19 +141,35 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
     return prof
 
 
-def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_tokens: int = 48) -> dict[str, float]:
-    """Wall milliseconds a round of the real loop (`whiflash.generate`) takes, AR and each chain drafter, after a
-    random prompt of `context` tokens (rounds then commit about one token each). Beside the components' device
-    times this is what the host adds to a round: launches outside captured passes, the round's one read."""
+def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_tokens: int = 48,
+                 neural: NeuralRouter | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """Wall milliseconds a round of the real loop (`whiflash.generate`) takes after a random prompt of `context`
+    tokens (rounds then commit about one token each): AR and each chain drafter alone, then (with both drafters)
+    each of them as a slot of a df-e3 routed drafter whose neural policy always picks that slot. Beside the
+    components' device times the first is what the host adds to a round (launches outside captured passes, the
+    round's one read); the second what routing adds to that slot's round (the pair's taps in the verify pass,
+    the in-pass decision, the other member's backlog), which the bench pays and the components do not show."""
     prompt = torch.randint(0, target.config.vocab_size, (context,)).tolist()
     room = target.config.max_position_embeddings - context - 2 * max([d.max_nodes for d in drafters.values()] + [0])
     new_tokens = max(2, min(new_tokens, room - 2))
-    out = {}
-    for kind, drafter in {"ar": None, **drafters}.items():
+
+    def round_ms(drafter: Drafter | None) -> float:
         whiflash.generate(target, drafter, prompt, new_tokens)  # captures the graphs of this cache size
         _, stats = whiflash.generate(target, drafter, prompt, new_tokens)
-        out[kind] = stats.decode_seconds / max(1, stats.rounds) * 1e3
-    return out
+        return stats.decode_seconds / max(1, stats.rounds) * 1e3
+
+    alone = {kind: round_ms(drafter) for kind, drafter in {"ar": None, **drafters}.items()}
+    routed: dict[str, float] = {}
+    if "eagle3" in drafters and "dflash" in drafters:
+        # the given router where it is df-e3's (its context decides whether it routes inside the pass), else
+        # random weights, which cost the same
+        router = neural if neural is not None and str(neural.pair) == "df-e3" else \
+            NeuralRouter(target.config.hidden_size).to(target.device).eval()
+        for slot, kind in enumerate(("dflash", "eagle3")):  # df-e3's slots; a finite threshold is not pinned
+            policy = NeuralPolicy(router, -1e30 if slot == 0 else 1e30)
+            routed[kind] = round_ms(whiflash.RoutedDrafter("df-e3", policy, eagle3=drafters["eagle3"],
+                                                           dflash=drafters["dflash"]))
+    return alone, routed
 
 
 def host_ms(prof: LatencyProfile, loop: dict[str, float]) -> dict[str, float]:

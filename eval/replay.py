@@ -84,6 +84,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
         cols, excluded = _without_training_prompts(cols, neural_router, data_dir)
     kinds, budget = manifest.pair.slots, manifest.tree_budget
     rounds = tuple(profile.round_ms(k, budget) for k in kinds)  # a slot missing from the profile fails here
+    routed_rounds = tuple(profile.round_ms(k, budget, routed=True) for k in kinds)  # what a deciding policy pays
     # the router's input per round: the entropy, or the neural router's predicted gain
     if method == "whiflash-entropy":
         score, router_ms = cols["entropy"].astype(np.float64), profile.router_ms("entropy")
@@ -100,7 +101,8 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
 
         def speedup(slot0: np.ndarray, decide: bool = True) -> tuple[float, float]:
             slot0, routed = stick(slot0, part["tau_0"], part["prompt_id"], stick_tau)
-            tokens, ms, n = simulate(slot0, part, kinds, rounds, profile, router_ms if decide else 0.0, lazy, routed)
+            tokens, ms, n = simulate(slot0, part, kinds, routed_rounds if decide else rounds, profile,
+                                     router_ms if decide else 0.0, lazy, routed)
             return tokens * ar / ms, tokens / n
 
         # an infinite threshold pins a slot: that drafter alone, no decision to pay

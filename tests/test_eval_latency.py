@@ -104,8 +104,11 @@ def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytes
     assert set(prof.meta["loop_round_wall_ms"]) == set(prof.meta["loop_host_ms"]) == {"ar", "eagle3", "dflash"}
     assert all(ms > 0 for ms in prof.meta["loop_round_wall_ms"].values())
     assert all(ms >= 0 for ms in prof.meta["loop_host_ms"].values())
+    # and each chain drafter's round as a slot of a routed drafter that always picks it
+    assert set(prof.meta["loop_routed_round_wall_ms"]) == {"eagle3", "dflash"}
+    assert all(ms > 0 for ms in prof.meta["loop_routed_round_wall_ms"].values())
     printed = capsys.readouterr().out
-    assert "AR step" in printed and "loop round dflash (wall)" in printed
+    assert "AR step" in printed and "loop round dflash (wall)" in printed and "loop round routed eagle3" in printed
     with pytest.raises(ValueError, match="--random-weights needs --preset"):
         main(["profile", "--random-weights", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="--context 50000: the target has 40960 positions"):
@@ -134,6 +137,23 @@ def test_the_host_share_of_a_loop_round_is_its_wall_time_less_its_components() -
     assert back.round_ms("dflash") == pytest.approx(2.4) and back.round_ms("eagle3") == pytest.approx(1.5)
     assert back.round_ms("ddtree", 7) == pytest.approx(3.4) and back.ar_ms() == pytest.approx(1.25)
     assert LatencyProfile(ar_step=1.0, round={"dflash": 2.0}).round_ms("dflash") == 2.0  # no loop rows: components
+
+
+def test_a_routed_round_costs_what_routing_added_to_the_loop_round() -> None:
+    prof = LatencyProfile(ar_step=1.0, round={"dflash": 2.0, "eagle3": 1.5, "ddtree-b7": 3.0},
+                          meta={"loop_round_wall_ms": {"ar": 1.0, "dflash": 2.0, "eagle3": 1.5},
+                                "loop_routed_round_wall_ms": {"dflash": 1.9, "eagle3": 1.9}})
+    back = LatencyProfile.from_json(json.loads(json.dumps(prof.to_json())))
+    assert back.routed_extra_ms("eagle3") == pytest.approx(0.4) and back.routed_extra_ms("dflash") == 0.0  # >= 0
+    assert back.round_ms("eagle3", routed=True) == pytest.approx(1.9) and back.round_ms("eagle3") == 1.5
+    back.meta["loop_routed_round_wall_ms"]["dflash"] = 2.25  # DDTree's round pays DFlash's routing
+    assert back.round_ms("ddtree", 7, routed=True) == pytest.approx(3.25)
+    assert "loop round routed eagle3" in back.table() and "routing +0.400" in back.table()
+    assert LatencyProfile(ar_step=1.0, round={"eagle3": 1.5}).round_ms("eagle3", routed=True) == 1.5  # no rows
+    bad = prof.to_json()
+    bad["loop_routed_round_wall_ms"] = {"eagle3": "fast"}
+    with pytest.raises(ValueError, match=r"p.json: 'loop_routed_round_wall_ms' must map drafter kinds to milliseconds"):
+        LatencyProfile.from_json(bad, "p.json")
 
 
 # ---------------------------------------------------------------- calibrate --replay
@@ -191,6 +211,27 @@ def test_calibrate_replay_writes_thresholds_bench_reads(router_data: Path, tmp_p
     assert thr["default"] in (1e-9, 1.0, 1000.0, math.inf, -math.inf)
     manifest = json.loads((Path(thr["run"]) / "manifest.json").read_text())  # a typed run folder
     assert manifest["kind"] == "whiflash.eval" and manifest["tool"] == "whiflash-eval calibrate --replay"
+
+
+def test_a_replayed_policy_pays_the_routed_rounds_the_drafters_alone_do_not(router_data: Path,
+                                                                          tmp_path: Path) -> None:
+    plain, routed = _profile(tmp_path / "plain.json"), tmp_path / "routed.json"
+    prof = LatencyProfile.read(plain)
+    prof.meta.update(loop_round_wall_ms={"dflash": 2.0, "eagle3": 2.0},
+                     loop_routed_round_wall_ms={"dflash": 2.2, "eagle3": 2.5})
+    prof.write(routed)
+    grid = "1e-9,1,inf,-inf"
+    for name, path in (("plain", plain), ("routed", routed)):
+        assert main(["calibrate", "--replay", str(router_data), "--latency-profile", str(path), "--thresholds", grid,
+                     "--output", str(tmp_path / f"{name}_thr.json"), "--out", str(tmp_path)]) == 0
+    a, b = (json.loads((tmp_path / f"{n}_thr.json").read_text())["details"] for n in ("plain", "routed"))
+    for cat in a:
+        assert b[cat]["fixed"] == pytest.approx(a[cat]["fixed"])  # a drafter alone decides nothing
+        assert b[cat]["speed_oracle_tokens_per_second"] == pytest.approx(a[cat]["speed_oracle_tokens_per_second"])
+        for v in ("inf", "-inf"):
+            assert b[cat]["sweep"][v] == pytest.approx(a[cat]["sweep"][v])
+        for v in ("1e-09", "1.0"):
+            assert b[cat]["sweep"][v] < a[cat]["sweep"][v]
 
 
 def test_calibrate_replay_neural_and_refusals(router_data: Path, tmp_path: Path) -> None:

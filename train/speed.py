@@ -1,8 +1,9 @@
 """Tokens/s terms for the router: the speed training label and the speed replay of a validation split.
 
 Both take a latency profile (`whiflash-eval profile`, given as ``--data.latency_profile FILE``) and cost a
-round as `whiflash-eval calibrate --replay` does: the slot's round (draft + verify + the host's share the
-profile's loop rows measured) plus its catch-up of the rows committed since it last drafted (Lazy Catch-up).
+round as `whiflash-eval calibrate --replay` does: the slot's round as a routed slot (draft + verify + the
+host's share + what routing adds, as the profile's loop rows measured) plus its catch-up of the rows
+committed since it last drafted (Lazy Catch-up).
 
 The speed label (``--data.label speed``) of a round is the difference of the two slots' tokens per
 millisecond had that slot drafted it, in τ units::
@@ -38,7 +39,7 @@ def speed_gain(prompt: np.ndarray, rnd: np.ndarray, position: np.ndarray, tau_0:
                active: np.ndarray, kinds: tuple[str, str], profile: LatencyProfile,
                tree_budget: int | None = None) -> np.ndarray:
     """The speed label of every row (float32, in the rows' own order); see the module docstring."""
-    rounds = tuple(profile.round_ms(k, tree_budget) for k in kinds)
+    rounds = tuple(profile.round_ms(k, tree_budget, routed=True) for k in kinds)
     members = tuple(catchup_model(k) for k in kinds)
     scale = (rounds[0] + rounds[1]) / 2
     order = _order(prompt, rnd)
@@ -67,8 +68,8 @@ def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresho
     cols = {k: np.asarray(scores[k])[order] for k in ("prompt", "position", "tau_0", "tau_1", "category", "pred")}
     cols["prompt_id"] = cols["prompt"]
     cols["category"] = np.asarray(categories, dtype=object)[cols["category"]] if len(categories) else cols["category"]
-    rounds = tuple(profile.round_ms(k, tree_budget) for k in kinds)
-    router_ms = profile.router_ms("neural")
+    rounds = tuple(profile.round_ms(k, tree_budget, routed=True) for k in kinds)  # the standalone drafters and
+    router_ms = profile.router_ms("neural")  # the oracle, which decide nothing, keep the plain rounds
     oracle = speed_oracle(cols, kinds, profile, tree_budget)["categories"]
 
     def tps(sel: np.ndarray, theta: float) -> float:

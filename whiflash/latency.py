@@ -21,6 +21,11 @@ components, never below 0: what the host adds; on a CPU, where the components ar
 `round_ms` and `ar_ms` add that host share to the components (DDTree takes DFlash's), so a replay prices a
 round as the bench's wall clock pays it: on an H200 at `small`'s shapes the host added 23-37% to a round,
 more to EAGLE-3's than to DFlash's. A profile without loop rows adds 0.
+
+With both chain drafters, `meta`'s `loop_routed_round_wall_ms` holds the same loop's round of each of them as
+a slot of a df-e3 routed drafter that always picks it: `round_ms(kind, routed=True)` adds what routing adds to
+that slot's round (`routed_extra_ms`, never below 0; DDTree takes DFlash's), which is how a replayed router's
+rounds are priced. Drafters alone, and the speed oracle (routing that costs nothing), keep the plain rounds.
 """
 from __future__ import annotations
 
@@ -79,14 +84,23 @@ class LatencyProfile:
         host = self.meta.get("loop_host_ms") or {}
         return float(host.get(kind, host.get(catchup_model(kind), 0.0)))
 
-    def round_ms(self, kind: str, tree_budget: int | None = None) -> float:
-        """One round of a slot as the loop pays it: draft + verify + the host's share (catch-up excluded)."""
+    def routed_extra_ms(self, kind: str) -> float:
+        """What routing adds to a round of slot kind `kind` (DDTree: DFlash's): the loop's round of that drafter
+        as a routed slot minus its round alone (`meta`'s loop rows), never below 0; 0 without those rows."""
+        model = catchup_model(kind)
+        routed = (self.meta.get("loop_routed_round_wall_ms") or {}).get(model)
+        alone = (self.meta.get("loop_round_wall_ms") or {}).get(model)
+        return max(0.0, float(routed) - float(alone)) if routed is not None and alone is not None else 0.0
+
+    def round_ms(self, kind: str, tree_budget: int | None = None, routed: bool = False) -> float:
+        """One round of a slot as the loop pays it: draft + verify + the host's share (catch-up excluded);
+        `routed`: as a slot of a routed drafter (+ `routed_extra_ms`)."""
         key = slot_kind(kind, tree_budget)
         if key not in self.round:
             hint = f" (profile with --tree-budgets {tree_budget})" if kind == "ddtree" else ""
             raise ValueError(f"latency profile {self.source}: no round time for {key}; it has "
                              f"{', '.join(sorted(self.round)) or 'none'}{hint}")
-        return self.round[key] + self.host_ms(key)
+        return self.round[key] + self.host_ms(key) + (self.routed_extra_ms(key) if routed else 0.0)
 
     def ar_ms(self) -> float:
         """One AR step as the loop pays it: `ar_step` + the host's share."""
@@ -139,6 +153,9 @@ class LatencyProfile:
             host = (m.get("loop_host_ms") or {}).get(kind)
             lines.append(f"{'loop round ' + kind + ' (wall)':<28}{ms:>10.3f}{ms / self.ar_step:>8.2f}"
                          + (f"   host {host:.3f}" if host is not None else ""))
+        for kind, ms in (m.get("loop_routed_round_wall_ms") or {}).items():  # the same round as a routed slot
+            lines.append(f"{'loop round routed ' + kind:<28}{ms:>10.3f}{ms / self.ar_step:>8.2f}"
+                         f"   routing +{self.routed_extra_ms(kind):.3f}")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ files
@@ -191,6 +208,11 @@ class LatencyProfile:
                 source=str(path))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{flag} {path}: malformed 'ms' object ({type(err).__name__}: {err})") from None
+        for rows in ("loop_round_wall_ms", "loop_routed_round_wall_ms"):  # round_ms reads them
+            value = prof.meta.get(rows)
+            if value is not None and not (isinstance(value, dict) and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value.values())):
+                raise ValueError(f"{flag} {path}: '{rows}' must map drafter kinds to milliseconds > 0, got {value!r}")
         return prof
 
 
