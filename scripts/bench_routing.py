@@ -1,6 +1,7 @@
 """What routing adds to a round: standalone drafters against routed decoding pinned to one slot.
 
 Usage: python scripts/bench_routing.py [--shapes small|qwen3-8b|DIR ...] [--new-tokens 128] [--repeats 5]
+       python scripts/bench_routing.py --testbed DIR [--category code] [--prompts 4] [--new-tokens 128]
 
 Random weights at real shapes (`--shapes`: a testbed preset, whose configs are written the way its build
 writes them, a `checkpoints/` preset, or a folder with `{target,eagle3,dflash}/config.json`). Random
@@ -13,8 +14,18 @@ the standalone drafter does and the difference is routing alone:
 - `neural-after`: the same router asked after the pass from the path's last row (a router that reads the
   previous round decides that way).
 
+Two diagnostics of slot 1 (EAGLE-3) take one piece of the pair away each:
+
+- `neural-1-own-taps`: the verify pass writes EAGLE-3's tap layers only, not the union of both drafters';
+- `neural-1-no-backlog`: DFlash is not a member, so no backlog of its rows builds up while EAGLE-3 drafts.
+
 Methods run side by side in one process, interleaved, CUDA graphs on a GPU; the table gives the median
 milliseconds per round over the repeats and each routed method's difference to its standalone drafter.
+
+`--testbed DIR` times the trained models of a built testbed instead, on its held-out test prompts of
+`--category` (`--prompts` of them, each decoded to `--new-tokens` or its stop token), under the engine
+`whiflash-eval bench` runs by default (CUDA graphs and compiled layers on a GPU): rounds then accept what
+the drafters really accept, which random weights never do. Every output is compared with AR's.
 
 `--launches` counts instead of timing (any device, a CPU included): per round, the operators each method
 dispatches outside fixed-shape passes (each one a kernel launch and its host cost on a GPU) and the
@@ -80,7 +91,23 @@ def methods(target: Any, eagle: Any, dflash: Any) -> dict[str, tuple[str, Any]]:
         out[f"fixed-{slot}"] = (alone, routed(whiflash.FixedRouter(slot)))
         out[f"neural-{slot}"] = (alone, routed(pinned[slot]))
         out[f"neural-after-{slot}"] = (alone, routed(AfterThePass(pinned[slot])))
+    # valid only because slot 1 drafts every round: DFlash's taps and backlog are never read
+    own_taps = routed(pinned[1])
+    own_taps.tap_layers = tuple(eagle.tap_layers)
+    no_backlog = routed(pinned[1])
+    no_backlog.members = [eagle]
+    out["neural-1-own-taps"], out["neural-1-no-backlog"] = ("eagle3", own_taps), ("eagle3", no_backlog)
     return out
+
+
+def _rows(shapes: str, table: dict[str, tuple[str, Any]], times: dict[str, list[float]],
+          rounds: dict[str, int]) -> list[dict[str, Any]]:
+    rows = []
+    for name, (alone, _) in table.items():
+        ms, base = statistics.median(times[name]), statistics.median(times[alone])
+        rows.append({"shapes": shapes, "method": name, "rounds": rounds[name], "ms_per_round": round(ms, 4),
+                     "vs_standalone_ms": round(ms - base, 4), "vs_standalone_pct": round(100 * (ms / base - 1), 2)})
+    return rows
 
 
 def measure(shapes: str, device: str, dtype: torch.dtype, new_tokens: int, prompt_tokens: int,
@@ -100,12 +127,42 @@ def measure(shapes: str, device: str, dtype: torch.dtype, new_tokens: int, promp
             rounds[name] = stats.rounds
             if r:
                 times[name].append(stats.decode_seconds / stats.rounds * 1e3)
-    rows = []
-    for name, (alone, _) in table.items():
-        ms, base = statistics.median(times[name]), statistics.median(times[alone])
-        rows.append({"shapes": shapes, "method": name, "rounds": rounds[name], "ms_per_round": round(ms, 4),
-                     "vs_standalone_ms": round(ms - base, 4), "vs_standalone_pct": round(100 * (ms / base - 1), 2)})
-    return rows
+    return _rows(shapes, table, times, rounds)
+
+
+def measure_testbed(folder: Path, category: str, prompts: int, device: str, dtype: torch.dtype, new_tokens: int,
+                    repeats: int) -> tuple[list[dict[str, Any]], int]:
+    """Rows of the table on a built testbed's test prompts of `category`, and how many outputs differ from AR's."""
+    from whiflash.engine import engine_options
+    from whiflash.session import Session, model_paths
+    from whiflash.testbed.prompts import eval_prompts
+
+    paths = model_paths(folder)
+    cuda = device.startswith("cuda")
+    session = Session.open(paths, device, str(dtype).removeprefix("torch."), engine_options(device, cuda, cuda))
+    target = session.target
+    eagle = whiflash.load_drafter("eagle3", paths["eagle3"], target)
+    dflash = whiflash.load_drafter("dflash", paths["dflash"], target)
+    ids = [session.encode([p]) for p in eval_prompts(folder, category, prompts)]
+    if not ids:
+        raise ValueError(f"--testbed {folder}: no test prompts of category {category!r}")
+    table = methods(target, eagle, dflash)
+    target.setup_cache(max(len(x) for x in ids) + new_tokens + max(d.max_nodes for _, d in table.values() if d) + 1)
+    times: dict[str, list[float]] = {name: [] for name in table}
+    rounds: dict[str, int] = {}
+    outputs: dict[tuple[str, int], list[int]] = {}
+    for r in range(repeats + 1):  # the first pass captures graphs (and compiles) and is not counted
+        for name, (_, drafter) in table.items():
+            seconds, n = 0.0, 0
+            for i, prompt in enumerate(ids):
+                out, stats = whiflash.generate(target, drafter, prompt, new_tokens, stop_token_ids=session.stops)
+                seconds, n = seconds + stats.decode_seconds, n + stats.rounds
+                outputs[name, i] = out
+            rounds[name] = n
+            if r:
+                times[name].append(seconds / max(1, n) * 1e3)
+    mismatches = sum(outputs[name, i] != outputs["ar", i] for name in table for i in range(len(ids)))
+    return _rows(f"{folder.name}:{category}", table, times, rounds), mismatches
 
 
 class _Launches(TorchDispatchMode):
@@ -188,10 +245,20 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--launches", action="store_true",
                     help="count operators and fixed-shape passes per round instead of timing (any device)")
+    ap.add_argument("--testbed", type=Path, help="a built testbed: time its trained models on its test prompts")
+    ap.add_argument("--category", default="code", help="--testbed: the category of the test prompts")
+    ap.add_argument("--prompts", type=int, default=4, help="--testbed: test prompts, each decoded every repeat")
     args = ap.parse_args()
     from whiflash.testbed.presets import PRESETS
 
     rows = []
+    if args.testbed is not None:
+        if args.launches:
+            ap.error("--launches counts operators of random-weight shapes (--shapes); drop --testbed")
+        rows, mismatches = measure_testbed(args.testbed, args.category, args.prompts, args.device,
+                                           getattr(torch, args.dtype), args.new_tokens, args.repeats)
+        args.shapes = []
+        print(f"{mismatches} outputs differ from AR's (bf16 near-ties where any)")
     with tempfile.TemporaryDirectory() as tmp:
         for shapes in args.shapes:
             folder = str(testbed_shapes(shapes, Path(tmp) / shapes)) if shapes in PRESETS else None

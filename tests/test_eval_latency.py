@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 from whiflash.eval.cli import bench_config, main, parse
@@ -358,3 +359,19 @@ def test_profile_summary_reads_each_figure_from_its_table() -> None:
     assert lines["EAGLE-3 step / target layer"] == "0.67"
     assert lines["catch-up / round, EAGLE-3 n=64"] == "10.0%" and lines["catch-up / round, DFlash n<=16"] == "3.0%"
     assert lines["attention 1 row, us: SDPA / kernel"] == "-"  # not measured for this model
+
+
+def test_bench_routing_times_a_testbeds_trained_models_on_its_test_prompts(micro: Path) -> None:
+    """scripts/bench_routing.py --testbed: every routed variant beside its standalone drafter, on real prompts,
+    lossless (the diagnostics take the pair's taps or DFlash's backlog away from a slot-1 router)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_routing", Path(__file__).resolve().parents[1] / "scripts/bench_routing.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rows, mismatches = script.measure_testbed(micro, "code", 1, "cpu", torch.float32, 8, 1)
+    by = {r["method"]: r for r in rows}
+    assert {"ar", "eagle3", "dflash", "neural-1", "neural-1-own-taps", "neural-1-no-backlog"} <= set(by)
+    assert mismatches == 0 and all(r["ms_per_round"] > 0 for r in rows)
+    assert by["neural-1-own-taps"]["rounds"] == by["eagle3"]["rounds"]  # it drafts as EAGLE-3 alone does
+    assert by["eagle3"]["vs_standalone_ms"] == 0.0
