@@ -209,6 +209,7 @@ def _row(sample: Sample, turn: int, method: Method, order: int, ids: list[int], 
         "slots": list(st.slots) if method.pinned is None else [method.pinned] * len(st.taus),
         "switch_rate": st.switch_rate if st.slots else (0.0 if method.pinned is not None else None),
         "catchup_seconds": st.catchup_seconds, "catchup_timed": bool(timed and method.routed), "threshold": threshold,
+        "slot_methods": list(method.slot_methods) if method.slot_methods else None,
         "tokens": out,
     }
 

@@ -61,6 +61,9 @@ class Method:
     """A routed method's threshold (None: the flag's or the router's own)."""
     pinned: int | None = None
     """The slot an infinite threshold pins (`drafter` is then that slot's drafter alone)."""
+    slot_methods: tuple[str, str] | None = None
+    """A routing policy's two slots as the standalone methods that draft them alone (`dflash`, `eagle3`, `ddtree`),
+    which its rounds are costed against (`metrics.ROUTED_ROUND_DEFINITION`); None for the others."""
 
 
 def method_names(algorithm: str, methods: str | list[str] | None, router: str,
@@ -214,5 +217,7 @@ class MethodFactory:
         if pinned is not None:  # the decision cannot change: run that slot's drafter alone, pay no routing
             kind = self.pair.slots[pinned]
             drafter = self.drafter(kind, self.pair_tree_budget() if kind == "ddtree" else None)
-            return Method(name, drafter, routed=True, label=label, threshold=threshold, pinned=pinned)
-        return Method(name, self.routed(self.policy(family, threshold)), routed=True, label=label, threshold=threshold)
+            return Method(name, drafter, routed=True, label=label, threshold=threshold, pinned=pinned,
+                          slot_methods=self.pair.slots)
+        return Method(name, self.routed(self.policy(family, threshold)), routed=True, label=label, threshold=threshold,
+                      slot_methods=self.pair.slots)

@@ -10,7 +10,7 @@ baseline's TPOT on the same prompt in the same process. Per category (and per da
 * speedup_pooled = (total AR decode time / AR tokens) / (total method decode time / method tokens);
 * tau = mean over rows of the row's mean tau; tau_pooled = all rounds' tau averaged; a histogram;
 * routed methods: slot-0 share of rounds, switch rate, catch-up share of decode time (only when
-  catch-up was timed).
+  catch-up was timed), and the cost of their rounds against their drafters' own (`ROUTED_ROUND_DEFINITION`).
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from whiflash.decoding.stats import TAU_DEFINITION
 
 from .families import best_of_families
 
-__all__ = ["METRICS_VERSION", "PROTOCOL", "SPEEDUP_DEFINITION", "aggregate", "bootstrap_ci", "decode_tokens",
-           "gains", "ratio_of_means_ci"]
+__all__ = ["METRICS_VERSION", "PROTOCOL", "ROUTED_ROUND_DEFINITION", "SPEEDUP_DEFINITION", "aggregate",
+           "alone_round_ms", "alone_seconds", "bootstrap_ci", "decode_tokens", "gains", "ratio_of_means_ci"]
 
 METRICS_VERSION = 2
 """Version of the figures in results.json: 2 = speedup as a ratio of mean TPOTs (1, unmarked: a mean of ratios)."""
@@ -36,6 +36,11 @@ SPEEDUP_DEFINITION = ("speedup = mean over samples of AR time per output token /
                       "ratio = mean and median over samples of the per-sample ratio AR TPOT / method TPOT; pooled = "
                       "total AR time per token / total method time per token")
 """The one definition of the speedup columns, printed under every table and written into every results.json."""
+
+ROUTED_ROUND_DEFINITION = ("vs alone = a routed method's decode time / what its rounds cost its two drafters alone on "
+                           "the same prompts (each slot's rounds times that drafter's own ms a round there), - 1: what "
+                           "deciding, switching (catch-up) and running as a pair add to its rounds")
+"""The routed-round column's definition, printed under every table that has one."""
 
 PROTOCOL = (
     "Per sample, every method (AR included) decodes the same prompt in the same process, in an order that "
@@ -98,8 +103,29 @@ def _mean(xs: Iterable[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
-def summarize_rows(rows: list[dict[str, Any]], seed: int = 0, iterations: int = 1000) -> dict[str, Any]:
-    """The figures of one cell (one category, dataset or all, for one method); see the module doc."""
+def alone_round_ms(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str], float]:
+    """(sample, turn, method) -> that decode's seconds a round, for every row that drafted rounds."""
+    return {(r.get("sample"), r.get("turn"), r["method"]): r["decode_seconds"] / len(r["taus"])
+            for r in rows if r.get("taus")}
+
+
+def alone_seconds(row: dict[str, Any], alone: dict[tuple[str, int, str], float]) -> float | None:
+    """What a routed row's rounds would cost its two drafters alone on its prompt (each slot's rounds times that
+    drafter's seconds a round there), or None without both drafters' rows (or for a method that does not route)."""
+    methods, slots = row.get("slot_methods"), row.get("slots")
+    if not methods or not slots:
+        return None
+    per = [alone.get((row.get("sample"), row.get("turn"), m)) for m in methods]
+    if any(v is None for v in per):
+        return None
+    n0 = sum(1 for s in slots if s == 0)
+    return n0 * per[0] + (len(slots) - n0) * per[1]
+
+
+def summarize_rows(rows: list[dict[str, Any]], seed: int = 0, iterations: int = 1000,
+                   alone: dict[tuple[str, int, str], float] | None = None) -> dict[str, Any]:
+    """The figures of one cell (one category, dataset or all, for one method); see the module doc. `alone`:
+    `alone_round_ms` of the whole run, for the routed-round column."""
     timed = [r for r in rows if r.get("speedup") is not None]
     ratios = [r["speedup"] for r in timed]
     ar_tpot = [r["ar_decode_seconds"] / decode_tokens(r["ar_new_tokens"]) for r in timed]
@@ -116,6 +142,7 @@ def summarize_rows(rows: list[dict[str, Any]], seed: int = 0, iterations: int = 
     routed = bool(slots)
     total_decode = sum(r["decode_seconds"] for r in rows)
     caught = [r for r in rows if r.get("catchup_timed")]
+    costed = [(r["decode_seconds"], a) for r in rows if (a := alone_seconds(r, alone or {})) is not None]
     out: dict[str, Any] = {
         "n": len(rows),
         "speedup": _mean(ar_tpot) / _mean(m_tpot) if timed else math.nan,
@@ -132,6 +159,8 @@ def summarize_rows(rows: list[dict[str, Any]], seed: int = 0, iterations: int = 
         "switch_rate": _mean(r["switch_rate"] for r in rows if r.get("slots")) if routed else None,
         "catchup_share": (sum(r["catchup_seconds"] for r in caught) / sum(r["decode_seconds"] for r in caught)
                           if routed and caught and sum(r["decode_seconds"] for r in caught) > 0 else None),
+        "round_cost_vs_alone": (sum(t for t, _ in costed) / sum(a for _, a in costed) - 1.0
+                                if costed and sum(a for _, a in costed) > 0 else None),
     }
     return out
 
@@ -140,13 +169,14 @@ def _cells(rows: list[dict[str, Any]], methods: list[str], key: str, seed: int,
            iterations: int) -> dict[str, dict[str, Any]]:
     """{group: {method: figures}} for every value of `rows[key]`, plus "all" pooling every group."""
     groups = sorted({r[key] for r in rows if r.get(key) is not None})
+    alone = alone_round_ms(rows)
     cells: dict[str, dict[str, Any]] = {}
     for group in [*groups, "all"]:
         cells[group] = {}
         for m in methods:
             sel = [r for r in rows if r["method"] == m and (group == "all" or r.get(key) == group)]
             if sel:
-                cells[group][m] = summarize_rows(sel, seed, iterations)
+                cells[group][m] = summarize_rows(sel, seed, iterations, alone)
     return cells
 
 
@@ -159,7 +189,8 @@ def aggregate(rows: list[dict[str, Any]], methods: list[str], seed: int = 0,
     return {"metrics_version": METRICS_VERSION, "cells": cells, "datasets": by_dataset, "gains": gains(cells),
             "best": {"categories": best_of_families(cells), "datasets": best_of_families(by_dataset)},
             "categories": sorted({r["category"] for r in rows}), "methods": methods,
-            "tau_definition": TAU_DEFINITION, "speedup_definition": SPEEDUP_DEFINITION, "protocol": PROTOCOL}
+            "tau_definition": TAU_DEFINITION, "speedup_definition": SPEEDUP_DEFINITION,
+            "routed_round_definition": ROUTED_ROUND_DEFINITION, "protocol": PROTOCOL}
 
 
 def gains(cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:

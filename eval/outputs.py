@@ -187,20 +187,24 @@ def _share(v: float | None) -> str:
     return "—" if v is None else f"{100 * v:.1f}%"
 
 
+def _signed(v: float | None) -> str:
+    return "—" if v is None else f"{100 * v:+.1f}%"
+
+
 def markdown_table(results: dict[str, Any], run_label: str = "") -> str:
     """Per category and method: speedup (upstream's, with its 95% interval) and tau first, then the per-sample
     mean and median ratios, the pooled ratio, tokens/s and routing figures; then per dataset (several
     datasets), the best setting of swept families, and the gains."""
     head = ("| category | method | speedup (95% CI) | tau | tau pooled | mean ratio | median ratio | pooled | tok/s | "
-            "slot-0 | switch | catch-up | mismatches |")
-    lines = [head, "|" + "---|" * 13]
+            "slot-0 | switch | catch-up | vs alone | mismatches |")
+    lines = [head, "|" + "---|" * 14]
     for r in table_rows(results, run_label):
         lines.append(f"| {r['category']} | {r['method']} | {_x(r['speedup'])} ({_fmt(r['speedup_ci_low'])}–"
                      f"{_fmt(r['speedup_ci_high'])}) | {_fmt(r['tau'])} | {_fmt(r.get('tau_pooled'))} | "
                      f"{_x(r.get('speedup_mean_ratio'))} | "
                      f"{_x(r.get('speedup_median_ratio'))} | {_x(r['speedup_pooled'])} | "
                      f"{_fmt(r['tokens_per_second'], 1)} | {_share(r['slot0_share'])} | {_share(r['switch_rate'])} | "
-                     f"{_share(r['catchup_share'])} | {r['mismatches']} |")
+                     f"{_share(r['catchup_share'])} | {_signed(r.get('round_cost_vs_alone'))} | {r['mismatches']} |")
     text = "\n".join(lines)
     datasets = [d for d in (results.get("datasets") or {}) if d != "all"]
     if len(datasets) > 1:
@@ -227,6 +231,9 @@ def markdown_table(results: dict[str, Any], run_label: str = "") -> str:
     text += f"\n\nSpeedup columns: {results.get('speedup_definition', SPEEDUP_DEFINITION)}.\n"
     text += (f"τ: {results['tau_definition']}; tau pooled = every round's tau averaged (tokens per round), "
              "which a few sequences of very long acceptances do not carry.\n")
+    if results.get("routed_round_definition") and any(
+            r.get("round_cost_vs_alone") is not None for r in table_rows(results, run_label)):
+        text += f"Routed rounds: {results['routed_round_definition']}.\n"
     if results.get("catchup_note"):
         text += f"Catch-up: {results['catchup_note']}.\n"
     if results.get("lossless_check"):

@@ -15,6 +15,7 @@ from whiflash.eval.cli import bench_config, main, parse
 from whiflash.eval.datasets import load_samples
 from whiflash.eval.methods import method_names, model_paths
 from whiflash.eval.metrics import aggregate, bootstrap_ci
+from whiflash.eval.outputs import markdown_table
 from whiflash.folders import FolderKindError
 from whiflash.pairs import Pair
 from whiflash.prompts import encode_chat
@@ -369,6 +370,26 @@ def test_metrics_speedup_ratios_pooled_and_interval() -> None:
     assert d["speedup_mean_ratio"] == pytest.approx(3.0) and d["speedup_median_ratio"] == pytest.approx(3.0)
     assert d["speedup_ci_low"] >= 2.0 and d["speedup_ci_high"] <= 4.0
     assert bootstrap_ci([2.0, 2.0, 2.0]) == (2.0, 2.0)
+
+
+def test_routed_rounds_are_costed_against_their_drafters_own_rounds_on_the_same_prompts() -> None:
+    def row(method: str, sample: str, sec: float, slots: list[int], pair: bool = True) -> dict:
+        return {"method": method, "sample": sample, "turn": 0, "category": "c", "new_tokens": 11, "decode_seconds": sec,
+                "taus": [2] * len(slots or [0] * 5), "ar_decode_seconds": 1.0, "ar_new_tokens": 11, "speedup": 1.0 / sec,
+                "slots": slots, "switch_rate": 0.0, "catchup_seconds": 0.0,
+                "slot_methods": ["dflash", "eagle3"] if pair else None}
+
+    rows = [row("ar", p, 1.0, [], False) for p in "ab"]
+    rows += [row("dflash", "a", 0.5, [], False), row("eagle3", "a", 1.0, [], False)]  # 0.1 / 0.2 s a round on a
+    rows += [row("dflash", "b", 0.3, [], False)]  # b has no EAGLE-3 row: it is left out of the column
+    rows += [row("whiflash-neural", "a", 0.77, [0, 0, 1, 1, 0]), row("whiflash-neural", "b", 0.5, [0] * 5)]
+    res = aggregate(rows, ["ar", "dflash", "eagle3", "whiflash-neural"], iterations=50)
+    cell = res["cells"]["c"]
+    # a: 3 DFlash rounds (0.3 s) + 2 EAGLE-3 rounds (0.4 s) = 0.7 s alone, 0.77 s routed
+    assert cell["whiflash-neural"]["round_cost_vs_alone"] == pytest.approx(0.1)
+    assert cell["dflash"]["round_cost_vs_alone"] is None and cell["ar"]["round_cost_vs_alone"] is None
+    table = markdown_table(res)
+    assert "| +10.0% |" in table and "Routed rounds: vs alone = " in table
 
 
 def test_report_side_by_side(bench_run: Path, tmp_path: Path) -> None:
