@@ -26,6 +26,7 @@ from whiflash.drafters.trees import ancestor_mask
 from whiflash.engine import describe, engine_options, resolve_engine
 from whiflash.folders import check_folder
 from whiflash.locks import owning_folders
+from whiflash.pairs import Pair
 from whiflash.router import NeuralRouter
 from whiflash.routers import EntropyRouter, NeuralPolicy
 from whiflash.session import Session
@@ -165,7 +166,7 @@ def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_to
         # random weights, which cost the same
         router = neural if neural is not None and str(neural.pair) == "df-e3" else \
             NeuralRouter(target.config.hidden_size).to(target.device).eval()
-        for slot, kind in enumerate(("dflash", "eagle3")):  # df-e3's slots; a finite threshold is not pinned
+        for slot, kind in enumerate(Pair.parse("df-e3").slots):  # a finite threshold decides every round
             policy = NeuralPolicy(router, -1e30 if slot == 0 else 1e30)
             routed[kind] = round_ms(whiflash.RoutedDrafter("df-e3", policy, eagle3=drafters["eagle3"],
                                                            dflash=drafters["dflash"]))

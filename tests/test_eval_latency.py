@@ -373,5 +373,5 @@ def test_bench_routing_times_a_testbeds_trained_models_on_its_test_prompts(micro
     by = {r["method"]: r for r in rows}
     assert {"ar", "eagle3", "dflash", "neural-1", "neural-1-own-taps", "neural-1-no-backlog"} <= set(by)
     assert mismatches == 0 and all(r["ms_per_round"] > 0 for r in rows)
-    assert by["neural-1-own-taps"]["rounds"] == by["eagle3"]["rounds"]  # it drafts as EAGLE-3 alone does
-    assert by["eagle3"]["vs_standalone_ms"] == 0.0
+    # the diagnostics draft as EAGLE-3 alone does
+    assert by["neural-1-own-taps"]["rounds"] == by["neural-1-no-backlog"]["rounds"] == by["eagle3"]["rounds"]

@@ -383,6 +383,14 @@ def test_speed_label_by_hand() -> None:
     # round 2: dflash 3 rows, eagle3 17 (the switch); times the mean round 1.5 ms
     expect = [(1 / 2.3 - 2 / 2.7) * 1.5, (4 / 3.0 - 1 / 2.0) * 1.5, (3 / 2.4 - 1 / 2.4) * 1.5]
     assert gain == pytest.approx(np.array(expect, np.float32))
+    # a round is priced as a routed slot's: with routing adding 0.5 ms to EAGLE-3's rounds (and none to DFlash's,
+    # whose routed loop round was faster), EAGLE-3 takes 1.5 ms a round and the mean round is 1.75 ms
+    prof = _profile()
+    prof.meta.update(loop_round_wall_ms={"dflash": 2.0, "eagle3": 1.0},
+                     loop_routed_round_wall_ms={"dflash": 1.9, "eagle3": 1.5})
+    gain = speed_gain(np.zeros(3, int), rnd, pos, t0, t1, active, ("dflash", "eagle3"), prof)
+    expect = [(1 / 2.3 - 2 / 3.2) * 1.75, (4 / 3.0 - 1 / 2.5) * 1.75, (3 / 2.4 - 1 / 2.9) * 1.75]
+    assert gain == pytest.approx(np.array(expect, np.float32))
 
 
 def test_speed_label_needs_a_profile_with_the_slots(dataset: Path, tmp_path: Path) -> None:
