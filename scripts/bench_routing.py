@@ -27,6 +27,13 @@ milliseconds per round over the repeats and each routed method's difference to i
 `whiflash-eval bench` runs by default (CUDA graphs and compiled layers on a GPU): rounds then accept what
 the drafters really accept, which random weights never do. Every output is compared with AR's.
 
+`--testbed DIR --profile OUT` then runs each of EAGLE-3, DFlash and their routed variants over the same prompts
+once more, under `torch.profiler` and (on a GPU) CUDA's sync-debug mode, and writes to OUT per method: the
+operator tables by device and by host time (`profile_NAME.txt`), a Chrome trace of its first prompt
+(`trace_NAME.json.gz`, 64 tokens), and `profile.json` with, per round, wall time, kernel time (what the GPU was
+busy), host synchronisations (by source line) and kernels launched: where a routed round spends what its
+standalone drafter does not.
+
 `--launches` counts instead of timing (any device, a CPU included): per round, the operators each method
 dispatches outside fixed-shape passes (each one a kernel launch and its host cost on a GPU) and the
 fixed-shape passes it runs (each a graph replay under CUDA graphs, its input copies counted as operators).
@@ -35,9 +42,13 @@ What a routed method launches beyond its standalone drafter is host time every r
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import shutil
 import statistics
 import tempfile
+import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -131,8 +142,9 @@ def measure(shapes: str, device: str, dtype: torch.dtype, new_tokens: int, promp
 
 
 def measure_testbed(folder: Path, category: str, prompts: int, device: str, dtype: torch.dtype, new_tokens: int,
-                    repeats: int) -> tuple[list[dict[str, Any]], int]:
-    """Rows of the table on a built testbed's test prompts of `category`, and how many outputs differ from AR's."""
+                    repeats: int, profile_dir: Path | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Rows of the table on a built testbed's test prompts of `category`, and how many outputs differ from AR's;
+    with `profile_dir`, `profile_methods` too (its rows in `profile_dir/profile.json`)."""
     from whiflash.engine import engine_options
     from whiflash.session import Session, model_paths
     from whiflash.testbed.prompts import eval_prompts
@@ -162,7 +174,86 @@ def measure_testbed(folder: Path, category: str, prompts: int, device: str, dtyp
             if r:
                 times[name].append(seconds / max(1, n) * 1e3)
     mismatches = sum(outputs[name, i] != outputs["ar", i] for name in table for i in range(len(ids)))
+    if profile_dir is not None:
+        print_profile(profile_methods(table, target, ids, new_tokens, session.stops, profile_dir))
     return _rows(f"{folder.name}:{category}", table, times, rounds), mismatches
+
+
+PROFILED = ("eagle3", "fixed-1", "neural-1", "neural-after-1", "neural-1-own-taps", "neural-1-no-backlog",
+            "dflash", "neural-0")
+"""The methods `--profile` looks into: each slot's standalone drafter and its routed variants."""
+
+
+def _decode_all(target: Any, drafter: Any, ids: list[list[int]], new_tokens: int, stops: Any) -> int:
+    """Decode every prompt; the rounds they took."""
+    return sum(whiflash.generate(target, drafter, p, new_tokens, stop_token_ids=stops)[1].rounds for p in ids)
+
+
+def _kernel_us(events: Any) -> tuple[float, int]:
+    """(microseconds the device spent in kernels, kernels) over a profile's averaged events."""
+    from torch.autograd import DeviceType
+
+    total, count = 0.0, 0
+    for e in events:
+        if e.device_type != DeviceType.CPU:
+            total += getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+            count += e.count
+    return total, count
+
+
+def profile_methods(table: dict[str, tuple[str, Any]], target: Any, ids: list[list[int]], new_tokens: int,
+                    stops: Any, out: Path) -> list[dict[str, Any]]:
+    """Per method of `PROFILED`: a round's wall and kernel time, host synchronisations and kernels, and the
+    operator tables and first-prompt trace in `out` (see the module doc)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = target.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    rows = []
+    for name in PROFILED:
+        drafter = table[name][1]
+        syncs: Counter[str] = Counter()
+        if cuda:  # every synchronising call, by the Python line that made it
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    _decode_all(target, drafter, ids, new_tokens, stops)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs.update(f"{Path(w.filename).name}:{w.lineno}" for w in caught)
+        t0 = time.perf_counter()
+        with profile(activities=activities) as prof:
+            rounds = _decode_all(target, drafter, ids, new_tokens, stops)
+            if cuda:
+                torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        events = prof.key_averages()
+        kernel_us, kernels = _kernel_us(events)
+        sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+        tables = [f"# {name}: {rounds} rounds over {len(ids)} prompts, {new_tokens} new tokens each"]
+        for key in dict.fromkeys((sort, "self_cpu_time_total")):
+            try:
+                tables.append(events.table(sort_by=key, row_limit=40))
+            except (AttributeError, KeyError, ValueError):  # an older profiler's names
+                tables.append(events.table(sort_by=key.replace("device", "cuda"), row_limit=40))
+        (out / f"profile_{name}.txt").write_text("\n\n".join(tables) + "\n")
+        with profile(activities=activities) as short:
+            _decode_all(target, drafter, ids[:1], min(new_tokens, 64), stops)
+        trace = out / f"trace_{name}.json"
+        short.export_chrome_trace(str(trace))
+        with trace.open("rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        trace.unlink()
+        rows.append({"method": name, "standalone": table[name][0], "rounds": rounds,
+                     "wall_ms_per_round": round(wall / rounds * 1e3, 4),
+                     "kernel_ms_per_round": round(kernel_us / rounds / 1e3, 4),
+                     "kernels_per_round": round(kernels / rounds, 1),
+                     "syncs_per_round": round(sum(syncs.values()) / rounds, 3),
+                     "syncs_by_line": dict(syncs.most_common(12))})
+    (out / "profile.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return rows
 
 
 class _Launches(TorchDispatchMode):
@@ -233,6 +324,17 @@ def count_launches(shapes: str, device: str, dtype: torch.dtype, new_tokens: int
     return rows
 
 
+def print_profile(rows: list[dict[str, Any]]) -> None:
+    """The `--profile` table: a round's wall and kernel time, synchronisations and kernels, per method."""
+    print("| method | vs | rounds | wall ms/round | kernel ms/round | syncs/round | kernels/round | syncs by line |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        lines = ", ".join(f"{k} {v / r['rounds']:.2f}" for k, v in r["syncs_by_line"].items())
+        print(f"| {r['method']} | {r['standalone']} | {r['rounds']} | {r['wall_ms_per_round']:.4f} | "
+              f"{r['kernel_ms_per_round']:.4f} | {r['syncs_per_round']:.2f} | {r['kernels_per_round']:.1f} | "
+              f"{lines or '—'} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["small", "qwen3-8b"],
@@ -248,15 +350,19 @@ def main() -> None:
     ap.add_argument("--testbed", type=Path, help="a built testbed: time its trained models on its test prompts")
     ap.add_argument("--category", default="code", help="--testbed: the category of the test prompts")
     ap.add_argument("--prompts", type=int, default=4, help="--testbed: test prompts, each decoded every repeat")
+    ap.add_argument("--profile", type=Path, metavar="OUT",
+                    help="--testbed: profile EAGLE-3, DFlash and their routed variants into OUT (see the module doc)")
     args = ap.parse_args()
     from whiflash.testbed.presets import PRESETS
 
     rows = []
+    if args.profile is not None and args.testbed is None:
+        ap.error("--profile looks into a built testbed's trained models: give --testbed DIR")
     if args.testbed is not None:
         if args.launches:
             ap.error("--launches counts operators of random-weight shapes (--shapes); drop --testbed")
         rows, mismatches = measure_testbed(args.testbed, args.category, args.prompts, args.device,
-                                           getattr(torch, args.dtype), args.new_tokens, args.repeats)
+                                           getattr(torch, args.dtype), args.new_tokens, args.repeats, args.profile)
         args.shapes = []
         print(f"{mismatches} outputs differ from AR's")
     with tempfile.TemporaryDirectory() as tmp:

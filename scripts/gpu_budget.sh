@@ -10,6 +10,9 @@
 #   eval-prompts[@PAIR]  AR, EAGLE-3, DFlash, DDTree and WhiFlash-Neural on the JSONL prompt files in PROMPTS_DIR
 #                 (.prompts), E2_SAMPLES rows of each (10, upstream's selection), E_TOKENS new tokens
 #   gputest       the testbed generator's CUDA-graph test
+#   bench-routing scripts/bench_routing.py --testbed --profile: the routed variants beside their standalone drafters
+#                 on ROUTING_PROMPTS (8) test prompts of ROUTING_CATEGORY (code), E_TOKENS tokens, profiled
+#                 (LOG_DIR/routing_profile/, LOG_DIR/bench_routing.log)
 #   router-test[@PAIR]  router data on the test split (TEST_PROMPTS a category, 80: the pool the benchmark draws its
 #                 prompts from) -> TESTBED_DIR/router_data_PAIR_test, to replay the router on the benchmark's prompts;
 #                 then `whiflash-eval report` of the routed bench against them (LOG_DIR/report_PAIR_test) and the
@@ -67,8 +70,11 @@ for item in "$@"; do
                data=$(IFS=,; echo "${files[*]}")
                env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E2_SAMPLES:-10} EVAL_TOKENS=${E_TOKENS:-256} EVAL_DATASET="$data" \
                  METHODS=ar,eagle3,dflash,ddtree,whiflash-neural EVAL_TAG=_prompts bash scripts/gpu_session.sh "$L" "$TB" eval ;;
+    bench-routing) timeout "$left" python3 scripts/bench_routing.py --testbed "$TB" --category "${ROUTING_CATEGORY:-code}" \
+                 --prompts "${ROUTING_PROMPTS:-8}" --new-tokens "${E_TOKENS:-256}" --repeats 3 --json "$L/bench_routing.json" \
+                 --profile "$L/routing_profile" 2>&1 | grep -v -E 'USDT|profiler_st' | tee "$L/bench_routing.log" | tail -32 ;;
     gputest) timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k batched_generation 2>&1 | tail -3 ;;
-    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, eval-prompts, router-test, gs-STEP, gputest)"; exit 2 ;;
+    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, eval-prompts, router-test, bench-routing, gs-STEP, gputest)"; exit 2 ;;
   esac
   echo "=== $name done, ${left}s were left before it; $(( $(date +%s) - start ))s in all"
 done

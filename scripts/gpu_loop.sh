@@ -12,6 +12,8 @@
 # its finished shards, so it starts whenever DATAGEN_MIN_S (60) are left.
 # PAIRS (df-e3,ddt-e3): the pairs whose router loops run, in order; the first also gets the test-split data
 # (TEST_PROMPTS a category, 80: the pool the benchmark draws from) and the prompt files.
+# ROUTING_PROFILE=1: after the latency profile, scripts/bench_routing.py times and profiles the routed variants
+# beside their standalone drafters on the built testbed's code prompts (LOG_DIR/routing_profile/, bench_routing.log).
 # TESTS_BESIDE=1: the CUDA tests run beside the first call's build (TESTS_TIMEOUT, 555 s), once.
 # PACK_DIR=DIR: once a router dataset is there, it is written to DIR (once) as a tar in 15 MiB parts,
 # router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most), so router
@@ -43,6 +45,7 @@ done_() {  # is step $1 done for pair $2?
   case $1 in
     build-*) stage_done "${1#build-}" ;;
     gs-latency) [ -f "$TB/profile.json" ] ;;
+    bench-routing) [ -f "$L/routing_profile/profile.json" ] ;;
     gs-router-data) [ -f "$TB/router_data_$2/manifest.json" ] ;;
     router-test) [ -f "$TB/router_data_${2}_test/manifest.json" ] ;;
     gs-router-train) [ -f "$router/config.json" ] && [ "$router/config.json" -nt "$TB/router_data_$2/manifest.json" ] ;;
@@ -61,6 +64,7 @@ fi
 
 # step[@pair]:estimate (seconds on an H200, with the CUDA tests beside the first ones)
 steps=(build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100)
+[ "${ROUTING_PROFILE:-0}" = 1 ] && steps+=(bench-routing:120)
 for p in "${pairs[@]}"; do
   steps+=("gs-router-data@$p:${DATAGEN_MIN_S:-60}" "gs-router-train@$p:60" "gs-calibrate@$p:210" "eval-routed@$p:180")
   [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:90" "eval-prompts@$p:90")
@@ -76,7 +80,7 @@ for i in "${!steps[@]}"; do
   [ "$i" -lt "$skip_to" ] && continue
   item=${steps[$i]}; step=${item%%:*}; est=${item##*:}; pair=${pairs[0]}
   [[ $step == *@* ]] && pair=${step#*@} && step=${step%@*}
-  name=$step; [[ $step == build-* || $step == gs-latency ]] || name=$step@$pair
+  name=$step; [[ $step == build-* || $step == gs-latency || $step == bench-routing ]] || name=$step@$pair
   done_ "$step" "$pair" && { echo "=== $name: done before"; continue; }
   left=$(( budget - ($(date +%s) - start) ))
   [ "$left" -lt "$est" ] && { echo "=== stop before $name (${left}s left < ${est}s): call again to go on"; break; }
