@@ -2,6 +2,7 @@
 and calibrate's replay mode on a small synthetic router dataset."""
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -361,17 +362,25 @@ def test_profile_summary_reads_each_figure_from_its_table() -> None:
     assert lines["attention 1 row, us: SDPA / kernel"] == "-"  # not measured for this model
 
 
-def test_bench_routing_times_a_testbeds_trained_models_on_its_test_prompts(micro: Path) -> None:
+def test_bench_routing_times_a_testbeds_trained_models_on_its_test_prompts(micro: Path, tmp_path: Path) -> None:
     """scripts/bench_routing.py --testbed: every routed variant beside its standalone drafter, on real prompts,
-    lossless (the diagnostics take the pair's taps or DFlash's backlog away from a slot-1 router)."""
+    lossless (the diagnostics take the pair's taps or DFlash's backlog away from a slot-1 router); `--profile`
+    writes each profiled method's round figures, operator tables and a first-prompt trace."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_routing", Path(__file__).resolve().parents[1] / "scripts/bench_routing.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    rows, mismatches = script.measure_testbed(micro, "code", 1, "cpu", torch.float32, 8, 1)
+    rows, mismatches = script.measure_testbed(micro, "code", 1, "cpu", torch.float32, 8, 1, tmp_path / "prof")
     by = {r["method"]: r for r in rows}
     assert {"ar", "eagle3", "dflash", "neural-1", "neural-1-own-taps", "neural-1-no-backlog"} <= set(by)
     assert mismatches == 0 and all(r["ms_per_round"] > 0 for r in rows)
     # the diagnostics draft as EAGLE-3 alone does
     assert by["neural-1-own-taps"]["rounds"] == by["neural-1-no-backlog"]["rounds"] == by["eagle3"]["rounds"]
+    profiled = {r["method"]: r for r in json.loads((tmp_path / "prof" / "profile.json").read_text())}
+    assert set(profiled) == set(script.PROFILED)
+    for name, r in profiled.items():  # the profiled decode takes the rounds the timed one took
+        assert r["rounds"] == by[name]["rounds"] and r["wall_ms_per_round"] > 0, name
+        assert "aten::" in (tmp_path / "prof" / f"profile_{name}.txt").read_text()
+        with gzip.open(tmp_path / "prof" / f"trace_{name}.json.gz", "rt") as f:
+            assert json.load(f)["traceEvents"], name
