@@ -13,7 +13,8 @@
 # PAIRS (df-e3,ddt-e3): the pairs whose router loops run, in order; the first also gets the test-split data
 # (TEST_PROMPTS a category, 80: the pool the benchmark draws from) and the prompt files.
 # ROUTING_PROFILE=1: after the latency profile, scripts/bench_routing.py times and profiles the routed variants
-# beside their standalone drafters on the built testbed's code prompts (LOG_DIR/routing_profile/, bench_routing.log).
+# beside their standalone drafters on the built testbed's code prompts (LOG_DIR/routing_profile/, bench_routing.log);
+# ~510 s on an H200 at 8 prompts x 256 tokens (the profiled decodes are slow), so it takes a call of its own.
 # TESTS_BESIDE=1: the CUDA tests run beside the first call's build (TESTS_TIMEOUT, 555 s), once.
 # PACK_DIR=DIR: once a router dataset is there, it is written to DIR (once) as a tar in 15 MiB parts,
 # router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most), so router
@@ -64,7 +65,7 @@ fi
 
 # step[@pair]:estimate (seconds on an H200, with the CUDA tests beside the first ones)
 steps=(build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100)
-[ "${ROUTING_PROFILE:-0}" = 1 ] && steps+=(bench-routing:120)
+[ "${ROUTING_PROFILE:-0}" = 1 ] && steps+=(bench-routing:520)
 for p in "${pairs[@]}"; do
   steps+=("gs-router-data@$p:${DATAGEN_MIN_S:-60}" "gs-router-train@$p:60" "gs-calibrate@$p:210" "eval-routed@$p:180")
   [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:90" "eval-prompts@$p:90")
