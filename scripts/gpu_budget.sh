@@ -7,8 +7,12 @@
 #                 E0_SAMPLES prompts (80), E_TOKENS new tokens (256); the fp32 margins of any bf16 mismatch
 #                 are in the run's results.json, copied beside results.md
 #   eval-t1       the same methods but the oracle at temperature 1 (one DDTree budget), E1_SAMPLES prompts (40)
+#   prompts-calibrate[@PAIR]  router data on PROMPTS_CALIBRATE (20) rows of each prompt file that eval-prompts does
+#                 not draw (scripts/heldout_prompts.py), the neural router replayed on them -> per benchmark category
+#                 thresholds, TESTBED_DIR/thresholds_neural_prompts_PAIR.json
 #   eval-prompts[@PAIR]  AR, EAGLE-3, DFlash, DDTree and WhiFlash-Neural on the JSONL prompt files in PROMPTS_DIR
-#                 (.prompts), E2_SAMPLES rows of each (10, upstream's selection), E_TOKENS new tokens
+#                 (.prompts), E2_SAMPLES rows of each (10, upstream's selection), E_TOKENS new tokens; the neural
+#                 router at prompts-calibrate's thresholds when that step ran, else at the testbed's
 #   gputest       the testbed generator's CUDA-graph test
 #   bench-routing scripts/bench_routing.py --testbed --profile: the routed variants beside their standalone drafters
 #                 on ROUTING_PROMPTS (8) test prompts of ROUTING_CATEGORY (code), E_TOKENS tokens, profiled
@@ -30,6 +34,7 @@ set -u
 cd "$(dirname "$0")/.."
 L=${1:?LOG_DIR}; TB=${2:?TESTBED_DIR}; budget=${3:?BUDGET_S}; shift 3
 start=$(date +%s)
+neural_grid=-inf,-6,-4,-3,-2,-1.5,-1,-0.5,-0.25,0,0.25,0.5,0.75,1,1.5,2,2.5,3,4,6,inf  # +-inf: a drafter alone
 for item in "$@"; do
   name=${item%%:*}; est=${item##*:}
   pair=df-e3; [[ $name == *@* ]] && pair=${name#*@} && name=${name%@*}
@@ -58,7 +63,7 @@ for item in "$@"; do
                [ -n "$routed" ] && [ -d "$router" ] && \
                  python3 -m whiflash.eval calibrate --replay "$TB/router_data_${pair}_test" --replay-run "$routed" \
                    --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural \
-                   --whiflash-neural-router-path "$router" --thresholds=-inf,-3,-2,-1,-0.5,0,0.5,1,2,3,inf \
+                   --whiflash-neural-router-path "$router" --thresholds="$neural_grid" \
                    --out "$L/eval" --output "$L/replay_${pair}_test_neural.json" 2>&1 | tail -2 ;;
     gs-*) PAIR=$pair ROUTER_TIMEOUT=$left LATENCY_TIMEOUT=$left CALIBRATE_TIMEOUT=$left TESTS_TIMEOUT=$left \
             EVAL_TIMEOUT=$left BUILD_TIMEOUT=$left bash scripts/gpu_session.sh "$L" "$TB" "${name#gs-}" ;;
@@ -66,15 +71,30 @@ for item in "$@"; do
                [ "$pair" != df-e3 ] && methods=(METHODS=ar,eagle3,ddtree,whiflash-neural)
                env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
                  "${methods[@]}" EVAL_TAG=_routed bash scripts/gpu_session.sh "$L" "$TB" eval ;;
-    eval-prompts) files=(); for f in "${PROMPTS_DIR:-.prompts}"/*.jsonl; do files+=("$f"); done  # benchmark prompt files
+    prompts-calibrate) files=("${PROMPTS_DIR:-.prompts}"/*.jsonl); heldout=$TB/prompts_heldout_$pair
+               # rows of each prompt file outside the ones eval-prompts draws -> router data -> the neural router
+               # replayed on them: thresholds per benchmark category (chat, coding, math) for eval-prompts
+               python3 scripts/heldout_prompts.py "${files[@]}" --bench-samples "${E2_SAMPLES:-10}" \
+                 --per-file "${PROMPTS_CALIBRATE:-20}" --out "$heldout" | tail -4
+               data=$(ls "$heldout"/*.jsonl | paste -sd,); router=$TB/router; [ "$pair" != df-e3 ] && router=$TB/router_$pair
+               PAIR=$pair ROUTER_TIMEOUT=$left ROUTER_SOURCE=$data ROUTER_DATA=$TB/router_data_${pair}_prompts \
+                 bash scripts/gpu_session.sh "$L" "$TB" router-data
+               [ -f "$TB/router_data_${pair}_prompts/manifest.json" ] && [ -d "$router" ] && \
+                 python3 -m whiflash.eval calibrate --replay "$TB/router_data_${pair}_prompts" \
+                   --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural \
+                   --whiflash-neural-router-path "$router" --thresholds="$neural_grid" --out "$L/eval" \
+                   --output "$TB/thresholds_neural_prompts_$pair.json" 2>&1 | tail -8 && \
+                 cp "$TB/thresholds_neural_prompts_$pair.json" "$L/" ;;
+    eval-prompts) files=("${PROMPTS_DIR:-.prompts}"/*.jsonl)  # benchmark prompt files
                data=$(IFS=,; echo "${files[*]}")
-               env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E2_SAMPLES:-10} EVAL_TOKENS=${E_TOKENS:-256} EVAL_DATASET="$data" \
+               thr=(); [ -f "$TB/thresholds_neural_prompts_$pair.json" ] && thr=(NEURAL_THRESHOLDS="$TB/thresholds_neural_prompts_$pair.json")
+               env PAIR=$pair "${thr[@]}" EVAL_TIMEOUT=$left EVAL_SAMPLES=${E2_SAMPLES:-10} EVAL_TOKENS=${E_TOKENS:-256} EVAL_DATASET="$data" \
                  METHODS=ar,eagle3,dflash,ddtree,whiflash-neural EVAL_TAG=_prompts bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     bench-routing) timeout "$left" python3 scripts/bench_routing.py --testbed "$TB" --category "${ROUTING_CATEGORY:-code}" \
                  --prompts "${ROUTING_PROMPTS:-8}" --new-tokens "${E_TOKENS:-256}" --repeats 3 --json "$L/bench_routing.json" \
                  --profile "$L/routing_profile" 2>&1 | grep -v -E 'USDT|profiler_st' | tee "$L/bench_routing.log" | tail -32 ;;
     gputest) timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k batched_generation 2>&1 | tail -3 ;;
-    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, eval-prompts, router-test, bench-routing, gs-STEP, gputest)"; exit 2 ;;
+    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, prompts-calibrate, eval-prompts, router-test, bench-routing, gs-STEP, gputest)"; exit 2 ;;
   esac
   echo "=== $name done, ${left}s were left before it; $(( $(date +%s) - start ))s in all"
 done

@@ -11,7 +11,8 @@
 # exported router, the thresholds files, the bench's results copied into LOG_DIR. Router data resumes from
 # its finished shards, so it starts whenever DATAGEN_MIN_S (60) are left.
 # PAIRS (df-e3,ddt-e3): the pairs whose router loops run, in order; the first also gets the test-split data
-# (TEST_PROMPTS a category, 80: the pool the benchmark draws from) and the prompt files.
+# (TEST_PROMPTS a category, 80: the pool the benchmark draws from) and the prompt files (their own thresholds,
+# replayed on rows of theirs that the bench does not draw: PROMPTS_CALIBRATE a file, 20).
 # ROUTING_PROFILE=1: after the latency profile, scripts/bench_routing.py times and profiles the routed variants
 # beside their standalone drafters on the built testbed's code prompts (LOG_DIR/routing_profile/, bench_routing.log);
 # ~510 s on an H200 at 8 prompts x 256 tokens (the profiled decodes are slow), so it takes a call of its own.
@@ -52,6 +53,7 @@ done_() {  # is step $1 done for pair $2?
     gs-router-train) [ -f "$router/config.json" ] && [ "$router/config.json" -nt "$TB/router_data_$2/manifest.json" ] ;;
     gs-calibrate) [ -f "$TB/thresholds_$2.json" ] && { [ ! -d "$router" ] || [ -f "$TB/thresholds_neural_$2.json" ]; } ;;
     eval-routed) [ -f "$L/eval_$2_routed_results.md" ] ;;
+    prompts-calibrate) [ -f "$TB/thresholds_neural_prompts_$2.json" ] ;;
     eval-prompts) [ -f "$L/eval_$2_prompts_results.md" ] ;;
     eval-t1|eval-t0) [ -f "$L/eval_$2_${1#eval-}_results.md" ] ;;
   esac
@@ -68,7 +70,7 @@ steps=(build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-
 [ "${ROUTING_PROFILE:-0}" = 1 ] && steps+=(bench-routing:520)
 for p in "${pairs[@]}"; do
   steps+=("gs-router-data@$p:${DATAGEN_MIN_S:-60}" "gs-router-train@$p:60" "gs-calibrate@$p:210" "eval-routed@$p:180")
-  [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:90" "eval-prompts@$p:90")
+  [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:90" "prompts-calibrate@$p:70" "eval-prompts@$p:90")
 done
 steps+=(build-acceptance:200 eval-t1:100 eval-t0:200)
 pack() {  # the router dataset folder TB/$1 into PACK_DIR, once

@@ -200,13 +200,13 @@ PY
       # (EVAL_SAMPLES test prompts outside the ones `eval` benches, EVAL_TOKENS tokens) at each category's
       # replayed threshold and +-0.5 around it, and each drafter alone
       if [ -d "$ROUTER" ]; then
-        replayed="$TB/thresholds_neural_$PAIR.json"; [ -n "${CALIBRATE_DECODE:-}" ] && replayed="$TB/thresholds_neural_replay_$PAIR.json"
+        replayed="$TB/thresholds_neural_$PAIR.json"; [ "${CALIBRATE_DECODE:-0}" = 1 ] && replayed="$TB/thresholds_neural_replay_$PAIR.json"
         timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" "${stick[@]}" \
           --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" \
           --thresholds=-inf,-6,-4,-3,-2,-1.5,-1,-0.5,-0.25,0,0.25,0.5,0.75,1,1.5,2,2.5,3,4,6,inf --out "$LOG/eval" \
           --output "$replayed" 2>&1 | tee -a "$LOG/calibrate_$PAIR.log" | quiet | tail -12
       fi
-      if [ -d "$ROUTER" ] && [ -n "${CALIBRATE_DECODE:-}" ] && [ -f "$TB/thresholds_neural_replay_$PAIR.json" ]; then
+      if [ -d "$ROUTER" ] && [ "${CALIBRATE_DECODE:-0}" = 1 ] && [ -f "$TB/thresholds_neural_replay_$PAIR.json" ]; then
         gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
         around=$(python3 -c "
 import json, math, sys
@@ -225,7 +225,8 @@ print(','.join(['-inf', *sorted({f'{t + d:g}' for t in ts for d in (-0.5, 0, 0.5
         --json "$LOG/bench_${PRESET}.json" 2>&1 | tee "$LOG/bench_${PRESET}.log" | quiet | tail -18 ;;
     eval)
       neural=""; router=(); [ -d "$ROUTER" ] && neural=",whiflash-neural" router=(--whiflash-neural-router-path "$ROUTER")
-      thr=(); for f in "$TB/thresholds_$PAIR.json" "$TB/thresholds_neural_$PAIR.json"; do [ -f "$f" ] && thr+=("$f"); done
+      # NEURAL_THRESHOLDS: another thresholds.json for the neural router (the prompt files' own, from gpu_budget.sh)
+      thr=(); for f in "$TB/thresholds_$PAIR.json" "${NEURAL_THRESHOLDS:-$TB/thresholds_neural_$PAIR.json}"; do [ -f "$f" ] && thr+=("$f"); done
       [ ${#thr[@]} -gt 0 ] && router+=(--whiflash-thresholds "$(IFS=,; echo "${thr[*]}")")
       [ -n "${STICK_TAU:-}" ] && router+=(--whiflash-stick-tau "$STICK_TAU")
       gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
