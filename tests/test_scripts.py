@@ -34,7 +34,7 @@ def finished_testbed(tb: Path, log: Path, stages: tuple[str, ...] = STAGES) -> N
             (tb / data / "manifest.json").write_text("{}")
         (tb / router).mkdir()
         (tb / router / "config.json").write_text("{}")
-        for name in (f"thresholds_{pair}.json", f"thresholds_neural_{pair}.json"):
+        for name in (f"thresholds_{pair}.json", f"thresholds_neural_{pair}.json", f"thresholds_neural_prompts_{pair}.json"):
             (tb / name).write_text("{}")
         for tag in ("routed", "prompts", "t1", "t0"):
             (log / f"eval_{pair}_{tag}_results.md").write_text("|")
@@ -43,8 +43,9 @@ def finished_testbed(tb: Path, log: Path, stages: tuple[str, ...] = STAGES) -> N
 def test_a_finished_loop_runs_nothing(tmp_path: Path) -> None:
     finished_testbed(tmp_path / "tb", tmp_path / "log")
     lines = loop(tmp_path / "log", tmp_path / "tb", 600)
-    assert all(line.endswith("done before") for line in lines[:-1]) and len(lines) == 19
+    assert all(line.endswith("done before") for line in lines[:-1]) and len(lines) == 20
     assert "=== router-test@df-e3: done before" in lines and "=== eval-routed@ddt-e3: done before" in lines
+    assert "=== prompts-calibrate@df-e3: done before" in lines  # the first pair's only
 
 
 def test_router_data_is_packed_once_into_parts_that_unpack_to_the_dataset(tmp_path: Path) -> None:
