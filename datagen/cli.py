@@ -72,6 +72,11 @@ def _check_arguments(args: dict, pair: Pair) -> None:
         raise ValueError(f"--tree-budget: expected an integer >= 1, got {budget!r}")
     if args["path"] not in PATHS:
         raise ValueError(f"--path: expected one of {', '.join(PATHS)}, got {args['path']!r}")
+    if (args["path"] == "router") != (args["router"] is not None):
+        raise ValueError("--path router and --router go together: the router's decisions are the path "
+                         f"(got --path {args['path']}, --router {args['router']})")
+    if args["router_thresholds"] is not None and args["router"] is None:
+        raise ValueError(f"--router-thresholds {args['router_thresholds']}: needs --path router --router")
 
 
 PATHS = {
@@ -80,14 +85,18 @@ PATHS = {
     "slot1": "slot 1 advances every round (its own path); both slots' taus measured from each state; greedy decoding",
     "mixed": "by prompt order i: i % 3 == 0 the slot with the larger tau advances (ties: slot 1), 1 slot 0 always, "
              "2 slot 1 always; both slots' taus measured from each state; greedy decoding",
+    "router": "the slot the neural router (--router, at its category's threshold) picks at the round's start advances "
+              "(the routed decode's own path: on-policy rows); both slots' taus measured from each state; greedy "
+              "decoding",
 }
 """`--path`: which slot each round advances with, as the manifest's `advance_rule` says it."""
 
 
 def _follow(path: str, index: int) -> int | None:
-    """The slot prompt `index` (in prompt order) advances with under `path`; None: the larger tau."""
+    """The slot prompt `index` (in prompt order) advances with under `path`; None: the larger tau (or, under
+    `router`, the router's pick)."""
     rule = ("oracle", "slot0", "slot1")[index % 3] if path == "mixed" else path
-    return None if rule == "oracle" else int(rule[-1])
+    return None if rule in ("oracle", "router") else int(rule[-1])
 
 
 @owning_folders()  # --out is this run's from its first check to its last write
@@ -114,6 +123,8 @@ def datagen(
     processes_per_device: int = 1,
     seed: int = 0,
     path: str = "oracle",
+    router: str | None = None,
+    router_thresholds: Path | None = None,
 ) -> Path:
     """Decode prompts with both drafters from the same state each round and write one row per round.
 
@@ -151,6 +162,13 @@ def datagen(
             drafter reaches on its own; `mixed`: the three in turn by prompt. Both taus are logged every round
             whatever the path. A drafter's tau on another's path is not its tau on its own (its misses come in
             runs), so a router that will follow one drafter for a while learns from states like those.
+            `router`: every round advances with the slot `--router` picks at the round's start, so the states are
+            the ones WhiFlash-Neural decodes through, and a replay of that router on them prices what its decode
+            does (a replay on other paths counts the positions those paths visited, not the router's).
+        router: the neural router whose decisions `--path router` follows (Hub id, folder or .safetensors file;
+            it must read at most the entropy beside the hidden state).
+        router_thresholds: thresholds.json from `whiflash-eval calibrate` (the router's per-category thresholds,
+            as `whiflash-eval bench --whiflash-thresholds` applies them); default: the router's exported threshold.
     """
     out = Path(out)
     # what the rows depend on (the execution mode does not count: graphs and eager record the same rows)
@@ -199,6 +217,7 @@ def datagen(
     if parsed.needs_eagle3:
         slots["eagle3"] = whiflash.load_drafter("eagle3", paths["eagle3"], model, num_steps=num_steps)
     recorder = OracleDrafter(parsed, tree_budget=tree_budget if parsed.uses_tree else None, **slots)
+    policy_for = _router_policies(router, router_thresholds, model, parsed, recorder.tree_budget)
     _check_room(model, paths["target"], max_new_tokens, recorder.max_nodes)
     if not resuming:  # pinned once the target has room for the run (a resumed record already passed this)
         _pin(out / DATAGEN_RECORD, resuming, record)
@@ -222,7 +241,8 @@ def datagen(
             continue
         columns = _record_chunk(run, recorder, chunks[index], max_prompt_tokens, max_new_tokens,
                                 on_prompt=lambda cols: meter.add(cols, bar),
-                                follow=[_follow(path, index * shard_size + j) for j in range(len(chunks[index]))])
+                                follow=[_follow(path, index * shard_size + j) for j in range(len(chunks[index]))],
+                                policy_for=policy_for)
         done[index] = write_shard(shard, columns, model.config.hidden_size)
         decoded += done[index].rows
     bar.close()
@@ -354,8 +374,9 @@ def _encode(run: Session, item: PromptItem, max_tokens: int) -> list[int]:
 
 def _record_chunk(run: Session, recorder: OracleDrafter, chunk: list[PromptItem], max_prompt_tokens: int,
                   max_new_tokens: int, on_prompt: Callable[[dict[str, np.ndarray]], None],
-                  follow: list[int | None]) -> dict[str, np.ndarray]:
-    """The rows of one shard's prompts, each advancing as `follow` says (`OracleDrafter.follow`); `on_prompt` sees
+                  follow: list[int | None], policy_for: Callable[[str], Any] | None = None) -> dict[str, np.ndarray]:
+    """The rows of one shard's prompts, each advancing as `follow` says (`OracleDrafter.follow`), or as the policy
+    `policy_for(category)` decides (`OracleDrafter.policy`); `on_prompt` sees
     each prompt's columns as it finishes (progress). Decoding stops at the session's stop ids (the tokenizer's EOS
     and the generation config's), as in whiflash-eval."""
     model = run.target
@@ -363,6 +384,7 @@ def _record_chunk(run: Session, recorder: OracleDrafter, chunk: list[PromptItem]
     parts = []
     for item, slot in zip(chunk, follow):
         recorder.follow = slot
+        recorder.policy = policy_for(item.category) if policy_for is not None else None
         cols = record_prompt(model, recorder, _encode(run, item, keep), max_new_tokens, run.stops or None)
         on_prompt(cols)
         if cols:
@@ -372,6 +394,38 @@ def _record_chunk(run: Session, recorder: OracleDrafter, chunk: list[PromptItem]
     if not parts:
         raise ValueError(f"prompts {[i.prompt_id for i in chunk]} produced no decoding rounds")
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _router_policies(router: str | None, thresholds: Path | None, model: Any, pair: Pair,
+                     tree_budget: int | None) -> Callable[[str], Any] | None:
+    """`--path router`: the router's policy for a prompt's category (its thresholds.json's threshold there, else its
+    exported one), or None without --router. A router that reads the previous round is refused: the path's rounds
+    are not a routed drafter's, so nothing reports them to it."""
+    if router is None:
+        return None
+    from whiflash.eval.bench import read_thresholds, threshold_for
+    from whiflash.routers import NeuralPolicy
+
+    module = whiflash.load_router(router, hidden_size=model.config.hidden_size, pair=pair, tree_budget=tree_budget,
+                                  device=model.device).eval()
+    if any(name != "entropy" for name in module.context):
+        raise ValueError(f"--router {router}: it reads {', '.join(module.context)}; --path router follows routers "
+                         "that read the hidden state and at most the entropy")
+    calibrated = None
+    if thresholds is not None:
+        calibrated = read_thresholds(str(thresholds)).get("whiflash-neural")
+        if calibrated is None:
+            raise ValueError(f"--router-thresholds {thresholds}: expected a thresholds.json of whiflash-neural "
+                             "(whiflash-eval calibrate --calibrate-method whiflash-neural)")
+    cache: dict[str, Any] = {}
+
+    def policy_for(category: str) -> Any:
+        if category not in cache:
+            thr = threshold_for(calibrated, category) if calibrated is not None else None
+            cache[category] = NeuralPolicy(module, thr)
+        return cache[category]
+
+    return policy_for
 
 
 def flag_kinds() -> dict[str, bool]:

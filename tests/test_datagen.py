@@ -102,6 +102,42 @@ def test_a_path_of_one_slot_advances_with_it_and_still_measures_both(worlds, tmp
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
 
 
+def test_the_router_path_is_the_routed_decodes_path_at_each_categorys_threshold(worlds, tmp_path, prompt_file):
+    """`--path router`: each prompt's rounds advance with the slot the router picks (its thresholds.json's
+    threshold for the prompt's category), which is the routed decode's path round for round; both taus logged."""
+    from whiflash.decoding.routed import RoutedDrafter
+    from whiflash.router import NeuralRouter, export_single_file
+    from whiflash.routers import NeuralPolicy
+
+    world = worlds["qwen3-mixed"]
+    torch.manual_seed(0)
+    router = export_single_file(NeuralRouter(hidden_size=32, mlp_dim=8), tmp_path / "r.safetensors")
+    thresholds = tmp_path / "thresholds.json"
+    thresholds.write_text(json.dumps({"method": "whiflash-neural", "thresholds": {"math": float("-inf"), "code": 0.0}}))
+    out = _run(world, tmp_path / "data", prompt_file, path="router", router=str(router), router_thresholds=thresholds)
+    assert "on-policy rows" in read_manifest(out).advance_rule
+    table = pq.read_table(check_shards(out, read_manifest(out))).to_pandas()
+    target = whiflash.load_target(world.target_dir)
+    eagle, dflash = (whiflash.load_drafter(k, d, target) for k, d in (("eagle3", world.eagle_dir), ("dflash", world.dflash_dir)))
+    module = whiflash.load_router(router)
+    switched = False
+    for pid, rows in table.groupby("prompt_id", sort=False):
+        rows = rows.sort_values("round")
+        i = int(pid.split("-")[-1])
+        thr = float("-inf") if i % 2 == 0 else 0.0  # the prompt file's categories alternate math, code
+        routed = RoutedDrafter("df-e3", NeuralPolicy(module, thr), eagle3=eagle, dflash=dflash)
+        _, stats = whiflash.generate(target, routed, PROMPTS[i], 30)
+        assert rows["active"].tolist() == stats.slots
+        assert np.where(rows["active"] == 0, rows["tau_0"], rows["tau_1"]).tolist() == stats.taus
+        assert i % 2 == 1 or (rows["active"] == 0).all()
+        switched |= rows["active"].nunique() == 2
+    assert switched, "the router should pick both slots somewhere"
+    with pytest.raises(ValueError, match="--path router and --router go together"):
+        _run(world, tmp_path / "bad", prompt_file, path="router")
+    with pytest.raises(ValueError, match="--router-thresholds .*: needs --path router --router"):
+        _run(world, tmp_path / "bad", prompt_file, router_thresholds=thresholds)
+
+
 def test_tau_pair_plot_of_an_existing_dataset(tmp_path):
     from whiflash.datagen.plots import main as plot_main
     from whiflash.datagen.plots import plot_tau_pairs

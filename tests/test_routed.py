@@ -121,6 +121,25 @@ def test_backlog_is_what_accumulated_while_inactive(world):
     assert 0 < stats.switch_rate <= 1
 
 
+def test_an_oracle_following_a_policy_walks_the_routed_drafters_path(world):
+    """datagen's `--path router`: the rows' path is the routed decode's, round for round, both taus logged."""
+    target, eagle, ddtree = world
+    pattern = [1, 1, 0, 1, 0, 0, 1]
+    for prompt in PROMPTS:
+        routed = RoutedDrafter("df-e3", ScriptedRouter(pattern), eagle3=eagle, dflash=ddtree)
+        out_r, stats_r = whiflash.generate(target, routed, prompt, 40)
+        oracle = OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree)
+        oracle.policy = ScriptedRouter(pattern)
+        records = []
+        out_o, stats_o = whiflash.generate(target, oracle, prompt, 40, on_round=records.append)
+        assert out_o == out_r
+        assert [r.slot for r in records] == stats_r.slots  # the slot each round advanced with
+        assert [r.slot_taus[r.slot] for r in records] == stats_r.taus
+    oracle.follow = 0
+    with pytest.raises(ValueError, match="follows a policy or a slot, not both"):
+        whiflash.generate(target, oracle, PROMPTS[0], 4)
+
+
 def test_oracle_advances_with_the_longer_acceptance(world):
     target, eagle, ddtree = world
     drafter = OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree)

@@ -198,9 +198,15 @@ class OracleDrafter(DrafterPair):
     (utility) oracle: the round advances with the slot of the higher tau / round time, i.e. the
     slot that would have produced tokens faster this round. With `follow` (0 or 1; settable between
     sequences) every round advances with that slot whatever the taus: the sequence takes that drafter's
-    own path while both slots' taus are still measured (datagen's `--path slot0|slot1`)."""
+    own path while both slots' taus are still measured (datagen's `--path slot0|slot1`). With `policy` (a routing
+    policy, settable between sequences) every round advances with the slot the policy picked at the round's start
+    from the target's state there, as a routed drafter with that policy would draft: the sequence takes the
+    router's own path (datagen's `--path router`, on-policy rows)."""
 
     kind = "oracle"
+    policy: Any = None
+    """A routing policy `(hidden [H], logits [V]) -> 0-dim long slot` whose decisions the rounds follow; None: the
+    advance rule above."""
 
     def __init__(self, pair: str | Pair, *, round_times: tuple[float, float] | None = None, follow: int | None = None,
                  **options: Any) -> None:
@@ -223,10 +229,27 @@ class OracleDrafter(DrafterPair):
     def max_nodes(self) -> int:
         return self.slot_nodes(0) + self.slot_nodes(1)
 
+    @property
+    def routes(self) -> bool:  # type: ignore[override]
+        return self.policy is not None
+
     def reset(self, target: Any, max_len: int, temperature: float = 0.0) -> None:
         if temperature > 0:
             raise ValueError("the oracle is defined for greedy decoding only (temperature=0)")
+        if self.policy is not None and self.follow is not None:
+            raise ValueError(f"an oracle follows a policy or a slot, not both (follow={self.follow})")
+        if self.policy is not None and hasattr(self.policy, "reset"):
+            self.policy.reset()
+        self._decision: Tensor | None = None
         super().reset(target, max_len, temperature)
+
+    def route(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None = None,
+              decided: Tensor | None = None) -> Tensor | None:
+        """With `policy`: its slot for the next round (kept for `advance`), from the state at the path's end."""
+        if self.policy is None:
+            return None
+        self._decision = self.policy(hidden, logits).reshape(())
+        return self._decision
 
     def backlog_rows(self, slot: int = 0) -> int:
         return max(m.backlog_len for m in self.members)
@@ -237,7 +260,11 @@ class OracleDrafter(DrafterPair):
     def advance(self, taus: Tensor) -> Tensor:
         """0-dim long slot (on the device) the round advances with, from both slots' `[2]` taus:
         the larger tau, or with `round_times` the larger tau per unit of round time; ties: slot 1. With
-        `follow`, that slot."""
+        `follow`, that slot; with `policy`, the slot it picked before the round."""
+        if self.policy is not None:
+            if self._decision is None:
+                raise RuntimeError("oracle with a policy: advance before any decision (route runs after the prefill)")
+            return self._decision
         if self.follow is not None:
             if self.follow not in (0, 1):
                 raise ValueError(f"follow: expected slot 0 or 1 (or None), got {self.follow!r}")
