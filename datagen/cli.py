@@ -12,6 +12,7 @@ on cuda:LOCAL_RANK, and the dataset is the one a single process writes, file for
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import logging
 import os
@@ -199,8 +200,21 @@ def datagen(
     device = ranks.device(device, per_device=processes_per_device)
     if not items:
         raise ValueError(f"--prompts {sources} gave no prompts")
+    # --path router: the rows depend on the router's weights and its thresholds, pinned like the checkpoints
+    router_pin: dict[str, Any] = {}
+    if router is not None:
+        router_pin = {"router": _resolved(router, "--router")}
+        router_pin["router_files"] = checkpoint_stamp(router_pin["router"])
+    if router_thresholds is not None:
+        try:
+            blob = Path(router_thresholds).read_bytes()
+        except OSError as err:
+            raise ValueError(f"--router-thresholds {router_thresholds}: cannot read ({err}); expected a thresholds.json "
+                             "from whiflash-eval calibrate") from None
+        router_pin |= {"router_thresholds": str(Path(router_thresholds).resolve()),
+                       "router_thresholds_sha256": hashlib.sha256(blob).hexdigest()}
     # the record holds resolved paths, not spellings, and the prompts' content, not only where they came from
-    record = {**args, "kind": DATAGEN, **resolved, "prompts_sha256": prompts_sha256(items),
+    record = {**args, **router_pin, "kind": DATAGEN, **resolved, "prompts_sha256": prompts_sha256(items),
               **{f"{k}_files": checkpoint_stamp(v) for k, v in resolved.items()},
               "testbed": str(Path(testbed).resolve()) if testbed else None,
               "prompts": [resolve_source(s) for s in sources]}

@@ -132,6 +132,13 @@ def test_the_router_path_is_the_routed_decodes_path_at_each_categorys_threshold(
         assert i % 2 == 1 or (rows["active"] == 0).all()
         switched |= rows["active"].nunique() == 2
     assert switched, "the router should pick both slots somewhere"
+    # the router's thresholds are pinned by content: edited, the run is not resumed with them
+    thresholds.write_text(json.dumps({"method": "whiflash-neural", "thresholds": {"math": 1.0, "code": 0.0}}))
+    with pytest.raises(ValueError, match="router_thresholds_sha256"):
+        _run(world, tmp_path / "data", prompt_file, path="router", router=str(router), router_thresholds=thresholds)
+    with pytest.raises(ValueError, match="--router-thresholds .*missing.json: cannot read"):
+        _run(world, tmp_path / "other", prompt_file, path="router", router=str(router),
+             router_thresholds=tmp_path / "missing.json")
     with pytest.raises(ValueError, match="--path router and --router go together"):
         _run(world, tmp_path / "bad", prompt_file, path="router")
     with pytest.raises(ValueError, match="--router-thresholds .*: needs --path router --router"):
