@@ -75,7 +75,7 @@ for item in "$@"; do
                # rows of each prompt file outside the ones eval-prompts draws -> router data -> the neural router
                # replayed on them: thresholds per benchmark category (chat, coding, math) for eval-prompts
                python3 scripts/heldout_prompts.py "${files[@]}" --bench-samples "${E2_SAMPLES:-10}" \
-                 --per-file "${PROMPTS_CALIBRATE:-20}" --out "$heldout" | tail -4
+                 --per-file "${PROMPTS_CALIBRATE:-20}" --out "$heldout" || { echo "=== $name: no held-out rows"; continue; }
                data=$(ls "$heldout"/*.jsonl | paste -sd,); router=$TB/router; [ "$pair" != df-e3 ] && router=$TB/router_$pair
                PAIR=$pair ROUTER_TIMEOUT=$left ROUTER_SOURCE=$data ROUTER_DATA=$TB/router_data_${pair}_prompts \
                  bash scripts/gpu_session.sh "$L" "$TB" router-data

@@ -12,10 +12,11 @@ estimate of a policy's speed from rows comes closest to what the bench measured?
 2. **Estimates.** Per category, over the prompts in both, each standalone drafter and each routed method of the run
    (at the threshold it ran with) is estimated from the rows two ways, as speed relative to the better drafter
    alone, beside the bench's pooled tokens per decode second on the same prompts:
-   *replay* (what `whiflash-eval calibrate --replay` sums: the chosen slot's τ over the logged rounds) and
-   *walk* (from a row the chosen slot advances its τ and the walk goes on at the first row at or past there, a gap
-   past that point covered at that round's rate: the policy's own positions, as far as the rows have them).
-   Catch-up is left out of both, which is why a routed method is priced with the profile's routed round.
+   *replay* (`whiflash-eval calibrate --replay`'s estimate, `whiflash.speed_oracle.simulate` over every logged
+   round) and *walk* (the same costing over the rows the policy would stand on: from a row the chosen slot advances
+   its τ and the walk goes on at the first row at or past there; a gap between where the round lands and that row
+   is decoded at that round's rate, so every token of the sequence is paid once: the policy's own positions, as far
+   as the rows have them).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import numpy as np
 from whiflash.calibration import picks_slot0, pinned_slot
 from whiflash.eval.replay import _neural_scores, read_rounds
 from whiflash.latency import LatencyProfile
+from whiflash.speed_oracle import simulate
 
 ROUTED = ("whiflash-entropy", "whiflash-neural")
 
@@ -51,16 +53,15 @@ def state_check(cols: dict[str, np.ndarray], run: dict[str, dict[str, dict]], sl
     rows: dict[str, dict[int, tuple[int, int]]] = collections.defaultdict(dict)
     for pid, pos, t0, t1 in zip(cols["prompt_id"], cols["position"], cols["tau_0"], cols["tau_1"]):
         rows[pid][int(pos)] = (int(t0), int(t1))
+    slot_of = {kind: slots.index(kind) for kind in ("eagle3", "dflash") if kind in slots}  # standalone drafters
     out: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
     for sample, methods in run.items():
         if sample not in rows:
             continue
         for name, rec in methods.items():
-            slot_of = {"eagle3": slots.index("eagle3") if "eagle3" in slots else None,
-                       "dflash": slots.index("dflash") if "dflash" in slots else None}
             if name in ROUTED:
                 chosen = rec["slots"]
-            elif slot_of.get(name) is not None:
+            elif name in slot_of:
                 chosen = [slot_of[name]] * len(rec["taus"])
             else:
                 continue
@@ -76,23 +77,33 @@ def state_check(cols: dict[str, np.ndarray], run: dict[str, dict[str, dict]], sl
     return dict(out)
 
 
-def estimates(c: dict[str, np.ndarray], slot0: np.ndarray, round_ms: tuple[float, float],
-              router_ms: float) -> tuple[float, float]:
-    """(replay, walk) tokens per millisecond of slot choices `slot0` over rows `c` (ordered by prompt, round)."""
-    pids, pos, t0, t1 = c["prompt_id"], c["position"], c["tau_0"], c["tau_1"]
-    taus = np.where(slot0, t0, t1)
-    replay = taus.sum() / (len(taus) * router_ms + np.where(slot0, round_ms[0], round_ms[1]).sum())
-    tokens = ms = 0.0
-    i = 0
+def walked(c: dict[str, np.ndarray], slot0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, gaps) of the rows (ordered by prompt, round) a policy choosing `slot0` stands on: each prompt's
+    first row, then from row i the first row of the prompt at or past position(i) + the chosen slot's τ; the gap is
+    how far past that landing point the next row stands (0 at a prompt's last row)."""
+    pids, pos = c["prompt_id"], c["position"]
+    taus = np.where(slot0, c["tau_0"], c["tau_1"])
+    out, gaps, i = [], [], 0
     while i < len(pids):
-        tau, cost = int(taus[i]), router_ms + round_ms[0 if slot0[i] else 1]
         j = i + 1
-        while j < len(pids) and pids[j] == pids[i] and pos[j] < pos[i] + tau:
+        while j < len(pids) and pids[j] == pids[i] and pos[j] < pos[i] + taus[i]:
             j += 1
-        progress = int(pos[j] - pos[i]) if j < len(pids) and pids[j] == pids[i] else tau
-        tokens, ms = tokens + progress, ms + progress / tau * cost
+        out.append(i)
+        gaps.append(int(pos[j] - pos[i] - taus[i]) if j < len(pids) and pids[j] == pids[i] else 0)
         i = j
-    return float(replay), tokens / ms
+    return np.array(out, dtype=np.int64), np.array(gaps, dtype=np.int64)
+
+
+def estimates(c: dict[str, np.ndarray], slot0: np.ndarray, kinds: tuple[str, str], round_ms: tuple[float, float],
+              profile: LatencyProfile, router_ms: float) -> tuple[float, float]:
+    """(replay, walk) tokens per millisecond of slot choices `slot0` over rows `c`, both costed by `simulate`."""
+    tokens, ms, _ = simulate(slot0, c, kinds, round_ms, profile, router_ms)
+    idx, gaps = walked(c, slot0)
+    w_slot0 = slot0[idx]
+    w_tokens, w_ms, _ = simulate(w_slot0, {k: v[idx] for k, v in c.items()}, kinds, round_ms, profile, router_ms)
+    taus = np.where(w_slot0, c["tau_0"][idx], c["tau_1"][idx])
+    per_token = (router_ms + np.where(w_slot0, round_ms[0], round_ms[1])) / taus  # that round's rate
+    return tokens / ms, (w_tokens + gaps.sum()) / (w_ms + float((gaps * per_token).sum()))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,14 +140,16 @@ def main(argv: list[str] | None = None) -> None:
         c = {k: v[sel] for k, v in cols.items() if k != "hidden"}
         bench = {m: sum(run[s][m]["new_tokens"] - 1 for s in ids) / sum(run[s][m]["decode_seconds"] for s in ids)
                  for m in run[ids[0]] if all(m in run[s] for s in ids)}
-        est = {kind: estimates(c, np.full(len(c["tau_0"]), s == 0), alone, 0.0) for s, kind in enumerate(slots)}
+        est = {kind: estimates(c, np.full(len(c["tau_0"]), s == 0), slots, alone, profile, 0.0)
+               for s, kind in enumerate(slots)}
         rows = [(kind, None, est[kind]) for kind in slots]
         for m in ROUTED:
             if m in bench and m in scores:
                 thr = run[ids[0]][m].get("threshold")
                 if thr is not None:  # a pinned threshold runs that drafter alone, no decision paid
                     pinned = pinned_slot(m, thr) is not None
-                    rows.append((m, thr, estimates(c, picks_slot0(m, scores[m][sel], thr), alone if pinned else routed,
+                    rows.append((m, thr, estimates(c, picks_slot0(m, scores[m][sel], thr), slots,
+                                                   alone if pinned else routed, profile,
                                                    0.0 if pinned else profile.router_ms(m.removeprefix("whiflash-")))))
         best = [max(e[k] for e in est.values()) for k in (0, 1)]
         best_bench = max(bench.get(k, 0.0) for k in slots)

@@ -27,10 +27,26 @@ def test_rounds_on_the_rows_states_are_compared_until_the_decode_leaves_them() -
     assert got == {"eagle3": [3, 3, 0, 0], "dflash": [1, 0, 1, 0], "whiflash-neural": [2, 2, 0, 0]}
 
 
-def test_the_walk_advances_by_the_chosen_slots_tau_where_the_replay_sums_it_over_the_path() -> None:
+def test_the_walk_stands_where_the_chosen_slot_lands_and_both_estimates_cost_as_the_replay_does() -> None:
+    from whiflash.latency import LatencyProfile
+    from whiflash.speed_oracle import simulate
+
+    prof = LatencyProfile(ar_step=1.0, round={"dflash": 1.0, "eagle3": 1.0},
+                          catchup={"dflash": {1: 0.0, 10: 0.0}, "eagle3": {1: 0.0, 10: 0.0}})
+    kinds = ("dflash", "eagle3")
     dflash = np.ones(3, bool)
-    replay, walk = replay_check.estimates(COLS, dflash, (1.0, 1.0), 0.0)
+    idx, gaps = replay_check.walked(COLS, dflash)
+    assert idx.tolist() == [0, 2] and gaps.tolist() == [0, 0]  # 4 tokens from 10 land on row 14; row 12 skipped
+    idx, gaps = replay_check.walked(COLS, ~dflash)
+    assert idx.tolist() == [0, 1, 2] and gaps.tolist() == [0, 0, 0]  # EAGLE-3's own path: every row
+    gapped = {**COLS, "tau_0": np.array([1, 2, 1])}  # DFlash's 1 token from 10 lands on 11: next row 12, gap 1
+    idx, gaps = replay_check.walked(gapped, dflash)
+    assert idx.tolist() == [0, 1, 2] and gaps.tolist() == [1, 0, 0]
+    _, walk = replay_check.estimates(gapped, dflash, kinds, (1.0, 1.0), prof, 0.0)
+    assert walk == pytest.approx((1 + 1 + 2 + 1) / (3 + 1 / 1))  # the gap token paid at its round's rate
+    replay, walk = replay_check.estimates(COLS, dflash, kinds, (1.0, 1.0), prof, 0.0)
     assert replay == pytest.approx(7 / 3)  # 4 + 2 + 1 tokens in three rounds: position 12's round counted too
     assert walk == pytest.approx(5 / 2)  # 4 tokens to position 14, then 1: two rounds
-    replay, walk = replay_check.estimates(COLS, ~dflash, (1.0, 2.0), 0.5)  # EAGLE-3's own path: both agree
-    assert replay == walk == pytest.approx(7 / 7.5)
+    replay, walk = replay_check.estimates(COLS, ~dflash, kinds, (1.0, 2.0), prof, 0.5)  # own path: both agree
+    tokens, ms, _ = simulate(~dflash, COLS, kinds, (1.0, 2.0), prof, 0.5)
+    assert replay == walk == pytest.approx(tokens / ms) == pytest.approx(7 / 7.5)
