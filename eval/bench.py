@@ -87,6 +87,8 @@ class Runner:
             stick_tau=cfg.whiflash_stick_tau)
         self.thresholds = read_thresholds(cfg.whiflash_thresholds) if cfg.whiflash_thresholds else {}
         self._methods: dict[tuple[str, float | None], Method] = {}
+        # category -> the methods its samples run (calibrate's per-category grid); unset: every method
+        self.only: dict[str, list[str]] = {}
         self.graphs = self.target.engine.cuda_graphs
 
     def method(self, name: str, category: str | None = None) -> Method:
@@ -96,6 +98,10 @@ class Runner:
         if key not in self._methods:
             self._methods[key] = self.factory.build(name, thr)
         return self._methods[key]
+
+    def names_for(self, category: str) -> list[str]:
+        """The methods a sample of `category` runs: `only[category]` when set, else every method."""
+        return self.only.get(category, self.names)
 
     def add_method(self, method: Method) -> None:
         """Register an extra method under its own name (calibration: one per swept threshold) and run it."""
@@ -131,7 +137,7 @@ class Runner:
     def build_all(self, samples: list[Sample]) -> None:
         """Load every drafter and router the samples need (incompatible checkpoints fail here)."""
         for s in samples:
-            for n in self.names:
+            for n in self.names_for(s.category):
                 self.method(n, s.category)
 
     def prepare(self, samples: list[Sample]) -> int:
@@ -177,21 +183,21 @@ def threshold_for(calibrated: dict[str, Any], category: str | None) -> float | N
     return calibrated.get("default")
 
 
-def read_thresholds(paths: str) -> dict[str, dict[str, Any]]:
+def read_thresholds(paths: str, flag: str = "--whiflash-thresholds") -> dict[str, dict[str, Any]]:
     """The thresholds.json files from `whiflash-eval calibrate` ({"method", "thresholds": {category: value}, ...}),
-    comma-separated, one per routed method, by method."""
+    comma-separated, one per routed method, by method; errors name `flag`."""
     out: dict[str, dict[str, Any]] = {}
     for path in [p for p in paths.split(",") if p.strip()]:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(f"--whiflash-thresholds {path}: cannot read ({err})") from None
+            raise ValueError(f"{flag} {path}: cannot read ({err})") from None
         method = data.get("method") if isinstance(data, dict) else None
         if method not in ("whiflash-entropy", "whiflash-neural") or not isinstance(data.get("thresholds"), dict):
-            raise ValueError(f"--whiflash-thresholds {path}: expected keys 'method' (whiflash-entropy|whiflash-neural) "
+            raise ValueError(f"{flag} {path}: expected keys 'method' (whiflash-entropy|whiflash-neural) "
                              "and 'thresholds' ({category: threshold})")
         if method in out:
-            raise ValueError(f"--whiflash-thresholds: two files for {method} ({out[method]['_path']} and {path}); "
+            raise ValueError(f"{flag}: two files for {method} ({out[method]['_path']} and {path}); "
                              "give one per routed method")
         out[method] = {**data, "_path": path}
     return out
@@ -345,7 +351,7 @@ def run_samples(runner: Runner, samples: list[Sample], run: Path, desc: str,
 def run_turn(runner: Runner, rows_log: SampleLog, probe: MarginProbe, sample: Sample, turn: int, k: int,
               replies: list[str]) -> None:
     """Every method on one turn of one sample (its order turned by `k`), the lossless check, and the rows."""
-    names = runner.names
+    names = runner.names_for(sample.category)
     order = names[k % len(names):] + names[: k % len(names)]
     ar_row = rows_log.find(sample.id, turn, "ar")
     ids = runner.encode(sample, turn, replies)

@@ -7,10 +7,15 @@ routed method next to AR, exactly like `bench` (same protocol, same run-folder l
 `samples.jsonl`). Per category the threshold with the highest mean speedup over AR wins; the
 thresholds go to `thresholds.json`, which `bench --whiflash-thresholds FILE` applies per sample
 category.
+
+With `--thresholds-around FILE` (a thresholds.json, e.g. the replay's) each category decodes only its own
+candidates, its threshold in FILE plus each of `--around-steps`, and both drafters alone (-inf, inf), instead
+of every value on every category: the decoding that checks a replayed pick costs a third as much.
 """
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +23,7 @@ from typing import Any
 
 from whiflash.calibration import best_threshold
 from whiflash.engine import describe, resolve_engine
+from whiflash.errors import UsageError
 from whiflash.flags import check_int
 from whiflash.folders import check_folder
 from whiflash.inputs import samples_sha256
@@ -33,7 +39,7 @@ from .selection import balanced
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_THRESHOLDS", "calibrate", "calibrate_replay", "pick_thresholds"]
+__all__ = ["DEFAULT_THRESHOLDS", "around_grid", "calibrate", "calibrate_replay", "pick_thresholds"]
 
 DEFAULT_THRESHOLDS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 """Threshold values swept when `--thresholds` is not given."""
@@ -53,10 +59,42 @@ def pick_thresholds(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def read_around(path: str, method: str) -> dict[str, Any]:
+    """`--thresholds-around`'s thresholds.json, which must be `method`'s."""
+    from .bench import read_thresholds
+
+    files = read_thresholds(path, "--thresholds-around")
+    if method not in files:
+        raise UsageError(f"--thresholds-around {path}: its method is {', '.join(files)}; expected {method} "
+                         "(the --calibrate-method whose thresholds are decoded)")
+    return files[method]
+
+
+def around_grid(calibrated: dict[str, Any], categories: list[str], steps: list[float],
+                fallback: list[float]) -> dict[str, list[float]]:
+    """Per category, the thresholds to decode: its threshold `T` in the thresholds.json `calibrated` (the
+    file's own category, the testbed category a benchmark one stands for, else its default) plus each of
+    `steps`, and -inf and inf (each drafter alone, the baselines a threshold must beat). An infinite `T` gives
+    only the two drafters; a category the file has no threshold for takes `fallback`."""
+    from .bench import threshold_for
+
+    grid = {}
+    for cat in categories:
+        t = threshold_for(calibrated, cat)
+        if t is None:
+            grid[cat] = sorted(set(fallback))
+            continue
+        near = [round(t + d, 6) for d in steps] if math.isfinite(t) else []
+        grid[cat] = sorted({-math.inf, *near, math.inf})
+    return grid
+
+
 @owning_folders()  # the run folder's lock ends with the call
 def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[float] | None = None,
-              exclude_run: str | None = None, output: str | None = None) -> Path:
-    """Sweep `values` for `method` per category and write thresholds.json; returns its path."""
+              exclude_run: str | None = None, output: str | None = None, around: str | None = None,
+              around_steps: tuple[float, ...] = (-0.5, 0.0, 0.5)) -> Path:
+    """Sweep `values` for `method` per category (or, with `around`, each category's own grid:
+    `around_grid`) and write thresholds.json; returns its path."""
     from .bench import Runner, run_samples
 
     check_bench_config(cfg, methods=False)
@@ -64,6 +102,7 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
     values = values or list(DEFAULT_THRESHOLDS)
     check_output_file(output)
+    centres = read_around(around, method) if around else None
     cfg = resolve_engine(cfg)
     testbed = Path(cfg.testbed) if cfg.testbed else None
     bench_ids = {s.id for s in load_samples(cfg.dataset, testbed=testbed, max_samples=cfg.max_samples, seed=cfg.seed)}
@@ -75,10 +114,14 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     if not samples:
         raise ValueError(f"--dataset {cfg.dataset}: no prompts left outside the benchmark subset; raise the pool "
                          "or lower --max-samples")
+    categories = sorted({s.category for s in samples})
+    grid = around_grid(centres, categories, list(around_steps), values) if centres else \
+        {c: sorted(set(values)) for c in categories}
+    values = sorted({v for vs in grid.values() for v in vs})
     cfg = replace(cfg, methods="ar", name=cfg.name or f"calibrate-{method}")
     runner = Runner(cfg)
     config = {**cfg.__dict__, "calibrate_method": method, "values": values, "exclude": sorted(bench_ids),
-              "inputs": samples_sha256(samples)}
+              "inputs": samples_sha256(samples), "grid": {c: [str(v) for v in vs] for c, vs in grid.items()}}
     run, _ = prepare_run_dir(cfg.out, cfg.run_name(), config)
     write_manifest(run, argv=sys.argv, seed=cfg.seed, device=cfg.device, models=runner.paths, samples=samples,
                    extra={"calibrate_method": method, "values": values,
@@ -87,12 +130,14 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
         m = runner.factory.build(method, v)
         m.name = f"{method}@{v:g}"
         runner.add_method(m)
+    runner.only = {c: ["ar", *(f"{method}@{v:g}" for v in vs)] for c, vs in grid.items()}
     runner.prepare(samples)
     rows = run_samples(runner, samples, run, "calibrate samples")
     write_results(run, aggregate(rows, runner.names, seed=cfg.seed, iterations=cfg.bootstrap))
     picked = pick_thresholds(rows)
     result = {"method": method, "thresholds": {c: p["threshold"] for c, p in picked.items()},
               "details": picked,
+              "grid": {c: [str(v) for v in vs] for c, vs in grid.items()}, "around": around,
               "samples": [s.id for s in samples], "excluded_benchmark_ids": sorted(bench_ids),
               "dataset": cfg.dataset, "pair": cfg.whiflash_drafters, "device": cfg.device, "dtype": cfg.dtype,
               "run": str(run)}

@@ -82,6 +82,12 @@ def build_parser() -> ArgumentParser:
                      help="whiflash-entropy or whiflash-neural: the routed method whose threshold is swept")
     cal.add_argument("--thresholds", type=str, default=",".join(map(str, DEFAULT_THRESHOLDS)),
                      help="comma-separated threshold values to try")
+    cal.add_argument("--thresholds-around", type=str | None, default=None,
+                     help="a thresholds.json (e.g. the replay's): each category decodes only its threshold there plus "
+                          "each of --around-steps, and both drafters alone (-inf, inf); --thresholds then serves the "
+                          "categories the file has none for")
+    cal.add_argument("--around-steps", type=str, default="-0.5,0,0.5",
+                     help="with --thresholds-around: the offsets tried around each category's threshold")
     cal.add_argument("--exclude-run", type=str | None, default=None,
                      help="a bench run folder whose sample ids are excluded (disjoint from the benchmark subset)")
     cal.add_argument("--output", type=str | None, default=None,
@@ -183,12 +189,16 @@ def main(argv: list[str] | None = None) -> int:
         values = parse_thresholds(args.thresholds)
         if args.replay_run and not args.replay:
             raise UsageError("calibrate: --replay-run RUN goes with --replay DATAGEN_DIR (it picks the rows to replay)")
+        if args.replay and args.thresholds_around:
+            raise UsageError("calibrate: --thresholds-around decodes around a replayed pick; it does not go with "
+                             "--replay (which decodes nothing)")
         if args.replay:
             calibrate_replay(bench_config(args), args.replay, args.latency_profile, method=args.calibrate_method,
                              values=values, output=args.output, replay_run=args.replay_run)
         else:
             calibrate(bench_config(args), method=args.calibrate_method, values=values,
-                      exclude_run=args.exclude_run, output=args.output)
+                      exclude_run=args.exclude_run, output=args.output, around=args.thresholds_around,
+                      around_steps=tuple(parse_thresholds(args.around_steps, "--around-steps")))
         return 0
     if cmd == "profile":
         from .profile import run_profile

@@ -16,6 +16,7 @@ from whiflash.eval.datasets import load_samples
 from whiflash.eval.methods import method_names, model_paths
 from whiflash.eval.metrics import aggregate, bootstrap_ci
 from whiflash.eval.outputs import markdown_table
+from whiflash.errors import UsageError
 from whiflash.folders import FolderKindError
 from whiflash.pairs import Pair
 from whiflash.prompts import encode_chat
@@ -446,6 +447,30 @@ def test_calibrate_then_bench_uses_thresholds(micro: Path, bench_run: Path, tmp_
     with pytest.raises(ValueError, match="two files for whiflash-entropy"):
         main(["bench", "--out", str(tmp_path), *FAST, "--testbed", str(micro), "--methods", "whiflash-entropy",
               "--whiflash-thresholds", f"{out},{out}", "--name", "thr2", "--no-plots"])
+
+
+def test_calibrate_around_a_replayed_pick_decodes_each_categorys_own_grid(micro: Path, bench_run: Path,
+                                                                          tmp_path: Path) -> None:
+    replayed = tmp_path / "replayed.json"
+    replayed.write_text(json.dumps({"method": "whiflash-entropy", "thresholds": {"code": 0.5, "math": math.inf}}))
+    out = tmp_path / "thr.json"
+    assert main(["calibrate", "--out", str(tmp_path), *FAST, "--testbed", str(micro), "--max-samples", "3",
+                 "--thresholds-around", str(replayed), "--around-steps=-0.5,0,0.5", "--thresholds", "0.01",
+                 "--exclude-run", str(bench_run), "--output", str(out)]) == 0
+    thr = json.loads(out.read_text())
+    grid = {"code": ["-inf", "0.0", "0.5", "1.0", "inf"], "math": ["-inf", "inf"], "prose": ["0.01"]}
+    assert thr["grid"] == grid  # prose is not in the file: the --thresholds values
+    ran = {}
+    for r in _rows(Path(thr["run"])):
+        ran.setdefault(r["category"], set()).add(r["method"])
+    assert ran == {c: {"ar", *(f"whiflash-entropy@{float(v):g}" for v in vs)} for c, vs in grid.items()}
+    assert {c: set(d["sweep"]) for c, d in thr["details"].items()} == {
+        c: {str(float(v)) for v in vs} for c, vs in grid.items()}
+    replayed.write_text(json.dumps({"method": "whiflash-neural", "thresholds": {"code": 0.5}}))
+    with pytest.raises(UsageError, match="--thresholds-around .*its method is whiflash-neural; expected whiflash-entropy"):
+        main(["calibrate", "--out", str(tmp_path), *FAST, "--testbed", str(micro), "--thresholds-around", str(replayed)])
+    with pytest.raises(UsageError, match="does not go with --replay"):
+        main(["calibrate", "--out", str(tmp_path), "--replay", str(tmp_path), "--thresholds-around", str(replayed)])
 
 
 def test_a_benchmark_category_takes_the_threshold_of_the_testbed_category_it_stands_for() -> None:

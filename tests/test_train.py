@@ -15,7 +15,7 @@ import torch
 
 from whiflash.router import NeuralRouter, export_single_file, load_router
 from whiflash.train.data import RouterDataModule
-from whiflash.data import MANIFEST_FIELDS, DatasetFormatError, read_manifest, sha256_file
+from whiflash.data import MANIFEST_FIELDS, DatasetFormatError, manifest_hash, read_manifest, sha256_file
 from whiflash.train.metrics import routing_summary
 from whiflash.train.synthetic import write_synthetic_dataset
 
@@ -79,6 +79,35 @@ def test_split_by_prompt_never_leaks(dataset: Path, tmp_path: Path) -> None:
     again = _dm(dataset, tmp_path, val_fraction=0.2, test_fraction=0.2)
     again.setup("fit")
     assert np.array_equal(again.split_indices["val"], dm.split_indices["val"])
+
+
+def test_extra_datasets_only_add_training_rows(dataset: Path, tmp_path: Path) -> None:
+    # rows of the same 60 prompts and 10 more, as datagen --path router would log them along a router's path
+    extra = tmp_path / "extra"
+    write_synthetic_dataset(extra, num_prompts=70, rounds_per_prompt=5, hidden_size=H, seed=4, rows_per_shard=100,
+                            progress=False)
+    alone = _dm(dataset, tmp_path, val_fraction=0.2, test_fraction=0.2)
+    alone.setup("fit")
+    dm = _dm(dataset, tmp_path, val_fraction=0.2, test_fraction=0.2, extra_paths=[str(extra)])
+    dm.setup("fit")
+    for split in ("val", "test"):  # held-out rows: those of --data.path alone
+        assert np.array_equal(dm.split_indices[split], alone.split_indices[split])
+        assert dm.split_prompts[split] == alone.split_prompts[split]
+    names = (pq.ParquetDataset(sorted(dataset.glob("*.parquet"))).read(columns=["prompt_id"]).to_pydict()["prompt_id"]
+             + pq.ParquetDataset(sorted(extra.glob("*.parquet"))).read(columns=["prompt_id"]).to_pydict()["prompt_id"])
+    held = set(alone.split_prompts["val"]) | set(alone.split_prompts["test"])
+    expected = [*alone.split_indices["train"].tolist(), *(600 + i for i in range(350) if names[600 + i] not in held)]
+    assert dm.split_indices["train"].tolist() == expected
+    assert len(expected) == 600 - 240 + 350 - 24 * 5  # 12 val + 12 test prompts' rounds dropped from the extra
+    assert set(dm.split_prompts["train"]) == set(alone.split_prompts["train"]) | {n for n in names[600:] if n not in held}
+    seq = dm.data.scalars["prompt"]
+    assert seq[0] != seq[600 + names[600:].index(names[0])]  # one prompt in two datasets: two sequences
+    assert dm.extra_manifest_sha256 == [manifest_hash(extra)]
+    other = tmp_path / "other"
+    write_synthetic_dataset(other, num_prompts=4, rounds_per_prompt=2, hidden_size=H, pair="ddt-e3", tree_budget=8,
+                            progress=False)
+    with pytest.raises(DatasetFormatError, match=r"--data.extra_paths .*other: manifest field pair is .*ddt-e3"):
+        _dm(dataset, tmp_path, extra_paths=[str(other)])
 
 
 def test_normalisation_uses_the_training_split_only(dataset: Path, tmp_path: Path) -> None:

@@ -174,7 +174,9 @@ class RouterCLI(LightningCLI):
         manifest = {"kind": TRAIN, "tool": "whiflash-train", "subcommand": self.subcommand, "argv": sys.argv,
                     "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_sha": _git_sha(), "versions": versions,
                     "python": platform.python_version(), "machine": platform.platform(),
-                    "data": str(self.datamodule.path), "data_manifest_sha256": self.datamodule.manifest_sha256, **extra}
+                    "data": str(self.datamodule.path), "data_manifest_sha256": self.datamodule.manifest_sha256,
+                    "extra_data": [str(p) for p in self.datamodule.extra_paths],
+                    "extra_data_manifest_sha256": self.datamodule.extra_manifest_sha256, **extra}
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2, default=str))
 

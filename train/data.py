@@ -134,6 +134,11 @@ class RouterDataModule(L.LightningDataModule):
         label: what the router regresses: ``tau`` (upstream's ``tau_0 - tau_1``) or ``speed`` (the
             tokens/s difference of the two slots with each slot's round and catch-up time, in tau units:
             ``whiflash.train.speed``; needs ``latency_profile``).
+        extra_paths: more router datasets of the same target, pair, tree budget and taps, whose rows join the
+            training split: e.g. ``whiflash-datagen --path router`` rows along a trained router's own decisions
+            (DAgger: the router learns on the states it visits, not only on those its members' path visits).
+            Rows of a prompt that ``path`` holds out for validation or test are dropped, so the validation
+            metrics, the checkpoint choice and the held-out replay stay those of ``path`` alone.
     """
 
     def __init__(
@@ -152,6 +157,7 @@ class RouterDataModule(L.LightningDataModule):
         predict_split: Literal["train", "val", "test"] = "test",
         latency_profile: str | None = None,
         label: Literal["tau", "speed"] = "tau",
+        extra_paths: list[str] | None = None,
     ) -> None:
         super().__init__()
         check_int(batch_size, "--data.batch_size")
@@ -168,6 +174,8 @@ class RouterDataModule(L.LightningDataModule):
         self.tree_budget: int | None = self.manifest.tree_budget
         self.target: str = self.manifest.target
         self.tap_layers: list[int] = list(self.manifest.tap_layers)
+        self.extra_paths = [Path(e) for e in extra_paths or []]
+        self.extra_manifests = [self._read_extra(e) for e in self.extra_paths]
         self.profile = self._read_profile(latency_profile, label)
         self.data: RoundBatches | None = None
         self.split_indices: dict[str, np.ndarray] = {}
@@ -196,9 +204,25 @@ class RouterDataModule(L.LightningDataModule):
                 raise UsageError(f"--data.latency_profile: {err} (needed for the slots of {self.path})") from None
         return profile
 
+    def _read_extra(self, path: Path) -> Any:
+        """An ``extra_paths`` dataset's manifest, refused unless its rows describe the main dataset's routing
+        problem (same target, pair, tree budget, tap layers and width)."""
+        extra = read_manifest(path, "--data.extra_paths")
+        for field in ("target", "pair", "tree_budget", "tap_layers", "hidden_size"):
+            theirs, ours = getattr(extra, field), getattr(self.manifest, field)
+            if (list(theirs) if field == "tap_layers" else theirs) != (list(ours) if field == "tap_layers" else ours):
+                raise DatasetFormatError(f"--data.extra_paths {path}: manifest field {field} is {theirs!r}, but "
+                                         f"--data.path {self.path} has {ours!r}; expected rows of the same target, "
+                                         "pair, tree budget, tap layers and hidden size")
+        return extra
+
     @property
     def manifest_sha256(self) -> str:
         return manifest_hash(self.path)
+
+    @property
+    def extra_manifest_sha256(self) -> list[str]:
+        return [manifest_hash(p) for p in self.extra_paths]
 
     def setup(self, stage: str) -> None:
         if self.data is None:
@@ -223,11 +247,18 @@ class RouterDataModule(L.LightningDataModule):
         if self.manifest.num_rows == 0:
             raise DatasetFormatError(f"router dataset {self.path}: its {len(shard_paths)} shard(s) "
                                      f"{[p.name for p in shard_paths]} hold no rows (expected at least one round)")
-        ds = datasets.load_dataset("parquet", data_files={"train": [str(p) for p in shard_paths]}, split="train",
+        shards = [(p, s.rows) for p, s in zip(shard_paths, self.manifest.shards)]
+        for path, extra in zip(self.extra_paths, self.extra_manifests):
+            paths = check_shards(path, extra, verify_hashes=self.hparams.verify_hashes)
+            shards += [(p, s.rows) for p, s in zip(paths, extra.shards)]
+        ds = datasets.load_dataset("parquet", data_files={"train": [str(p) for p, _ in shards]}, split="train",
                                    cache_dir=self.hparams.cache_dir, writer_batch_size=1 << 20)
         table = ds.data.table if hasattr(ds.data, "table") else ds.data
         # refuse NaN/inf and inconsistent labels before anything is fitted on them
-        check_row_values(table, [(p, s.rows) for p, s in zip(shard_paths, self.manifest.shards)])
+        check_row_values(table, shards)
+        # which dataset each row is from (0: --data.path), in the shards' order
+        source = np.repeat(np.arange(1 + len(self.extra_paths)),
+                           [self.manifest.num_rows, *(m.num_rows for m in self.extra_manifests)])
         prompt = table.column("prompt_id").combine_chunks().dictionary_encode()
         category = table.column("category").combine_chunks().dictionary_encode()
         self.categories = [str(c) for c in category.dictionary.to_pylist()]
@@ -241,7 +272,7 @@ class RouterDataModule(L.LightningDataModule):
         # Split by prompt, never by row: correlated rounds of one prompt must stay on one side.
         names = np.asarray(prompt.dictionary.to_pylist(), dtype=object)
         codes = prompt.indices.to_numpy().astype(np.int64)
-        kept = np.unique(codes[keep])
+        kept = np.unique(codes[keep & (source == 0)])
         kept = kept[np.argsort(names[kept])]  # order by name so the split does not depend on row order
         self.prompt_names = [str(n) for n in names[kept]]
         order = kept[np.random.default_rng(self.hparams.split_seed).permutation(len(kept))]
@@ -252,6 +283,13 @@ class RouterDataModule(L.LightningDataModule):
         split_of[order[n_val : n_val + n_test]] = 2
         split_of[order[n_val + n_test :]] = 0
         row_split = np.where(keep, split_of[codes], -1)
+        if self.extra_paths:  # extra rows train, unless --data.path holds their prompt out
+            extra = keep & (source > 0)
+            held_out = extra & np.isin(split_of[codes], (1, 2))
+            row_split[extra] = np.where(held_out[extra], -1, 0)
+            split_of[np.unique(codes[extra & ~held_out])] = 0
+            log.info("extra datasets: %d rows join the training split, %d rows of held-out prompts are dropped",
+                     int((extra & ~held_out).sum()), int(held_out.sum()))
         self.split_indices = {s: np.flatnonzero(row_split == i) for i, s in enumerate(SPLITS)}
         self.split_prompts = {s: sorted(str(n) for n in names[split_of == i]) for i, s in enumerate(SPLITS)}
         scalars = {
@@ -261,22 +299,25 @@ class RouterDataModule(L.LightningDataModule):
             "category": cat_codes,
             "row": np.arange(table.num_rows, dtype=np.int64),
             # where each round sits in its prompt: the speed label and replay follow a prompt's rounds in order
-            "prompt": codes,
+            # (a prompt's rows in two datasets are two sequences)
+            "prompt": np.unique(np.stack([source, codes]), axis=1, return_inverse=True)[1].reshape(-1)
+                      if self.extra_paths else codes,
             "round": table.column("round").to_numpy().astype(np.int64),
             "position": table.column("position").to_numpy().astype(np.int64),
         }
         # every context feature a router may read (whiflash.router_context); the task picks its own columns
-        scalars["context"] = context_from_rows(CONTEXT_FEATURES, codes, scalars["round"],
+        scalars["context"] = context_from_rows(CONTEXT_FEATURES, scalars["prompt"], scalars["round"],
                                                table.column("entropy").to_numpy().astype(np.float32),
                                                scalars["tau_0"], scalars["tau_1"], table.column("active").to_numpy())
         if self.hparams.label == "speed":
             from .speed import speed_gain
 
-            scalars["gain"] = speed_gain(codes, scalars["round"], scalars["position"], scalars["tau_0"],
+            scalars["gain"] = speed_gain(scalars["prompt"], scalars["round"], scalars["position"], scalars["tau_0"],
                                          scalars["tau_1"], table.column("active").to_numpy(),
                                          tuple(self.manifest.pair.slots), self.profile, self.manifest.tree_budget)
         self.data = RoundBatches(ds.data, self.hidden_size, scalars)
-        log.info("opened %s: %d rows, %s", self.path, table.num_rows,
+        log.info("opened %s%s: %d rows, %s", self.path,
+                 f" + {', '.join(map(str, self.extra_paths))}" if self.extra_paths else "", table.num_rows,
                  {s: f"{len(self.split_prompts[s])} prompts/{len(self.split_indices[s])} rows" for s in SPLITS})
 
     def _fit_normalization(self) -> None:

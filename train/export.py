@@ -106,6 +106,8 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
         f"| context features after the hidden state | {', '.join(router.context) or 'none'} |",
         f"| recommended threshold | **{router.threshold:g}** (re-calibrate per hardware and category) |",
         f"| data manifest sha256 | `{dm.manifest_sha256}` |",
+        *([f"| training rows also from | {len(dm.extra_paths)} more dataset(s), manifest sha256 "
+           f"{', '.join(f'`{h}`' for h in dm.extra_manifest_sha256)} |"] if dm.extra_paths else []),
         f"| data | {m.num_rows} rounds, prompt sets "
         f"{[_prompt_set_name(p) for p in m.prompt_sets]}, seed {m.seed} |",
         f"| checkpoint | `{Path(ckpt).name if ckpt else 'last weights'}` |", "",
