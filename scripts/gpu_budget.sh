@@ -22,6 +22,11 @@
 #                 then `whiflash-eval report` of the routed bench against them (LOG_DIR/report_PAIR_test) and the
 #                 neural router replayed on the bench's own prompts (LOG_DIR/replay_PAIR_test_neural.json)
 #   gs-STEP[@PAIR]  any gpu_session.sh step (latency, router, calibrate, tests, ...) for PAIR (default df-e3)
+#   dagger[@PAIR]  one DAgger round: router data along the router's own decisions at its calibrated thresholds
+#                 (datagen --path router, on the prompts of the router data) -> TESTBED_DIR/router_data_PAIR_dagger;
+#                 the round-0 router and thresholds kept as router*_round0, thresholds_neural_round0_PAIR.json;
+#                 the router refitted on both datasets (--data.extra_paths) and calibrated again (gs-calibrate's
+#                 knobs, CALIBRATE_DECODE included) -> TESTBED_DIR/thresholds_neural_dagger_PAIR.json
 #   eval-routed[@PAIR]  the routed bench: AR, EAGLE-3, DFlash, DDTree, WhiFlash-Entropy (calibrated thresholds when
 #                 the calibrate step left them), WhiFlash-Neural and the oracle; E0_SAMPLES prompts, E_TOKENS tokens
 # The router loop on a built testbed: gs-latency:90 gs-router:300 gs-calibrate:60 eval-routed:300
@@ -67,6 +72,29 @@ for item in "$@"; do
                    --out "$L/eval" --output "$L/replay_${pair}_test_neural.json" 2>&1 | tail -2 ;;
     gs-*) PAIR=$pair ROUTER_TIMEOUT=$left LATENCY_TIMEOUT=$left CALIBRATE_TIMEOUT=$left TESTS_TIMEOUT=$left \
             EVAL_TIMEOUT=$left BUILD_TIMEOUT=$left bash scripts/gpu_session.sh "$L" "$TB" "${name#gs-}" ;;
+    dagger)  router=$TB/router; [ "$pair" != df-e3 ] && router=$TB/router_$pair
+               thr=$TB/thresholds_neural_$pair.json; data=$TB/router_data_${pair}_dagger
+               [ -d "${router}_round0" ] || { [ -d "$router" ] && [ -f "$thr" ]; } || \
+                 { echo "=== $name: needs the router and its calibrated thresholds (gs-router, gs-calibrate)"; continue; }
+               if [ ! -d "${router}_round0" ]; then  # the round-0 router's rows: its decisions, its thresholds
+                 PAIR=$pair ROUTER_TIMEOUT=$left ROUTER_DATA=$data \
+                   ROUTER_FLAGS="${ROUTER_FLAGS:-} --path router --router $router --router-thresholds $thr" \
+                   bash scripts/gpu_session.sh "$L" "$TB" router-data
+                 [ -f "$data/manifest.json" ] || { echo "=== $name: its router data did not finish"; continue; }
+                 for f in "$TB"/thresholds_neural_*"$pair".json; do  # thresholds_neural[_replay]_PAIR.json
+                   case $f in *_round0_*|*_dagger_*|*_prompts_*) ;; *) mv "$f" "${f%_"$pair".json}_round0_$pair.json" ;; esac
+                 done
+                 [ -f "$TB/variants_$pair.json" ] && mv "$TB/variants_$pair.json" "$TB/variants_round0_$pair.json"
+                 mv "$TB/router_runs_$pair" "$TB/router_runs_round0_$pair" 2>/dev/null  # the refit's runs start afresh
+                 mv "$router" "${router}_round0"
+               fi
+               left=$(( budget - ($(date +%s) - start) ))
+               [ -f "$router/config.json" ] && [ "$router/config.json" -nt "$data/manifest.json" ] || \
+                 PAIR=$pair ROUTER_TIMEOUT=$left ROUTER_TRAIN_FLAGS="${ROUTER_TRAIN_FLAGS:-} --data.extra_paths=[$data]" \
+                   bash scripts/gpu_session.sh "$L" "$TB" router-train
+               left=$(( budget - ($(date +%s) - start) ))
+               [ -d "$router" ] && PAIR=$pair CALIBRATE_TIMEOUT=$left bash scripts/gpu_session.sh "$L" "$TB" calibrate && \
+                 [ -f "$thr" ] && cp "$thr" "$TB/thresholds_neural_dagger_$pair.json" && cp "$TB"/thresholds_neural_*"$pair".json "$L/" ;;
     eval-routed) methods=()  # df-e3: the eval step's default list (+ WhiFlash-Neural when the router is there)
                [ "$pair" != df-e3 ] && methods=(METHODS=ar,eagle3,ddtree,whiflash-neural)
                env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
@@ -94,7 +122,7 @@ for item in "$@"; do
                  --prompts "${ROUTING_PROMPTS:-8}" --new-tokens "${E_TOKENS:-256}" --repeats 3 --json "$L/bench_routing.json" \
                  --profile "$L/routing_profile" 2>&1 | grep -v -E 'USDT|profiler_st' | tee "$L/bench_routing.log" | tail -32 ;;
     gputest) timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k batched_generation 2>&1 | tail -3 ;;
-    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, prompts-calibrate, eval-prompts, router-test, bench-routing, gs-STEP, gputest)"; exit 2 ;;
+    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, dagger, prompts-calibrate, eval-prompts, router-test, bench-routing, gs-STEP, gputest)"; exit 2 ;;
   esac
   echo "=== $name done, ${left}s were left before it; $(( $(date +%s) - start ))s in all"
 done

@@ -13,6 +13,10 @@
 # PAIRS (df-e3,ddt-e3): the pairs whose router loops run, in order; the first also gets the test-split data
 # (TEST_PROMPTS a category, 80: the pool the benchmark draws from) and the prompt files (their own thresholds,
 # replayed on rows of theirs that the bench does not draw: PROMPTS_CALIBRATE a file, 20).
+# DAGGER=1: one DAgger round after each pair's calibration (gpu_budget.sh's dagger step: router data along the
+# calibrated router's own decisions, the router refitted on both datasets and calibrated again); the routed bench
+# then runs the refitted router, and the two calibrations (thresholds_neural[_replay]_round0_PAIR.json against
+# thresholds_neural_dagger_PAIR.json) compare the rounds on the same prompts.
 # ROUTING_PROFILE=1: after the latency profile, scripts/bench_routing.py times and profiles the routed variants
 # beside their standalone drafters on the built testbed's code prompts (LOG_DIR/routing_profile/, bench_routing.log);
 # ~510 s on an H200 at 8 prompts x 256 tokens (the profiled decodes are slow), so it takes a call of its own.
@@ -50,10 +54,11 @@ done_() {  # is step $1 done for pair $2?
     bench-routing) [ -f "$L/routing_profile/profile.json" ] ;;
     gs-router-data) [ -f "$TB/router_data_$2/manifest.json" ] ;;
     router-test) [ -f "$TB/router_data_${2}_test/manifest.json" ] ;;
-    gs-router-train) [ -f "$router/config.json" ] && [ "$router/config.json" -nt "$TB/router_data_$2/manifest.json" ] ;;
-    gs-calibrate) [ -f "$TB/thresholds_$2.json" ] && { [ ! -d "$router" ] || [ -f "$TB/thresholds_neural_$2.json" ]; } ;;
+    gs-router-train) [ -d "${router}_round0" ] || { [ -f "$router/config.json" ] && [ "$router/config.json" -nt "$TB/router_data_$2/manifest.json" ]; } ;;
+    gs-calibrate) [ -d "${router}_round0" ] || { [ -f "$TB/thresholds_$2.json" ] && { [ ! -d "$router" ] || [ -f "$TB/thresholds_neural_$2.json" ]; }; } ;;
     eval-routed) [ -f "$L/eval_$2_routed_results.md" ] ;;
     prompts-calibrate) [ -f "$TB/thresholds_neural_prompts_$2.json" ] ;;
+    dagger) [ -f "$TB/thresholds_neural_dagger_$2.json" ] ;;
     eval-prompts) [ -f "$L/eval_$2_prompts_results.md" ] ;;
     eval-t1|eval-t0) [ -f "$L/eval_$2_${1#eval-}_results.md" ] ;;
   esac
@@ -69,7 +74,9 @@ fi
 steps=(build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100)
 [ "${ROUTING_PROFILE:-0}" = 1 ] && steps+=(bench-routing:520)
 for p in "${pairs[@]}"; do
-  steps+=("gs-router-data@$p:${DATAGEN_MIN_S:-60}" "gs-router-train@$p:60" "gs-calibrate@$p:210" "eval-routed@$p:180")
+  steps+=("gs-router-data@$p:${DATAGEN_MIN_S:-60}" "gs-router-train@$p:60" "gs-calibrate@$p:210")
+  [ "${DAGGER:-0}" = 1 ] && steps+=("dagger@$p:420")
+  steps+=("eval-routed@$p:180")
   [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:90" "prompts-calibrate@$p:70" "eval-prompts@$p:90")
 done
 steps+=(build-acceptance:200 eval-t1:100 eval-t0:200)

@@ -26,8 +26,9 @@
 #           replaying the router data with the latency profile (whiflash-eval calibrate --replay) ->
 #           TESTBED_DIR/thresholds_PAIR.json and thresholds_neural_PAIR.json, which `eval` then passes
 #           (STICK_TAU=K: both replay and bench the routers with --whiflash-stick-tau K; CALIBRATE_DECODE=1: the
-#           neural thresholds by decoding EVAL_SAMPLES other test prompts, as `eval` will, at
-#           CALIBRATE_THRESHOLDS, default -inf, T-0.5, T, T+0.5 for each category's replayed threshold T, inf;
+#           neural thresholds by decoding EVAL_SAMPLES other test prompts, as `eval` will, each category at its
+#           own -inf, T-0.5, T, T+0.5, inf around its replayed threshold T (--thresholds-around), or every category
+#           at CALIBRATE_THRESHOLDS when set;
 #           +-inf: each drafter alone, no decision paid; the neural replay leaves out the rows of the prompts the
 #           router was trained on, listed in its export's training_prompts.json);
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
@@ -208,14 +209,12 @@ PY
       fi
       if [ -d "$ROUTER" ] && [ "${CALIBRATE_DECODE:-0}" = 1 ] && [ -f "$TB/thresholds_neural_replay_$PAIR.json" ]; then
         gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
-        around=$(python3 -c "
-import json, math, sys
-ts = [t for t in json.load(open(sys.argv[1]))['thresholds'].values() if math.isfinite(t)]
-print(','.join(['-inf', *sorted({f'{t + d:g}' for t in ts for d in (-0.5, 0, 0.5)}, key=float), 'inf']))" \
-          "$TB/thresholds_neural_replay_$PAIR.json")
+        # each category decodes only its own replayed threshold +-0.5 and the two drafters alone
+        grid=(--thresholds-around "$TB/thresholds_neural_replay_$PAIR.json")
+        [ -n "${CALIBRATE_THRESHOLDS:-}" ] && grid=(--thresholds="$CALIBRATE_THRESHOLDS")
         timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --testbed "$TB" --dataset testbed:test \
           --max-samples "${EVAL_SAMPLES:-30}" --max-new-tokens "${EVAL_TOKENS:-96}" --whiflash-drafters "$PAIR" "${stick[@]}" \
-          --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" --thresholds="${CALIBRATE_THRESHOLDS:-$around}" \
+          --calibrate-method whiflash-neural --whiflash-neural-router-path "$ROUTER" "${grid[@]}" \
           "${gpu[@]}" --out "$LOG/eval" --output "$TB/thresholds_neural_$PAIR.json" 2>&1 | tee -a "$LOG/calibrate_$PAIR.log" | quiet | tail -12
       fi
       cp "$TB/thresholds_$PAIR.json" "$TB"/thresholds_neural*_"$PAIR.json" "$LOG/" 2>/dev/null ;;

@@ -109,6 +109,26 @@ def test_the_second_pair_loops_after_the_first_and_pairs_picks_them(tmp_path: Pa
     assert "ddt-e3" not in out and "=== build-acceptance: done before" in out
 
 
+def test_dagger_runs_after_calibration_and_its_round_0_router_counts_as_trained(tmp_path: Path) -> None:
+    tb, log = tmp_path / "tb", tmp_path / "log"
+    finished_testbed(tb, log)
+    env = {**os.environ, "DAGGER": "1", "PAIRS": "df-e3"}
+    run = lambda: [line for line in subprocess.run(  # noqa: E731
+        ["bash", str(ROOT / "scripts/gpu_loop.sh"), str(log), str(tb), "5"], capture_output=True, text=True,
+        timeout=60, check=True, env=env).stdout.splitlines() if line.startswith("=== ")]
+    lines = run()
+    i = lines.index("=== gs-calibrate@df-e3: done before")
+    assert lines[i + 1].startswith("=== stop before dagger@df-e3 (")
+    # cut after the round-0 router and thresholds were moved aside: the refit is dagger's, not gs-router-train's
+    (tb / "router").rename(tb / "router_round0")
+    (tb / "thresholds_neural_df-e3.json").rename(tb / "thresholds_neural_round0_df-e3.json")
+    lines = run()
+    assert {"=== gs-router-train@df-e3: done before", "=== gs-calibrate@df-e3: done before"} <= set(lines)
+    assert lines[lines.index("=== gs-calibrate@df-e3: done before") + 1].startswith("=== stop before dagger@df-e3")
+    (tb / "thresholds_neural_dagger_df-e3.json").write_text("{}")
+    assert "=== dagger@df-e3: done before" in run()
+
+
 def test_build_stages_that_fit_together_run_in_one_build_process(tmp_path: Path) -> None:
     def dry(tb: Path, budget: int) -> list[str]:
         out = subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(tmp_path / "log"), str(tb), str(budget)],
