@@ -210,7 +210,7 @@ class RouterDataModule(L.LightningDataModule):
         extra = read_manifest(path, "--data.extra_paths")
         for field in ("target", "pair", "tree_budget", "tap_layers", "hidden_size"):
             theirs, ours = getattr(extra, field), getattr(self.manifest, field)
-            if (list(theirs) if field == "tap_layers" else theirs) != (list(ours) if field == "tap_layers" else ours):
+            if theirs != ours:
                 raise DatasetFormatError(f"--data.extra_paths {path}: manifest field {field} is {theirs!r}, but "
                                          f"--data.path {self.path} has {ours!r}; expected rows of the same target, "
                                          "pair, tree budget, tap layers and hidden size")
