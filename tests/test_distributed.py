@@ -1,6 +1,6 @@
-"""Several processes on the CPU (gloo), docs/multi_gpu.md: the rank arithmetic of whiflash.distributed; torchrun
-datagen writes the one-process dataset and a killed rank resumes; DDP training reaches one device's metrics;
-torchrun bench shards samples and rank 0 merges them."""
+"""Several processes on the CPU, docs/multi_gpu.md: the rank arithmetic and the store collectives of
+whiflash.distributed; torchrun datagen writes the one-process dataset and a killed rank resumes; DDP training
+(gloo) reaches one device's metrics; torchrun bench shards samples and rank 0 merges them."""
 from __future__ import annotations
 
 import json
@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from whiflash import distributed
@@ -51,7 +53,8 @@ def _rank_main(rank: int, world: int, port: int, fn: Callable[..., Any], args: t
 
 
 def spawn(fn: Callable[..., Any], world: int, *args: Any) -> None:
-    """Run ``fn(rank, *args)`` in ``world`` fresh processes joined as a gloo launch; a rank that fails ends all."""
+    """Run ``fn(rank, *args)`` in ``world`` fresh processes of one launch (rank 0 hosts its store at MASTER_PORT, as
+    without torchrun's agent); a rank that fails ends all."""
     mp.spawn(_rank_main, args=(world, _free_port(), fn, args), nprocs=world, join=True)
 
 
@@ -108,6 +111,62 @@ def test_ranks_from_env_and_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "one")
     with pytest.raises(ValueError, match="RANK='one': expected an integer"):
         distributed.from_env()
+
+
+# ---------------------------------------------------------------- collectives
+
+
+def _collectives_rank(rank: int, calls: int) -> None:
+    """Many collectives in a mixed order, each checked; no process group, and no key left behind."""
+    ranks = distributed.init()
+    assert ranks == Ranks(rank, 3, rank) and distributed.init() == ranks  # joined once
+    for i in range(calls):
+        assert distributed.gather((rank, i, b"x" * (rank * 1000 * (i % 3)))) == [
+            (r, i, b"x" * (r * 1000 * (i % 3))) for r in range(3)]
+        assert distributed.broadcast({"call": i} if rank == 0 else None) == {"call": i}
+        if i % 4 == 0:
+            distributed.barrier()
+    distributed.barrier()
+    assert not dist.is_initialized()  # no gloo group, so no process-group teardown at exit
+    if rank == 0:  # the last collective is over on every rank: only a fresh store's own keys are left
+        assert distributed._STORE.num_keys() == dist.TCPStore("127.0.0.1", 0, 1, True).num_keys()
+
+
+def test_store_collectives_give_every_rank_the_same_values_in_rank_order() -> None:
+    spawn(_collectives_rank, 3, 40)
+
+
+def _left_alone_rank(rank: int, leaver: int) -> None:
+    """Rank ``leaver`` leaves without the barrier the other calls: the other fails within the timeout."""
+    os.environ[distributed.TIMEOUT_ENV] = "3"
+    distributed.init()
+    if rank == leaver:
+        return
+    start = time.monotonic()
+    with pytest.raises(dist.DistError):  # rank 1 times out; rank 0's store going down fails rank 1 at once
+        distributed.barrier()
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("leaver", [0, 1])
+def test_a_rank_left_waiting_fails_within_the_timeout(leaver: int) -> None:
+    spawn(_left_alone_rank, 2, leaver)
+
+
+def _own_group_rank(rank: int) -> None:
+    """The caller initialised its own process group: the collectives go over it."""
+    dist.init_process_group("gloo")
+    try:
+        distributed.init()
+        assert distributed.gather(rank * 10) == [0, 10]
+        assert distributed.broadcast("zero" if rank == 0 else None) == "zero"
+        distributed.barrier()
+    finally:
+        dist.destroy_process_group()  # the caller's group, the caller's teardown
+
+
+def test_a_callers_own_process_group_carries_the_collectives() -> None:
+    spawn(_own_group_rank, 2)
 
 
 # ---------------------------------------------------------------- datagen

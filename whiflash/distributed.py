@@ -5,17 +5,21 @@ its contract (SLURM with ``srun torchrun``, Kubernetes PyTorchJob, ...), start N
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set. ``whiflash-datagen`` and
 ``whiflash-eval bench`` read them here: each rank decodes its strided share of the work on device
 ``cuda:LOCAL_RANK``, and the ranks exchange only small Python objects (shard entries, device names, result
-rows). Those travel over a **gloo** group, even on GPUs: no NCCL communicator is created, so no GPU memory
-or NVLink setting is involved. Without the variables (one plain process) every function here is a no-op:
-rank 0 of 1, ``barrier`` returns at once, ``gather(x)`` is ``[x]``.
+rows). Those travel, pickled, through the launch's key-value store (torch's ``TCPStore`` at
+``MASTER_ADDR:MASTER_PORT``: torchrun's agent hosts it, a launch without torchrun has rank 0 host it), not
+through a process group: no gloo group or NCCL communicator is created, so no GPU memory, NVLink setting or
+process-group teardown at exit is involved. A caller that has initialised its own process group before
+``init`` keeps it, and the objects go over that group instead (over gloo, as a gloo group beside a NCCL one).
+Without the variables (one plain process) every function here is a no-op: rank 0 of 1, ``barrier`` returns at
+once, ``gather(x)`` is ``[x]``.
 
 Router training does not use this module: ``whiflash-train`` runs under Lightning's DDP strategy.
 """
 from __future__ import annotations
 
-import atexit
 import datetime
 import os
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -34,11 +38,6 @@ TIMEOUT_ENV = settings.DIST_TIMEOUT
 final barrier for the slowest one, which in a large datagen run can be hours later; a crashed rank never
 leaves the others waiting that long, because torchrun ends every rank when one fails."""
 DEFAULT_TIMEOUT_S = 24 * 3600
-
-_GROUP: Any = None
-"""The gloo group for our collectives: the default group when this module created it (or it is gloo),
-else a gloo group beside the caller's own (e.g. NCCL) default group."""
-
 
 @dataclass(frozen=True)
 class Ranks:
@@ -89,6 +88,19 @@ class Ranks:
         return f"{kind.type}:{index}"
 
 
+_STORE: dist.Store | None = None
+"""This launch's key-value store, under our own key prefix, once ``init`` joined a launch of several processes
+that has no process group of its own; its timeout is every collective's."""
+_GROUP: Any = None
+"""Instead of the store: a gloo group of the caller's, when it had initialised a process group before ``init``
+(its default group when that is gloo, else a gloo group beside it)."""
+_RANKS = Ranks()
+"""What ``init`` returned, once it joined a launch of several processes."""
+_CALLS = 0
+"""Collectives made over the store so far: every rank makes the same ones in the same order, so call ``n``
+names the same keys on every rank."""
+
+
 def from_env() -> Ranks:
     """``Ranks`` from torchrun's ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` (rank 0 of 1 when unset)."""
     values = {}
@@ -107,47 +119,75 @@ def from_env() -> Ranks:
 
 
 def init() -> Ranks:
-    """This process's ``Ranks``; under a launch of several processes, join (once) the gloo group of the launch."""
-    global _GROUP
+    """This process's ``Ranks``; under a launch of several processes, join (once) the launch's key-value store,
+    or use the process group the caller has already initialised."""
+    global _GROUP, _RANKS, _STORE
     ranks = from_env()
-    if ranks.world == 1 or _GROUP is not None:
+    if ranks.world == 1 or _STORE is not None or _GROUP is not None:
         return ranks
     timeout = datetime.timedelta(seconds=settings.dist_timeout(DEFAULT_TIMEOUT_S))
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=timeout)
-        atexit.register(_destroy)  # a group left open makes torch warn at exit
-        _GROUP = dist.group.WORLD
-    else:  # the caller's own group (maybe NCCL): small objects still go over gloo
+    if dist.is_initialized():  # the caller's group (maybe NCCL) and its teardown stay the caller's
         _GROUP = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+    else:
+        # the store init_process_group's env:// rendezvous would use: under torchrun a client of the agent's store,
+        # else rank 0 hosts it. A restarted torchrun attempt shares the agent's store with the attempt that
+        # failed, so the restart count keeps the keys that attempt left behind out of our calls.
+        store, _, _ = next(dist.rendezvous("env://", ranks.rank, ranks.world, timeout=timeout))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        _STORE = dist.PrefixStore(f"whiflash.distributed/{attempt}", store)
+    _RANKS = ranks
     return ranks
 
 
-def _destroy() -> None:
-    global _GROUP
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    _GROUP = None
+def _exchange(payload: bytes) -> list[bytes]:
+    """Every rank's ``payload``, in rank order, on every rank: the one step of every collective here. Over the
+    store, call ``n`` has each rank set key ``n/RANK`` and wait for all of them, then every rank but 0 sets
+    ``n/read/RANK`` once it has read them, and rank 0 waits for those before it returns."""
+    global _CALLS
+    if _GROUP is not None:
+        out: list[Any] = [None] * dist.get_world_size(_GROUP)
+        dist.all_gather_object(out, payload, group=_GROUP)
+        return out
+    assert _STORE is not None
+    call, _CALLS = _CALLS, _CALLS + 1
+    rank, world = _RANKS.rank, _RANKS.world
+    posted = [f"{call}/{r}" for r in range(world)]
+    read = [f"{call}/read/{r}" for r in range(1, world)]
+    _STORE.set(posted[rank], payload)
+    _STORE.wait(posted)  # within the store's timeout; a server gone (its rank crashed) fails at once
+    payloads = _STORE.multi_get(posted)
+    if rank:  # this rank's last use of the store in this call
+        _STORE.set(read[rank - 1], b"")
+    else:
+        # Rank 0 returns only once every rank has read: it may then exit, taking down the store it hosts in a
+        # launch without torchrun's agent, without failing a rank still reading. No key is needed any more, so
+        # the store does not grow with the run.
+        _STORE.wait(read)
+        for key in posted + read:
+            _STORE.delete_key(key)
+    return payloads
+
+
+def _joined() -> bool:
+    """Whether ``init`` joined a launch of several processes (else the collectives are no-ops)."""
+    return _STORE is not None or _GROUP is not None
 
 
 def barrier() -> None:
     """Wait until every rank gets here (no-op in one process)."""
-    if _GROUP is not None:
-        dist.barrier(group=_GROUP)
+    if _joined():
+        _exchange(b"")
 
 
 def gather(obj: T) -> list[T]:
     """Every rank's ``obj`` (picklable, small), in rank order, on every rank; ``[obj]`` in one process."""
-    if _GROUP is None:
+    if not _joined():
         return [obj]
-    out: list[Any] = [None] * dist.get_world_size(_GROUP)
-    dist.all_gather_object(out, obj, group=_GROUP)
-    return out
+    return [pickle.loads(payload) for payload in _exchange(pickle.dumps(obj))]
 
 
 def broadcast(obj: T) -> T:
     """Rank 0's ``obj`` on every rank (the others pass a placeholder); ``obj`` itself in one process."""
-    if _GROUP is None:
+    if not _joined():
         return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0, group=_GROUP)
-    return box[0]
+    return pickle.loads(_exchange(pickle.dumps(obj) if _RANKS.is_main else b"")[0])
