@@ -107,7 +107,8 @@ class RoundRead(NamedTuple):
         """Read `verdict` in one `tolist()` and name its parts (the round's only host synchronisation)."""
         parts = (verdict.count, verdict.path_ids, verdict.next_token, verdict.decision, verdict.slot_taus,
                  verdict.advanced)
-        fields = [v.reshape(-1).long() if v is not None else None for v in parts]
+        # flat long fields; those already flat are not reshaped (a reshape is an op dispatched, every round)
+        fields = [(v if v.dim() == 1 else v.reshape(-1)).long() if v is not None else None for v in parts]
         host = iter(torch.cat([v for v in fields if v is not None]).tolist())
         # each field back by its own length, in order (an absent one is None)
         count, path, nxt, decision, taus, advanced = (
@@ -137,13 +138,14 @@ def _accept(target: Target, drafter: Drafter | None, proposal: Proposal, verify_
         slot_taus = branch_taus(proposal, picked)
         advanced = drafter.advance(slot_taus)
     count, best, keep = accept(proposal, picked, branch=advanced, check=target.engine.check_trees)
+    at = best.reshape(1)  # the path's last node as a [1] index, made once for every row picked below
     decision = None
     if drafter is not None and drafter.routes:  # (the rows are not gathered for a drafter that never routes)
         if out.routes is not None:  # decided inside the pass: pick the path's last row
-            decision = drafter.route(None, None, count, row(out.routes, best))
+            decision = drafter.route(None, None, count, row(out.routes, at))
         else:
-            decision = drafter.route(row(out.hidden, best), row(out.logits, best), count)
-    return Verdict(count, keep, verify_ids[keep], row(picked, best).reshape(1), best, decision, slot_taus, advanced)
+            decision = drafter.route(row(out.hidden, at), row(out.logits, at), count)
+    return Verdict(count, keep, verify_ids[keep], picked.index_select(0, at), best, decision, slot_taus, advanced)
 
 
 @torch.no_grad()

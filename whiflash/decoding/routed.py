@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +28,22 @@ from whiflash.drafters.eagle3 import Eagle3Drafter
 from whiflash.pairs import PAIRS, Pair
 from whiflash.router import check_compatible
 from whiflash.routers import NeuralPolicy, ScriptedRouter, slot_tensor
+
+
+@dataclass(slots=True)
+class RoundState:
+    """What a pair's drafter updates every round, kept in a plain object: an attribute set on the drafter itself
+    (an `nn.Module`) goes through `Module.__setattr__`, whose parameter, buffer and submodule checks cost a few
+    microseconds of host time each, and a routed round made five of them."""
+
+    catchup_seconds: float = 0.0
+    """Seconds spent consuming backlogs since `reset`."""
+    slot: int = 0
+    """The slot that drafted the round being verified."""
+    proposed: bool = False
+    """A round was proposed whose commit `observe` has not seen yet."""
+    last: tuple[int, int] | None = None
+    """(slot, tau) of the last round whose commit the host has seen."""
 
 
 class DrafterPair(Drafter):
@@ -69,7 +86,11 @@ class DrafterPair(Drafter):
         # order, so the drafter of slot 0 (the parallel drafter, the one that runs most rounds where routing has
         # no headroom) reads its features as a view; the other gathers them, as it would in any union
         self.tap_layers = tuple(dict.fromkeys(t for m in self.members for t in m.tap_layers))
-        self.catchup_seconds = 0.0
+        self._state = RoundState()
+
+    @property
+    def catchup_seconds(self) -> float:  # type: ignore[override]
+        return self._state.catchup_seconds
 
     def slot_nodes(self, slot: int) -> int:
         member, budget = self.slots[slot]
@@ -86,7 +107,7 @@ class DrafterPair(Drafter):
         super().reset(target, max_len, temperature)
         for m in self.members:
             m.reset(target, max_len, temperature)
-        self.catchup_seconds = 0.0
+        self._state = RoundState()
 
     def _catch_up(self, member: Drafter) -> None:
         if not member.backlog:
@@ -98,7 +119,7 @@ class DrafterPair(Drafter):
         member.catch_up()
         if timed:
             torch.cuda.synchronize(self.target.device)
-        self.catchup_seconds += time.perf_counter() - t0
+        self._state.catchup_seconds += time.perf_counter() - t0
 
     def observe(self, commit: Commit) -> None:
         for m in self.members:
@@ -151,10 +172,7 @@ class RoutedDrafter(DrafterPair):
             check_compatible(self.router.router, "(given)", target.config.hidden_size, None, None)
         if isinstance(self.router, (ScriptedRouter, NeuralPolicy)):
             self.router.reset()
-        self._slot = 0
-        self._proposed = False
-        self._last: tuple[int, int] | None = None  # (slot, tau) of the last round whose commit the host has seen
-        super().reset(target, max_len, temperature)
+        super().reset(target, max_len, temperature)  # a new `RoundState`: slot 0, no round seen yet
 
     def backlog_rows(self, slot: int = 0) -> int:
         return self.slots[slot][0].backlog_len
@@ -165,23 +183,25 @@ class RoutedDrafter(DrafterPair):
 
     def route(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None = None,
               decided: Tensor | None = None) -> Tensor:
-        if (self.stick_tau is not None and tau is not None and self._slot == 0 and self._last is not None
-                and self._last[0] == 0 and self._last[1] >= self.stick_tau):
+        state = self._state
+        if (self.stick_tau is not None and tau is not None and state.slot == 0 and state.last is not None
+                and state.last[0] == 0 and state.last[1] >= self.stick_tau):
             return slot_tensor(decided if decided is not None else hidden, 0)  # no read, no policy launches
-        if decided is not None:
-            return decided.reshape(())
+        if decided is not None:  # the loop's row is 0-dim already: a reshape would be one more op dispatched
+            return decided if decided.dim() == 0 else decided.reshape(())
         if tau is not None and isinstance(self.router, NeuralPolicy):  # its context: the round just verified
-            self.router.after_round(self._slot, tau)
+            self.router.after_round(state.slot, tau)
         return self.router(hidden, logits).reshape(())
 
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
         slot = slot if self.force_slot is None else self.force_slot
-        self._slot, self._proposed = slot, True
+        self._state.slot, self._state.proposed = slot, True
         return self._draft(slot, pending, pos)
 
     def observe(self, commit: Commit) -> None:
-        if self._proposed:  # a round's commit (not the prefill's): its length is that round's tau, on the host
-            self._last, self._proposed = (self._slot, int(commit.next_tokens.shape[0])), False
+        state = self._state
+        if state.proposed:  # a round's commit (not the prefill's): its length is that round's tau, on the host
+            state.last, state.proposed = (state.slot, int(commit.next_tokens.shape[0])), False
         super().observe(commit)
 
 

@@ -37,8 +37,10 @@ def check_tree(tree: Proposal) -> None:
 
 def row(x: Tensor, i: Tensor) -> Tensor:
     """`x[i]` for a 0-dim device index `i`, without reading `i` on the host (PyTorch turns a 0-dim
-    integer index into a Python int: a device synchronisation that stalls the round's launches)."""
-    return x.index_select(0, i.reshape(1))[0]
+    integer index into a Python int: a device synchronisation that stalls the round's launches).
+    `i` may also be that index as `[1]`: a caller picking several rows reshapes it once (each reshape is
+    one more op dispatched, host time every round)."""
+    return x.index_select(0, i if i.dim() == 1 else i.reshape(1))[0]
 
 
 def target_tokens(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:

@@ -133,7 +133,8 @@ class DFlashDrafter(Drafter):
     @torch.no_grad()
     def block_logits(self, pending: Tensor, pos: int) -> Tensor:
         """`[block_size - 1, V]` float32 target-vocabulary logits for the masked slots after `pending`."""
-        self.catch_up()
+        if self.backlog:  # a routed drafter caught its member up already: skip the decorated call for nothing
+            self.catch_up()
         if self.kv_len != pos:
             raise RuntimeError(f"dflash: drafter holds {self.kv_len} context positions, pending token sits at {pos}")
         if not self.fixed_shapes:

@@ -214,7 +214,8 @@ class Eagle3Drafter(Drafter):
 
     @torch.no_grad()
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
-        self.catch_up()
+        if self.backlog:  # a routed drafter caught its member up already: skip the decorated call for nothing
+            self.catch_up()
         if self.kv_len != pos:
             raise RuntimeError(f"eagle3: drafter holds {self.kv_len} positions, pending token sits at {pos}")
         h, logits = self._last

@@ -150,9 +150,10 @@ class Target(nn.Module, FixedShapePasses):
         end = start + t
         if end > self.max_len:
             raise ValueError(f"target cache holds {self.max_len} slots; a pass up to slot {end} does not fit")
-        bad = [layer for layer in taps if not 0 <= layer < len(self.model.layers)]
+        layers = len(self.model.layers)  # once, not per tap: two submodule look-ups and a call, every pass
+        bad = [layer for layer in taps if not 0 <= layer < layers]
         if bad:
-            raise ValueError(f"tap layers {bad} are outside the target's {len(self.model.layers)} layers")
+            raise ValueError(f"tap layers {bad} are outside the target's {layers} layers")
         if route is not None and logits != "all":
             raise ValueError(f"route= decides for every row and needs logits='all', got logits={logits!r}")
         if not self.fixed_shapes or logits == "last":  # prefill: eager, exact shapes
