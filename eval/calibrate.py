@@ -28,7 +28,7 @@ from whiflash.errors import UsageError
 from whiflash.flags import check_int
 from whiflash.folders import check_folder
 from whiflash.inputs import samples_sha256
-from whiflash.io import atomic_write_json
+from whiflash.io import atomic_write_json, checkpoint_stamp
 from whiflash.locks import owning_folders
 
 from .checks import check_bench_config
@@ -122,7 +122,11 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     cfg = replace(cfg, methods="ar", name=cfg.name or f"calibrate-{method}")
     runner = Runner(cfg)
     config = {**cfg.__dict__, "calibrate_method": method, "values": values, "exclude": sorted(bench_ids),
-              "inputs": samples_sha256(samples), "grid": {c: [str(v) for v in vs] for c, vs in grid.items()}}
+              "inputs": samples_sha256(samples), "grid": {c: [str(v) for v in vs] for c, vs in grid.items()},
+              # a router (or drafter) retrained at the same path starts a new run, as in bench, instead of
+              # finishing the old one's rows (a DAgger round recalibrates its refitted router in place)
+              "checkpoint_files": {k: checkpoint_stamp(v) for k, v in
+                                   {**runner.paths, "neural_router": cfg.whiflash_neural_router_path}.items()}}
     run, _ = prepare_run_dir(cfg.out, cfg.run_name(), config)
     write_manifest(run, argv=sys.argv, seed=cfg.seed, device=cfg.device, models=runner.paths, samples=samples,
                    extra={"calibrate_method": method, "values": values,

@@ -93,7 +93,7 @@ for item in "$@"; do
                  PAIR=$pair ROUTER_TIMEOUT=$left ROUTER_TRAIN_FLAGS="${ROUTER_TRAIN_FLAGS:-} --data.extra_paths=[$data]" \
                    bash scripts/gpu_session.sh "$L" "$TB" router-train
                left=$(( budget - ($(date +%s) - start) ))
-               [ -d "$router" ] && PAIR=$pair CALIBRATE_TIMEOUT=$left bash scripts/gpu_session.sh "$L" "$TB" calibrate && \
+               [ -d "$router" ] && PAIR=$pair NEURAL_ONLY=1 CALIBRATE_TIMEOUT=$left bash scripts/gpu_session.sh "$L" "$TB" calibrate && \
                  [ -f "$thr" ] && cp "$thr" "$TB/thresholds_neural_dagger_$pair.json" && cp "$TB"/thresholds_neural_*"$pair".json "$L/" ;;
     eval-routed) methods=()  # df-e3: the eval step's default list (+ WhiFlash-Neural when the router is there)
                [ "$pair" != df-e3 ] && methods=(METHODS=ar,eagle3,ddtree,whiflash-neural)

@@ -30,7 +30,8 @@
 #           own -inf, T-0.5, T, T+0.5, inf around its replayed threshold T (--thresholds-around), or every category
 #           at CALIBRATE_THRESHOLDS when set;
 #           +-inf: each drafter alone, no decision paid; the neural replay leaves out the rows of the prompts the
-#           router was trained on, listed in its export's training_prompts.json);
+#           router was trained on, listed in its export's training_prompts.json; NEURAL_ONLY=1: the neural router's
+#           thresholds only, the entropy router's left as they are);
 #   eval    whiflash-eval bench of every method on the testbed's test split (WhiFlash-Neural when the
 #           `router` step has left a router for PAIR), bf16 + CUDA graphs (+ compiled layers, the default) on
 #           a GPU; METHODS overrides the method list, EVAL_SAMPLES / EVAL_TOKENS the prompts and new tokens,
@@ -192,7 +193,7 @@ PY
       cp "$TB/profile.json" "$LOG/profile_${PRESET}.json" 2>/dev/null ;;
     calibrate)
       stick=(); [ -n "${STICK_TAU:-}" ] && stick=(--whiflash-stick-tau "$STICK_TAU")
-      timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" "${stick[@]}" \
+      [ "${NEURAL_ONLY:-0}" = 1 ] || timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" "${stick[@]}" \
         --latency-profile "$TB/profile.json" --calibrate-method whiflash-entropy \
         --thresholds=-inf,0.05,0.1,0.2,0.3,0.5,0.75,1,1.5,2,3,inf --out "$LOG/eval" --output "$TB/thresholds_$PAIR.json" 2>&1 \
         | tee "$LOG/calibrate_$PAIR.log" | quiet | tail -12

@@ -473,6 +473,25 @@ def test_calibrate_around_a_replayed_pick_decodes_each_categorys_own_grid(micro:
         main(["calibrate", "--out", str(tmp_path), "--replay", str(tmp_path), "--thresholds-around", str(replayed)])
 
 
+def test_calibrate_of_a_router_refitted_in_place_starts_a_new_run(micro: Path, bench_run: Path, tmp_path: Path) -> None:
+    import torch
+
+    from whiflash.router import NeuralRouter, export_single_file
+
+    path = tmp_path / "r.safetensors"
+    args = ["calibrate", "--out", str(tmp_path / "runs"), *FAST, "--testbed", str(micro), "--max-samples", "1",
+            "--calibrate-method", "whiflash-neural", "--whiflash-neural-router-path", str(path), "--thresholds", "0",
+            "--exclude-run", str(bench_run), "--output", str(tmp_path / "thr.json")]
+    run = lambda: (main(args), json.loads((tmp_path / "thr.json").read_text())["run"])[1]  # noqa: E731
+    torch.manual_seed(0)
+    export_single_file(NeuralRouter(hidden_size=128, mlp_dim=8), path)
+    first = run()
+    assert run() == first  # nothing changed: the run resumes (its rows are all there)
+    torch.manual_seed(1)
+    export_single_file(NeuralRouter(hidden_size=128, mlp_dim=8), path)  # refitted at the same path
+    assert run() != first
+
+
 def test_a_benchmark_category_takes_the_threshold_of_the_testbed_category_it_stands_for() -> None:
     from whiflash.eval.bench import threshold_for
 
