@@ -11,6 +11,7 @@ and are timed with the wall clock.
 from __future__ import annotations
 
 import logging
+import statistics
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -143,24 +144,19 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
 
 
 def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_tokens: int = 48,
-                 neural: NeuralRouter | None = None) -> tuple[dict[str, float], dict[str, float]]:
+                 neural: NeuralRouter | None = None, repeats: int = 5) -> tuple[dict[str, float], dict[str, float]]:
     """Wall milliseconds a round of the real loop (`whiflash.generate`) takes after a random prompt of `context`
     tokens (rounds then commit about one token each): AR and each chain drafter alone, then (with both drafters)
     each of them as a slot of a df-e3 routed drafter whose neural policy always picks that slot. Beside the
     components' device times the first is what the host adds to a round (launches outside captured passes, the
     round's one read); the second what routing adds to that slot's round (the pair's taps in the verify pass,
-    the in-pass decision, the other member's backlog), which the bench pays and the components do not show."""
+    the in-pass decision, the other member's backlog), which the bench pays and the components do not show.
+    Each figure is the median of `repeats` decodes, the methods interleaved in an order that turns every
+    repeat, so neither drift nor going second favours a routed slot against its drafter alone."""
     prompt = torch.randint(0, target.config.vocab_size, (context,)).tolist()
     room = target.config.max_position_embeddings - context - 2 * max([d.max_nodes for d in drafters.values()] + [0])
     new_tokens = max(2, min(new_tokens, room - 2))
-
-    def round_ms(drafter: Drafter | None) -> float:
-        whiflash.generate(target, drafter, prompt, new_tokens)  # captures the graphs of this cache size
-        _, stats = whiflash.generate(target, drafter, prompt, new_tokens)
-        return stats.decode_seconds / max(1, stats.rounds) * 1e3
-
-    alone = {kind: round_ms(drafter) for kind, drafter in {"ar": None, **drafters}.items()}
-    routed: dict[str, float] = {}
+    methods: dict[str, Drafter | None] = {"ar": None, **drafters}
     if "eagle3" in drafters and "dflash" in drafters:
         # the given router where it is df-e3's (its context decides whether it routes inside the pass), else
         # random weights, which cost the same
@@ -168,8 +164,19 @@ def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_to
             NeuralRouter(target.config.hidden_size).to(target.device).eval()
         for slot, kind in enumerate(Pair.parse("df-e3").slots):  # a finite threshold decides every round
             policy = NeuralPolicy(router, -1e30 if slot == 0 else 1e30)
-            routed[kind] = round_ms(whiflash.RoutedDrafter("df-e3", policy, eagle3=drafters["eagle3"],
-                                                           dflash=drafters["dflash"]))
+            methods[f"routed:{kind}"] = whiflash.RoutedDrafter("df-e3", policy, eagle3=drafters["eagle3"],
+                                                               dflash=drafters["dflash"])
+    for drafter in methods.values():  # captures the graphs of this cache size
+        whiflash.generate(target, drafter, prompt, new_tokens)
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    names = list(methods)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            _, stats = whiflash.generate(target, methods[name], prompt, new_tokens)
+            times[name].append(stats.decode_seconds / max(1, stats.rounds) * 1e3)
+    ms = {name: statistics.median(t) for name, t in times.items()}
+    alone = {k: v for k, v in ms.items() if not k.startswith("routed:")}
+    routed = {k.removeprefix("routed:"): v for k, v in ms.items() if k.startswith("routed:")}
     return alone, routed
 
 

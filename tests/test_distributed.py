@@ -156,13 +156,16 @@ def test_a_rank_left_waiting_fails_within_the_timeout(leaver: int) -> None:
 def _own_group_rank(rank: int) -> None:
     """The caller initialised its own process group: the collectives go over it."""
     dist.init_process_group("gloo")
-    try:
-        distributed.init()
-        assert distributed.gather(rank * 10) == [0, 10]
-        assert distributed.broadcast("zero" if rank == 0 else None) == "zero"
-        distributed.barrier()
-    finally:
-        dist.destroy_process_group()  # the caller's group, the caller's teardown
+    distributed.init()
+    assert distributed.gather(rank * 10) == [0, 10]
+    assert distributed.broadcast("zero" if rank == 0 else None) == "zero"
+    distributed.barrier()
+    # Tearing a gloo group down at exit aborts a rank now and then ("terminate called without an active
+    # exception", even after destroy_process_group: the reason datagen and bench use the store). The group is
+    # this test's, so its ranks leave without that teardown; a failed assertion above still fails the rank.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def test_a_callers_own_process_group_carries_the_collectives() -> None:
