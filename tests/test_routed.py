@@ -99,7 +99,7 @@ def test_kv_only_prefill_writes_the_same_cache_as_a_full_prefill(attending_world
     for full in (False, True):
         eagle.full_prefill = full
         whiflash.generate(target, eagle, PROMPTS[1], 20)
-        caches.append((eagle.cache.k[0, :, : eagle.kv_len].clone(), eagle.cache.v[0, :, : eagle.kv_len].clone(), eagle._last))
+        caches.append((eagle.cache.k[0, :, : eagle.kv_len].clone(), eagle.cache.v[0, :, : eagle.kv_len].clone(), eagle._seq.last))
     eagle.full_prefill = False
     (k0, v0, last0), (k1, v1, last1) = caches
     torch.testing.assert_close(k0, k1, rtol=0, atol=0)

@@ -122,7 +122,7 @@ def _verify(target: Target, drafter: Drafter | None, pending: Tensor, proposal: 
             taps: tuple[int, ...]) -> tuple[Tensor, TargetOutput]:
     """`[pending, proposal]` and the target's one pass over it (depth positions and ancestor mask for trees;
     the drafter's `row_policy` decides inside the pass)."""
-    verify_ids = torch.cat([pending, proposal.tokens])
+    verify_ids = torch.cat([pending, proposal.tokens]) if proposal.size else pending  # AR: no cat with nothing
     positions = None
     if proposal.depths is not None:
         positions = n + torch.cat([proposal.depths.new_zeros(1), proposal.depths])
@@ -196,11 +196,12 @@ def generate(
     _sync(device)
     t1 = time.perf_counter()
     stats.prefill_seconds = t1 - t0
+    no_proposal = Proposal(tokens=ids[:0])  # AR's every round (made once: a slice is an op dispatched)
 
     while emitted[-1] not in stops and len(emitted) < max_new_tokens:
         # 1. propose: the chosen slot's member catches up on its backlog, then drafts
         backlog = drafter.backlog_rows(slot or 0) if drafter is not None else 0
-        proposal = drafter.propose(pending, n, slot or 0) if drafter is not None else Proposal(tokens=ids[:0])
+        proposal = drafter.propose(pending, n, slot or 0) if drafter is not None else no_proposal
         # 2. verify [pending, proposal] in one target pass
         verify_ids, out = _verify(target, drafter, pending, proposal, n, taps)
         # 3. accept: the target's token at every node, the walk, the next round's decision; one host read
@@ -212,8 +213,8 @@ def generate(
         if proposal.parents is not None:
             target.compact(n, path)
         if drafter is not None:
-            drafter.observe(Commit(out.feats[path], torch.cat([verdict.path_ids[1 : read.tau], verdict.next_token]),
-                                   n, taps))
+            # the target's pick at each path node is the token after it (the next node's, or the new pending one)
+            drafter.observe(Commit(out.feats[path], picked[path], n, taps))
         if read.advanced is not None:
             slot = read.advanced  # the oracle: the slot its advance rule picked
         record = RoundRecord(stats.rounds, n, read.tau, slot, backlog, read.slot_taus, *features)

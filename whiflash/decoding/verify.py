@@ -76,8 +76,9 @@ def accept(proposal: Proposal, picked: Tensor, branch: Tensor | None = None,
     device = picked.device
     if proposal.parents is None:
         keep = torch.arange(m + 1, device=device)
-        count = torch.cumprod((proposal.tokens == picked[:-1]).long(), 0).sum() + 1 if m else keep.new_ones(())
-        return count, count - 1, keep
+        # cumprod promotes the bool run to long itself (one call fewer); the last node first, tau = it + 1
+        best = torch.cumprod(proposal.tokens == picked[:-1], 0).sum() if m else keep.new_zeros(())
+        return best + 1, best, keep
     if check and not (picked.is_cuda and torch.cuda.is_current_stream_capturing()):
         check_tree(proposal)
     accepted, depth = accepted_nodes(proposal, picked)

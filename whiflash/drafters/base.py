@@ -9,7 +9,7 @@ decoding the inactive drafter's backlog simply grows until it is chosen again (L
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,20 @@ def concat_commits(commits: list[Commit]) -> Commit:
     )
 
 
+@dataclass(slots=True)
+class SequenceState:
+    """What a drafter updates every round, kept in a plain object: an attribute set on the drafter itself (an
+    `nn.Module`) goes through `Module.__setattr__`, whose parameter, buffer and submodule checks cost a few
+    microseconds of host time each (as `routed.RoundState`)."""
+
+    backlog: list[Commit] = field(default_factory=list)
+    """Commits observed and not yet consumed by a catch-up."""
+    kv_len: int = 0
+    """Committed positions whose K/V the drafter holds."""
+    last: tuple[Tensor, Tensor] | None = None
+    """What a catch-up leaves for the next draft (EAGLE-3: its last row's output and logits)."""
+
+
 class Drafter(nn.Module, FixedShapePasses):
     """Base class: backlog handling shared by all drafters; fixed-shape passes as the target's."""
 
@@ -74,11 +88,24 @@ class Drafter(nn.Module, FixedShapePasses):
 
     def __init__(self) -> None:
         super().__init__()
-        self.backlog: list[Commit] = []
+        self._seq = SequenceState()
         self._target: tuple[Any, ...] = ()  # a tuple, so nn.Module does not adopt the target as a submodule
-        self.kv_len = 0  # committed positions whose K/V this drafter holds
         self.static, self.graphs = False, None  # fixed-shape drafting passes (implied by CUDA graphs)
         self._tap_index: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
+
+    @property
+    def backlog(self) -> list[Commit]:
+        """Commits observed and not yet consumed (`observe`, `take_backlog`)."""
+        return self._seq.backlog
+
+    @property
+    def kv_len(self) -> int:
+        """Committed positions whose K/V this drafter holds."""
+        return self._seq.kv_len
+
+    @kv_len.setter
+    def kv_len(self, value: int) -> None:
+        self._seq.kv_len = value
 
     @property
     def target(self) -> Any:
@@ -107,8 +134,7 @@ class Drafter(nn.Module, FixedShapePasses):
             self.drop_graphs()  # captured passes read the old target's weights (LM head, embeddings) in place
         self._target = (target,)
         self.set_engine(target.engine)
-        self.backlog = []
-        self.kv_len = 0
+        self._seq = SequenceState()
         self._setup_cache(max_len)
 
     def _setup_cache(self, max_len: int) -> None:
@@ -116,19 +142,20 @@ class Drafter(nn.Module, FixedShapePasses):
 
     def observe(self, commit: Commit) -> None:
         """Queue newly committed positions; nothing is computed until the next `propose`."""
-        self.backlog.append(commit)
+        self._seq.backlog.append(commit)
 
     @property
     def backlog_len(self) -> int:
-        return sum(int(c.next_tokens.shape[0]) for c in self.backlog)
+        return sum(int(c.next_tokens.shape[0]) for c in self._seq.backlog)
 
     def take_backlog(self) -> Commit | None:
-        if not self.backlog:
+        seq = self._seq
+        if not seq.backlog:
             return None
-        commit = concat_commits(self.backlog)
-        self.backlog = []
-        if commit.start != self.kv_len:
-            raise RuntimeError(f"{self.kind}: backlog starts at {commit.start} but the cache holds {self.kv_len}")
+        commit = concat_commits(seq.backlog)
+        seq.backlog = []
+        if commit.start != seq.kv_len:
+            raise RuntimeError(f"{self.kind}: backlog starts at {commit.start} but the cache holds {seq.kv_len}")
         return commit
 
     def select_taps(self, commit: Commit) -> Tensor:

@@ -20,6 +20,7 @@ from whiflash.drafters.trees import tree_proposal
 from whiflash.runtime import gemv
 from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import rope_from_config
+from whiflash.runtime.graphs import without_grad
 from whiflash.runtime.layers import DecoderLayer, RMSNorm, Rotary
 
 
@@ -99,7 +100,7 @@ class DFlashDrafter(Drafter):
     def catch_up_rows(self) -> int:
         return self.block_size
 
-    @torch.no_grad()
+    @without_grad
     def catch_up(self) -> None:
         """Write the context K/V of every backlog position, for all layers.
 
@@ -119,7 +120,7 @@ class DFlashDrafter(Drafter):
             for s in passes:
                 slots = self._cols[start + s : start + s + c]
                 self.run_fixed(f"context{c}", self._context_fixed, pad_rows(taps[s : s + c], c), slots, compile=True)
-        self.kv_len = start + n
+        self._seq.kv_len = start + n
 
     def _context(self, taps: Tensor, positions: Tensor, rows: Rows) -> None:
         """K/V of context rows (`hidden_norm(fc(taps))` through each layer's projections) at `rows`."""
@@ -130,19 +131,21 @@ class DFlashDrafter(Drafter):
     def _context_fixed(self, taps: Tensor, slots: Tensor) -> None:
         self._context(taps, slots, Rows(slots=slots))
 
-    @torch.no_grad()
+    @without_grad
     def block_logits(self, pending: Tensor, pos: int) -> Tensor:
         """`[block_size - 1, V]` float32 target-vocabulary logits for the masked slots after `pending`."""
-        if self.backlog:  # a routed drafter caught its member up already: skip the decorated call for nothing
+        seq = self._seq
+        if seq.backlog:  # a routed drafter caught its member up already: skip the call for nothing
             self.catch_up()
-        if self.kv_len != pos:
-            raise RuntimeError(f"dflash: drafter holds {self.kv_len} context positions, pending token sits at {pos}")
+        if seq.kv_len != pos:
+            raise RuntimeError(f"dflash: drafter holds {seq.kv_len} context positions, pending token sits at {pos}")
+        pending = pending if pending.dim() == 1 else pending.reshape(1)  # the loop's is [1]: no view a round
         if not self.fixed_shapes:
-            block = torch.cat([pending.reshape(1), self._masks])
+            block = torch.cat([pending, self._masks])
             return self._block(block, self._cols[pos : pos + self.block_size], Rows(pos), None)
         # the block, its positions and mask are made inside the pass from the pending token and the first
         # slot: two one-element inputs, no launches on the host before the replay
-        return self.run_fixed("block", self._block_fixed, pending.reshape(1), self._cols[pos : pos + 1])
+        return self.run_fixed("block", self._block_fixed, pending, self._cols[pos : pos + 1])
 
     def _block(self, block: Tensor, positions: Tensor, rows: Rows, mask: Tensor | None) -> Tensor:
         """The block's pass; its K/V go to scratch slots past the context, overwritten after the round."""

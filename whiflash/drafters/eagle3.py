@@ -18,6 +18,7 @@ from whiflash.drafters.base import Drafter, Proposal, pad_rows
 from whiflash.runtime import gemv
 from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import rope_from_config
+from whiflash.runtime.graphs import without_grad
 from whiflash.runtime.layers import Attention, RMSNorm, Rotary, SwiGLU
 
 
@@ -151,7 +152,7 @@ class Eagle3Drafter(Drafter):
     def _to_target(self, draft_ids: Tensor) -> Tensor:
         return draft_ids + self.d2t[draft_ids]
 
-    @torch.no_grad()
+    @without_grad
     def catch_up(self) -> tuple[Tensor, Tensor] | None:
         """KV-only prefill of the backlog: K/V for every row, the full layer only for the last.
 
@@ -166,7 +167,8 @@ class Eagle3Drafter(Drafter):
         taps, tokens, start = self.select_taps(commit), commit.next_tokens, commit.start
         n = taps.shape[0]
         end = start + n
-        self.kv_len = end
+        seq = self._seq
+        seq.kv_len = end
         if self.fixed_shapes and not self.full_prefill:
             c, passes = self.catch_up_passes(n)
             for s in passes:
@@ -176,20 +178,18 @@ class Eagle3Drafter(Drafter):
                                    compile=True)
                     continue
                 m = n - s  # rows of the last pass; the rest of its `c` is padding
-                mask = (self._cols < start + s + m)[None]
-                self._last = self.run_fixed(f"catch_up{c}", self._catch_up, pad_rows(taps[s : s + c], c),
-                                            pad_rows(tokens[s : s + c], c), slots, self._cols[m - 1 : m], mask,
-                                            compile=True)
-            return self._last
+                seq.last = self.run_fixed(f"catch_up{c}", self._catch_up, pad_rows(taps[s : s + c], c),
+                                          pad_rows(tokens[s : s + c], c), slots, self._cols[m - 1 : m], compile=True)
+            return seq.last
         positions = self._cols[start:end]
         x, residual = self._rows(self.fuse(taps), tokens)
         self._write(x, positions, Rows(start))
         if self.full_prefill:
             h, logits = self._finish(x, residual, positions, end)
-            self._last = h[-1:], logits[-1:]
+            seq.last = h[-1:], logits[-1:]
         else:
-            self._last = self._finish(x[-1:], residual[-1:], positions[-1:], end)
-        return self._last
+            seq.last = self._finish(x[-1:], residual[-1:], positions[-1:], end)
+        return seq.last
 
     def _context(self, taps: Tensor, tokens: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
         """Fixed-shape K/V-only pass: the rows' K/V at `slots` (a long backlog's passes before the last);
@@ -198,12 +198,11 @@ class Eagle3Drafter(Drafter):
         self._write(x, slots, Rows(slots=slots))
         return x, residual
 
-    def _catch_up(self, taps: Tensor, tokens: Tensor, slots: Tensor, last: Tensor, mask: Tensor
-                  ) -> tuple[Tensor, Tensor]:
+    def _catch_up(self, taps: Tensor, tokens: Tensor, slots: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
         """Fixed-shape catch-up pass: K/V of every row at `slots`, then row `last` ([1] index) through
-        attention (keys under `mask [1, L]`), MLP and head."""
+        attention (keys up to its slot: the mask is made inside the pass, no launches before it), MLP and head."""
         x, residual = self._context(taps, tokens, slots)
-        return self._finish(x[last], residual[last], slots[last], None, mask)
+        return self._finish(x[last], residual[last], slots[last], None, (self._cols <= slots[last])[None])
 
     def _step(self, h: Tensor, token: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """One static-shape drafting step: (feature, token) at `slots` -> (pre-norm output, next target id)."""
@@ -212,17 +211,18 @@ class Eagle3Drafter(Drafter):
         h, logits = self._finish(x, residual, positions, None, mask)
         return h, self._to_target(logits[-1].argmax(-1, keepdim=True))
 
-    @torch.no_grad()
+    @without_grad
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
-        if self.backlog:  # a routed drafter caught its member up already: skip the decorated call for nothing
+        seq = self._seq
+        if seq.backlog:  # a routed drafter caught its member up already: skip the call for nothing
             self.catch_up()
-        if self.kv_len != pos:
-            raise RuntimeError(f"eagle3: drafter holds {self.kv_len} positions, pending token sits at {pos}")
-        h, logits = self._last
-        tokens = [self._to_target(logits[-1].argmax(-1, keepdim=True))]
+        if seq.kv_len != pos:
+            raise RuntimeError(f"eagle3: drafter holds {seq.kv_len} positions, pending token sits at {pos}")
+        h, logits = seq.last
         if self.fixed_shapes and self.num_steps > 1:  # every step in one pass: one graph replay per round
-            rest = self.run_fixed("steps", self._steps, h, tokens[0], self._cols[pos : pos + 1], compile=True)
-            return Proposal(tokens=torch.cat([tokens[0], rest]))
+            return Proposal(tokens=self.run_fixed("steps", self._steps, h, logits, self._cols[pos : pos + 1],
+                                                  compile=True))
+        tokens = [self._to_target(logits[-1].argmax(-1, keepdim=True))]
         for step in range(1, self.num_steps):
             p = pos + step - 1  # speculative slots: overwritten by the next catch-up
             positions = self._cols[p : p + 1]
@@ -232,10 +232,12 @@ class Eagle3Drafter(Drafter):
             tokens.append(self._to_target(logits[-1].argmax(-1, keepdim=True)))
         return Proposal(tokens=torch.cat(tokens))
 
-    def _steps(self, h: Tensor, token: Tensor, first: Tensor) -> Tensor:
-        """Drafting steps 1..num_steps-1 at fixed shapes from (feature, token) at slot `first` ([1],
-        on the device): step i writes slot `first + i - 1` and sees the slots up to it."""
-        tokens = []
+    def _steps(self, h: Tensor, logits: Tensor, first: Tensor) -> Tensor:
+        """The whole draft at fixed shapes from the catch-up's (feature, logits) for slot `first` ([1], on the
+        device): its token (picked inside the pass, no launches before it), then steps 1..num_steps-1, step i
+        writing slot `first + i - 1` and seeing the slots up to it."""
+        token = self._to_target(logits[-1].argmax(-1, keepdim=True))
+        tokens = [token]
         for i in range(self.num_steps - 1):
             p = first + i
             h, token = self._step(h, token, p, p, (self._cols <= p)[None])

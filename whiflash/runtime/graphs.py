@@ -14,14 +14,30 @@ pass key.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from whiflash.runtime import layers
 from whiflash.runtime.options import EngineOptions
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def without_grad(fn: F) -> F:
+    """`torch.no_grad()` for a method the decode loop calls every round: the context is entered only when grad
+    mode is on. `generate` already holds no_grad, and torch's decorator costs ~2.4 us of host time a call on
+    this project's CPU even then (a new context object, two grad-mode switches)."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return fn(*args, **kwargs)
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+    return call  # type: ignore[return-value]
 
 
 class Graphed:

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import ModelConfig
-from whiflash.runtime.graphs import FixedShapePasses
+from whiflash.runtime.graphs import FixedShapePasses, without_grad
 from whiflash.runtime.options import EngineOptions
 from whiflash.runtime.layers import DecoderLayer, RMSNorm, Rotary
 from whiflash.runtime.weights import load_strict, read_state_dict, resolve_checkpoint
@@ -127,7 +127,7 @@ class Target(nn.Module, FixedShapePasses):
     def embed(self, ids: Tensor) -> Tensor:
         return self.model.embed_tokens(ids)
 
-    @torch.no_grad()
+    @without_grad
     def forward(
         self,
         ids: Tensor,
