@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from whiflash.drafters.base import Commit, Drafter, Proposal
+from whiflash.drafters.base import Commit, Drafter, Proposal, SequenceState
 from whiflash.drafters.ddtree import DDTreeDrafter
 from whiflash.drafters.dflash import DFlashDrafter
 from whiflash.drafters.eagle3 import Eagle3Drafter
@@ -31,10 +31,9 @@ from whiflash.routers import NeuralPolicy, ScriptedRouter, slot_tensor
 
 
 @dataclass(slots=True)
-class RoundState:
-    """What a pair's drafter updates every round, kept in a plain object: an attribute set on the drafter itself
-    (an `nn.Module`) goes through `Module.__setattr__`, whose parameter, buffer and submodule checks cost a few
-    microseconds of host time each, and a routed round made five of them."""
+class RoundState(SequenceState):
+    """A pair's per-round state beside `SequenceState`'s (whose backlog and positions its members hold): a
+    routed round made five `nn.Module` attribute sets on the pair before these moved here."""
 
     catchup_seconds: float = 0.0
     """Seconds spent consuming backlogs since `reset`."""
@@ -42,12 +41,15 @@ class RoundState:
     """The slot that drafted the round being verified."""
     proposed: bool = False
     """A round was proposed whose commit `observe` has not seen yet."""
-    last: tuple[int, int] | None = None
+    seen: tuple[int, int] | None = None
     """(slot, tau) of the last round whose commit the host has seen."""
 
 
 class DrafterPair(Drafter):
     """Two slots filled from a pair's members; what routed decoding and the oracle share."""
+
+    State = RoundState
+    _seq: RoundState
 
     def __init__(
         self,
@@ -86,11 +88,10 @@ class DrafterPair(Drafter):
         # order, so the drafter of slot 0 (the parallel drafter, the one that runs most rounds where routing has
         # no headroom) reads its features as a view; the other gathers them, as it would in any union
         self.tap_layers = tuple(dict.fromkeys(t for m in self.members for t in m.tap_layers))
-        self._state = RoundState()
 
     @property
     def catchup_seconds(self) -> float:  # type: ignore[override]
-        return self._state.catchup_seconds
+        return self._seq.catchup_seconds
 
     def slot_nodes(self, slot: int) -> int:
         member, budget = self.slots[slot]
@@ -107,7 +108,6 @@ class DrafterPair(Drafter):
         super().reset(target, max_len, temperature)
         for m in self.members:
             m.reset(target, max_len, temperature)
-        self._state = RoundState()
 
     def _catch_up(self, member: Drafter) -> None:
         if not member.backlog:
@@ -119,7 +119,7 @@ class DrafterPair(Drafter):
         member.catch_up()
         if timed:
             torch.cuda.synchronize(self.target.device)
-        self._state.catchup_seconds += time.perf_counter() - t0
+        self._seq.catchup_seconds += time.perf_counter() - t0
 
     def observe(self, commit: Commit) -> None:
         for m in self.members:
@@ -172,7 +172,7 @@ class RoutedDrafter(DrafterPair):
             check_compatible(self.router.router, "(given)", target.config.hidden_size, None, None)
         if isinstance(self.router, (ScriptedRouter, NeuralPolicy)):
             self.router.reset()
-        super().reset(target, max_len, temperature)  # a new `RoundState`: slot 0, no round seen yet
+        super().reset(target, max_len, temperature)  # a fresh `RoundState`: slot 0, no round seen yet
 
     def backlog_rows(self, slot: int = 0) -> int:
         return self.slots[slot][0].backlog_len
@@ -183,9 +183,9 @@ class RoutedDrafter(DrafterPair):
 
     def route(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None = None,
               decided: Tensor | None = None) -> Tensor:
-        state = self._state
-        if (self.stick_tau is not None and tau is not None and state.slot == 0 and state.last is not None
-                and state.last[0] == 0 and state.last[1] >= self.stick_tau):
+        state = self._seq
+        if (self.stick_tau is not None and tau is not None and state.slot == 0 and state.seen is not None
+                and state.seen[0] == 0 and state.seen[1] >= self.stick_tau):
             return slot_tensor(decided if decided is not None else hidden, 0)  # no read, no policy launches
         if decided is not None:  # the loop's row is 0-dim already: a reshape would be one more op dispatched
             return decided if decided.dim() == 0 else decided.reshape(())
@@ -195,13 +195,13 @@ class RoutedDrafter(DrafterPair):
 
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
         slot = slot if self.force_slot is None else self.force_slot
-        self._state.slot, self._state.proposed = slot, True
+        self._seq.slot, self._seq.proposed = slot, True
         return self._draft(slot, pending, pos)
 
     def observe(self, commit: Commit) -> None:
-        state = self._state
+        state = self._seq
         if state.proposed:  # a round's commit (not the prefill's): its length is that round's tau, on the host
-            state.last, state.proposed = (state.slot, int(commit.next_tokens.shape[0])), False
+            state.seen, state.proposed = (state.slot, int(commit.next_tokens.shape[0])), False
         super().observe(commit)
 
 

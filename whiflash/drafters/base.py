@@ -70,7 +70,7 @@ def concat_commits(commits: list[Commit]) -> Commit:
 class SequenceState:
     """What a drafter updates every round, kept in a plain object: an attribute set on the drafter itself (an
     `nn.Module`) goes through `Module.__setattr__`, whose parameter, buffer and submodule checks cost a few
-    microseconds of host time each (as `routed.RoundState`)."""
+    microseconds of host time each. A drafter class with more per-round fields subclasses it (`Drafter.State`)."""
 
     backlog: list[Commit] = field(default_factory=list)
     """Commits observed and not yet consumed by a catch-up."""
@@ -85,10 +85,12 @@ class Drafter(nn.Module, FixedShapePasses):
 
     kind: str = ""
     tap_layers: tuple[int, ...] = ()
+    State: type[SequenceState] = SequenceState
+    """The per-sequence state `__init__` and `reset` make fresh."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._seq = SequenceState()
+        self._seq = self.State()
         self._target: tuple[Any, ...] = ()  # a tuple, so nn.Module does not adopt the target as a submodule
         self.static, self.graphs = False, None  # fixed-shape drafting passes (implied by CUDA graphs)
         self._tap_index: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
@@ -134,7 +136,7 @@ class Drafter(nn.Module, FixedShapePasses):
             self.drop_graphs()  # captured passes read the old target's weights (LM head, embeddings) in place
         self._target = (target,)
         self.set_engine(target.engine)
-        self._seq = SequenceState()
+        self._seq = self.State()
         self._setup_cache(max_len)
 
     def _setup_cache(self, max_len: int) -> None:
