@@ -24,6 +24,8 @@
 # PACK_DIR=DIR: once a router dataset is there, it is written to DIR (once) as a tar in 15 MiB parts,
 # router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most), so router
 # modelling can go on elsewhere: `cat router_data_NAME.tar.* | tar xf - -C DEST` gives the dataset folder.
+# SKIP=STEP,...: leave these steps out (step names as printed, without @PAIR: e.g. router-test,prompts-calibrate,
+# eval-prompts,build-acceptance), so a later step gets the budget; a skipped step is neither run nor waited for.
 # DRY_RUN=1: print each step's gpu_budget.sh command instead of running it (the loop then stops after it).
 # Every knob of scripts/gpu_budget.sh and gpu_session.sh passes through (ROUTER_PROMPTS, ROUTER_PROCS,
 # ROUTER_VARIANTS, CALIBRATE_DECODE, E0_SAMPLES, E_TOKENS, METHODS, ...).
@@ -80,6 +82,11 @@ for p in "${pairs[@]}"; do
   [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:90" "prompts-calibrate@$p:70" "eval-prompts@$p:90")
 done
 steps+=(build-acceptance:200 eval-t1:100 eval-t0:200)
+IFS=, read -r -a skip <<< "${SKIP:-}"
+for s in "${skip[@]}"; do  # drop every step named s, whatever its pair
+  for i in "${!steps[@]}"; do item=${steps[$i]%%:*}; [ "${item%@*}" = "$s" ] && unset "steps[$i]"; done
+done
+steps=("${steps[@]}")
 pack() {  # the router dataset folder TB/$1 into PACK_DIR, once
   [ -n "${PACK_DIR:-}" ] && [ -f "$TB/$1/manifest.json" ] && [ ! -f "$L/$1.packed" ] || return 0
   mkdir -p "$PACK_DIR" && tar cf - -C "$TB" "$1" | split -b 15m -d - "$PACK_DIR/$1.tar." \

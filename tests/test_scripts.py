@@ -79,6 +79,18 @@ def test_after_the_routed_benches_come_acceptance_temperature_1_and_the_budget_s
     assert lines[-2].startswith("=== stop before build-acceptance") and "eval-t1" not in "".join(lines)
 
 
+def test_skipped_steps_are_neither_run_nor_waited_for(tmp_path: Path) -> None:
+    tb, log = tmp_path / "tb", tmp_path / "log"
+    finished_testbed(tb, log, stages=STAGES[:-1])
+    for tag in ("prompts", "t1"):
+        (log / f"eval_df-e3_{tag}_results.md").unlink()
+    env = {**os.environ, "PAIRS": "df-e3", "SKIP": "eval-prompts,build-acceptance"}
+    out = subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(log), str(tb), "150"], capture_output=True,
+                         text=True, timeout=60, check=True, env={**env, "DRY_RUN": "1"}).stdout
+    assert "eval-prompts" not in out and "acceptance" not in out  # T = 1 no longer waits for the acceptance stage
+    assert re.search(r"=== would run: gpu_budget\.sh \S+ \S+ 1[45]\d eval-t1@df-e3:100", out)
+
+
 def test_an_unfinished_stage_and_a_router_older_than_its_data_are_not_done(tmp_path: Path) -> None:
     tb, log = tmp_path / "tb", tmp_path / "log"
     finished_testbed(tb, log, stages=STAGES[:-2])  # dflash (and acceptance) not built
