@@ -176,3 +176,31 @@ def test_prompt_cuts() -> None:
     prose = "Return the thing. It is computed lazily and cached for later calls to the same function."
     prompt, ref = cut_prompt("prose", prose, rng)
     assert prose.startswith(prompt) and not prompt.endswith(" ") and prompt + ref == prose
+
+
+def test_chat_prose_frames_the_same_docstrings_and_leaves_the_other_categories_alone(corpus_dir: Path,
+                                                                                      tmp_path: Path) -> None:
+    from whiflash.testbed.prompts import cut_prompt
+
+    write_corpus(CorpusConfig(**{**SMALL.__dict__, "chat_prose": 1.0}), tmp_path / "chat")
+    for split in SPLITS:
+        plain = list(read_corpus(corpus_dir, split))
+        chat = list(read_corpus(tmp_path / "chat", split))
+        assert [r["id"] for r in chat] == [r["id"] for r in plain]  # the same documents, the same splits
+        for a, b in zip(plain, chat):
+            if a["category"] != "prose":  # agent transcripts quote the plain docstrings either way
+                assert a == b
+                continue
+            question, _, answer = b["text"].partition("\nAssistant: ")
+            assert question.startswith("User: ") and question.endswith(("?", "."))
+            assert a["text"].split("\n\n")[0].strip() in answer  # the docstring's first paragraph is answered
+    doc = next(r for r in read_corpus(tmp_path / "chat", "test", "prose") if "\nThe parameters are:\n- `" in r["text"])
+    prompt, ref = cut_prompt("prose", doc["text"], random.Random(0))
+    assert prompt.endswith("\nAssistant:") and prompt.startswith("User: ") and prompt + ref == doc["text"]
+    prompt, ref = cut_prompt("prose", doc["text"], random.Random(3), varied=True)
+    assert "\nAssistant:" in prompt and prompt + ref == doc["text"]
+    # a share: a seeded choice per document, the rest plain
+    half = write_corpus(CorpusConfig(**{**SMALL.__dict__, "chat_prose": 0.5}), tmp_path / "half")
+    texts = [r["text"] for s in SPLITS for r in read_corpus(tmp_path / "half", s, "prose")]
+    share = sum(t.startswith("User: ") for t in texts) / len(texts)
+    assert 0.4 < share < 0.6 and half["sha256"] != write_corpus(SMALL, tmp_path / "plain")["sha256"]

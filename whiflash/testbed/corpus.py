@@ -6,7 +6,7 @@ Four categories:
   and very large files excluded; test suites only with ``include_tests``);
 * ``math``  — seeded arithmetic word problems with worked solutions (``mathgen``);
 * ``prose`` — English from the standard library: module/class/function docstrings and the
-  ``pydoc_data`` topic texts;
+  ``pydoc_data`` topic texts, a share of them (``chat_prose``) as user-assistant exchanges (``chatgen``);
 * ``agentic`` — seeded agent transcripts that switch regime within a sequence: free prose
   interleaved with JSON calls of real standard-library functions and their results (``agentgen``).
 
@@ -18,20 +18,21 @@ JSON-lines file per split, each record ``{"id", "category", "group", "text"}``.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import inspect
 import json
 import logging
 import platform
+import random
 import sysconfig
 import textwrap
 import tokenize
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from .agentgen import generate_transcripts, sentences
+from .chatgen import documented, render, render_topic
 from .mathgen import generate_problems
 from .presets import CATEGORIES, CorpusConfig
 
@@ -100,19 +101,6 @@ def _stdlib_files(root: Path, max_chars: int, include_tests: bool = False) -> It
             yield rel.as_posix(), source
 
 
-def _docstrings(source: str) -> Iterator[str]:
-    """Cleaned module, class and function docstrings of one source file."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            doc = ast.get_docstring(node, clean=True)
-            if doc:
-                yield doc
-
-
 def _topics() -> dict[str, str]:
     try:
         from pydoc_data.topics import topics
@@ -152,9 +140,11 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[D
     pools: dict[str, list[str]] = {}  # split -> background sentences of its prose (agent transcripts quote them)
     code_pools: dict[str, list[str]] = {}  # split -> snippets of its code (when cfg.agent_code_excerpts > 0)
 
-    def prose(doc: Document) -> Document:
-        pools.setdefault(assign_split(doc.group, cfg), []).extend(_background(doc.text))
-        return doc
+    def prose(id_: str, group: str, text: str, chat: Callable[[random.Random], str]) -> Document:
+        # agent transcripts quote the plain docstring; a seeded share of prose documents are chat exchanges
+        pools.setdefault(assign_split(group, cfg), []).extend(_background(text))
+        rng = random.Random(f"{cfg.seed}:{id_}")
+        return Document(id_, "prose", group, _clean(chat(rng) if rng.random() < cfg.chat_prose else text))
 
     for rel, source in _stdlib_files(root, cfg.max_file_chars, cfg.include_tests):
         n_files += 1
@@ -162,13 +152,14 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[D
         yield Document(f"code:{rel}", "code", group, _clean(source))
         if cfg.agent_code_excerpts > 0:
             code_pools.setdefault(assign_split(group, cfg), []).extend(_snippets(_clean(source)))
-        for i, doc in enumerate(_docstrings(source)):
-            if len(doc) >= cfg.min_docstring_chars:
-                yield prose(Document(f"prose:{rel}:{i}", "prose", group, _clean(doc)))
+        for i, item in enumerate(documented(rel, source)):
+            if len(item.doc) >= cfg.min_docstring_chars:
+                yield prose(f"prose:{rel}:{i}", group, item.doc, lambda rng, item=item: render(item, rng))
     for name, text in sorted(_topics().items()):
         text = inspect.cleandoc(text)
         if len(text) >= cfg.min_docstring_chars:
-            yield prose(Document(f"prose:topic:{name}", "prose", f"topic/{name}", _clean(text)))
+            yield prose(f"prose:topic:{name}", f"topic/{name}", text,
+                        lambda rng, name=name, text=text: render_topic(name, text, rng))
     for i, problem in enumerate(generate_problems(cfg.math_problems, cfg.seed)):
         yield Document(f"math:{i}", "math", f"math/{i}", problem.text)
     # A transcript quotes the prose of its own split: held-out transcripts never quote training prose and

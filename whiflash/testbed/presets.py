@@ -42,6 +42,9 @@ class CorpusConfig:
     """Share of document groups (source files, topics, problems) assigned to validation."""
     test_fraction: float = 0.05
     """Share of document groups assigned to test (held out for evaluation prompts)."""
+    chat_prose: float = 0.0
+    """Share of prose documents written as a user-assistant exchange around the docstring (``chatgen``:
+    the house style an instruction-tuned model answers in); their prompts end at ``Assistant:``."""
     min_docstring_chars: int = 80
     """Docstrings shorter than this are not prose documents (``Return self.`` teaches little)."""
     max_file_chars: int = 150_000

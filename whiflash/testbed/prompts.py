@@ -5,7 +5,8 @@ Each category is cut where a user of that kind of model would stop typing:
 * math  — ``Question: ...\\nAnswer:`` (the worked solution is the continuation);
 * code  — the file up to and including a ``def``/``class`` header line (the body follows),
   keeping at most ``max_chars`` characters of preceding context;
-* prose — the first sentence(s) of a docstring or topic, cut at a word boundary;
+* prose — the first sentence(s) of a docstring or topic, cut at a word boundary; a chat exchange
+  (``chatgen``) at its ``Assistant:`` label (the answer is the continuation);
 * agentic — the transcript up to a ``Thought:`` label (the tool list, the task and any earlier
   steps are context; the continuation is prose, then a JSON call and its result).
 
@@ -23,6 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .chatgen import ASSISTANT
 from .corpus import SPLITS, read_corpus
 from .presets import CATEGORIES
 
@@ -80,6 +82,12 @@ def cut_prompt(category: str, text: str, rng: random.Random, max_chars: int = 60
             return None
         cut = rng.choice(labels)
         return text[:cut], text[cut:]
+    if category == "prose" and ASSISTANT in text:  # a chat exchange: the user's question, then the answer
+        cut = text.rindex(ASSISTANT) + len(ASSISTANT)
+        if varied:  # or after a sentence of the answer
+            cut = rng.choice([cut] + [m.end() for m in re.finditer(r"[.:!?]\s", text) if cut < m.end() <= len(text) - 40])
+        prompt = text[:cut].rstrip()
+        return prompt, text[len(prompt):]
     if category == "prose":
         if len(text) < 80:
             return None
