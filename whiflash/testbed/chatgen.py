@@ -128,8 +128,12 @@ def render(item: Documented, rng: random.Random) -> str:
     """One exchange: a question about ``item`` and an answer in a fixed house style around its docstring."""
     sig = item.signature if len(item.signature) <= 80 else ""
     question = rng.choice(_QUESTIONS[item.kind]).format(name=item.name, module=item.module, sig=sig, kind=item.kind)
-    head = f"{rng.choice(_OPENERS)}`{item.name}` is {_KIND_PHRASE[item.kind]} the `{item.module}` "
-    head += "package." if item.kind == "module" and "." not in item.module else "module."
+    if item.kind == "module":
+        package = item.module.rpartition(".")[0]
+        where = f"the `{package}` package." if package else "the standard library."
+    else:
+        where = f"the `{item.module}` module."
+    head = f"{rng.choice(_OPENERS)}`{item.name}` is {_KIND_PHRASE[item.kind]} {where}"
     if sig:
         head += f" Its signature is `{item.name.rpartition('.')[2]}{sig}`."
     paras = _paragraphs(item.doc)
