@@ -343,13 +343,17 @@ def _small() -> TestbedConfig:
     # drafters learn from tens of millions of tokens, and ten epochs over a few thousand sequences overfit.
     # Every stage fits one 10-minute device command; the batched generator's rate (responses) and the
     # per-batch target forward (drafter steps) are what bound the data (results/ has the measured rates).
+    # Prose is chat: every docstring framed as a user-assistant exchange in a fixed house style (chatgen.py),
+    # the benchmark's chat prompts' category. On an H200 that took the target's entropy along its own greedy
+    # prose answers from 1.18 to 0.73 nats (sharpened; 16 test prompts) with the other stages unchanged.
     return TestbedConfig(
         name="small",
         device="cuda",
         precision="bf16-mixed",
         compile_layers=True,
         corpus=CorpusConfig(math_problems=100_000, agent_transcripts=20_000, max_file_chars=400_000,
-                            include_tests=True, validation_fraction=0.3, agent_code_excerpts=0.5),
+                            include_tests=True, validation_fraction=0.3, agent_code_excerpts=0.5,
+                            chat_prose=1.0),
         tokenizer=TokenizerConfig(vocab_size=8192, train_chars_per_category=6_000_000),
         target=TargetConfig(
             hidden_size=512, intermediate_size=1408, num_hidden_layers=36, num_attention_heads=8,
