@@ -197,10 +197,23 @@ def test_chat_prose_frames_the_same_docstrings_and_leaves_the_other_categories_a
     doc = next(r for r in read_corpus(tmp_path / "chat", "test", "prose") if "\nThe parameters are:\n- `" in r["text"])
     prompt, ref = cut_prompt("prose", doc["text"], random.Random(0))
     assert prompt.endswith("\nAssistant:") and prompt.startswith("User: ") and prompt + ref == doc["text"]
-    prompt, ref = cut_prompt("prose", doc["text"], random.Random(3), varied=True)
-    assert "\nAssistant:" in prompt and prompt + ref == doc["text"]
+    cuts = [cut_prompt("prose", doc["text"], random.Random(seed), varied=True) for seed in range(8)]
+    assert all("\nAssistant:" in p and p + r == doc["text"] for p, r in cuts)
+    assert any(len(p) > len(prompt) for p, _ in cuts)  # later passes also cut inside the answer
     # a share: a seeded choice per document, the rest plain
     half = write_corpus(CorpusConfig(**{**SMALL.__dict__, "chat_prose": 0.5}), tmp_path / "half")
     texts = [r["text"] for s in SPLITS for r in read_corpus(tmp_path / "half", s, "prose")]
     share = sum(t.startswith("User: ") for t in texts) / len(texts)
     assert 0.4 < share < 0.6 and half["sha256"] != write_corpus(SMALL, tmp_path / "plain")["sha256"]
+
+
+def test_chat_signatures_leave_out_only_a_methods_receiver() -> None:
+    from whiflash.testbed.chatgen import documented
+
+    src = ('class A:\n    def f(self, x, *, cls=None):\n        """F."""\n\n'
+           '    def g(cls, y=1, /, *args):\n        """G."""\n\n'
+           'def h(cls=None, /, *, z=2):\n    """H."""\n')
+    got = {d.name: (d.kind, d.signature, d.params) for d in documented("pkg/mod.py", src)}
+    assert got == {"A.f": ("method", "(x, *, cls=None)", ("x", "cls")),
+                   "A.g": ("method", "(y=1, /, *args)", ("y", "args")),
+                   "h": ("function", "(cls=None, /, *, z=2)", ("cls", "z"))}

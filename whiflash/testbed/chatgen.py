@@ -28,6 +28,7 @@ by a seeded generator per document, so a corpus is a function of its seed.
 from __future__ import annotations
 
 import ast
+import copy
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -78,15 +79,15 @@ def _module_name(rel: str) -> str:
 
 
 def _arguments(args: ast.arguments) -> tuple[str, tuple[str, ...]]:
-    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
-    names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
-    params = tuple(n for n in names if n not in ("self", "cls"))
-    try:
-        text = ast.unparse(args)
-    except (ValueError, RecursionError):  # exotic defaults: the names alone
-        text = ", ".join(params)
-    text = ", ".join(p.strip() for p in text.split(",") if p.strip() not in ("self", "cls"))
-    return f"({text})", params
+    """The signature text and argument names a caller sees: a method's receiver (a first positional ``self``
+    or ``cls`` without a default) left out; a keyword ``cls=None`` is a real argument and stays."""
+    shown = copy.copy(args)
+    positional = [*args.posonlyargs, *args.args]
+    if positional and positional[0].arg in ("self", "cls") and len(args.defaults) < len(positional):
+        shown.posonlyargs, shown.args = (args.posonlyargs[1:], args.args) if args.posonlyargs else ([], args.args[1:])
+    names = [a.arg for a in (*shown.posonlyargs, *shown.args, *shown.kwonlyargs)]
+    names += [a.arg for a in (shown.vararg, shown.kwarg) if a is not None]
+    return f"({ast.unparse(shown)})", tuple(names)
 
 
 def documented(rel: str, source: str) -> Iterator[Documented]:

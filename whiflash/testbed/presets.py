@@ -345,7 +345,7 @@ def _small() -> TestbedConfig:
     # per-batch target forward (drafter steps) are what bound the data (results/ has the measured rates).
     # Prose is chat: every docstring framed as a user-assistant exchange in a fixed house style (chatgen.py),
     # the benchmark's chat prompts' category. On an H200 that took the target's entropy along its own greedy
-    # prose answers from 1.18 to 0.73 nats (sharpened; 16 test prompts) with the other stages unchanged.
+    # prose answers from 1.18 to 0.73 nats (sharpened; 16 test prompts), the rest of the preset unchanged.
     return TestbedConfig(
         name="small",
         device="cuda",
