@@ -34,14 +34,22 @@ def record_prompt(target: whiflash.runtime.model.Target, oracle: OracleDrafter, 
     whiflash.generate(target, oracle, ids, max_new_tokens, stop_token_ids=stop_token_ids, on_round=keep)
     if not records:
         return {}
-    taus = np.array([r.slot_taus for r in records], dtype=np.int16)
+    return columns([r.position for r in records], torch.stack(hidden), torch.stack(ent),
+                   np.array([r.slot_taus for r in records]), [r.slot for r in records])
+
+
+def columns(positions: list[int], hidden: Tensor, ent: Tensor, taus: np.ndarray, active: list[int]
+            ) -> dict[str, np.ndarray]:
+    """A prompt's rows, one per round in order: the pending token's position, the router's features there
+    (`hidden [R, H]`, `ent [R]`, on any device), both slots' `taus [R, 2]` and the slot each round took."""
+    taus = np.asarray(taus, dtype=np.int16)
     return {
-        "round": np.array([r.index for r in records], dtype=np.int32),
-        "position": np.array([r.position for r in records], dtype=np.int32),  # the pending token's position
-        "hidden": torch.stack(hidden).to(torch.float16).cpu().numpy(),
-        "entropy": torch.stack(ent).float().cpu().numpy(),
+        "round": np.arange(len(positions), dtype=np.int32),
+        "position": np.array(positions, dtype=np.int32),  # the pending token's position
+        "hidden": hidden.to(torch.float16).cpu().numpy(),
+        "entropy": ent.float().cpu().numpy(),
         "tau_0": taus[:, 0],
         "tau_1": taus[:, 1],
         "gain": (taus[:, 0] - taus[:, 1]).astype(np.float32),
-        "active": np.array([r.slot for r in records], dtype=np.int8),
+        "active": np.array(active, dtype=np.int8),
     }

@@ -456,3 +456,43 @@ def test_flags_are_kebab_case_switches_and_old_spellings_run_with_a_warning(caps
     assert dashed_argv(["--cuda-graphs", "false", "--out", "o"], kinds, "t") == ["--cuda_graphs", "false", "--out", "o"]
     help_text = dashed_help("[--max_new_tokens MAX_NEW_TOKENS] [--cuda_graphs {true,false,null}]", kinds)
     assert help_text == "[--max-new-tokens MAX_NEW_TOKENS] [--cuda-graphs|--no-cuda-graphs]"
+
+
+@pytest.mark.parametrize("world_name", ["qwen3-mixed", "llama-mixed", "qwen3-crafted"])
+def test_parallel_passes_record_the_oracle_rounds(worlds, world_name):
+    """`--parallel`: both slots' tau from teacher-forced passes at every position, the path walked over them,
+    gives the rows oracle decoding logs (float32): same rounds, positions, taus and slots on every path, the same
+    features; a stop token ends the walk where it ends the decode."""
+    from whiflash.datagen.parallel import record_prompt_parallel
+
+    target, drafters = worlds[world_name].load()
+    recorder = OracleDrafter("df-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"])
+    compared = stopped = 0
+    for follow in (None, 0, 1):
+        recorder.follow = follow
+        for prompt in PROMPTS:
+            decoded = record_prompt(target, recorder, prompt, 30)
+            passes = record_prompt_parallel(target, recorder, prompt, 30, chunk=7)
+            assert decoded.keys() == passes.keys() and len(decoded["round"]) > 1
+            for key in decoded:
+                if key in ("hidden", "entropy"):  # one pass over the sequence against the rounds' passes
+                    np.testing.assert_allclose(decoded[key], passes[key], rtol=1e-3, atol=1e-3)
+                else:
+                    np.testing.assert_array_equal(decoded[key], passes[key], err_msg=f"{key}, follow={follow}")
+            compared += len(decoded["round"])
+            # a stop token: the first one new in the output after the third round's pending token
+            new = whiflash.generate(target, None, prompt, 30)[0]
+            third = int(decoded["position"][2]) - len(prompt)
+            fresh = [t for i, t in enumerate(new) if i > third and t not in new[:i]]
+            if not fresh:
+                continue
+            ends = (record_prompt(target, recorder, prompt, 30, fresh[:1]),
+                    record_prompt_parallel(target, recorder, prompt, 30, fresh[:1]))
+            assert ends[0].keys() == ends[1].keys() and 3 <= len(ends[0]["round"]) < len(decoded["round"])
+            for key in ("position", "tau_0", "tau_1", "active"):
+                np.testing.assert_array_equal(ends[0][key], ends[1][key])
+            stopped += 1
+    assert compared > 100 and (stopped > 5 or "crafted" in world_name)  # a crafted output repeats itself early
+    with pytest.raises(ValueError, match="--parallel: pair ddt-e3 drafts a tree"):
+        record_prompt_parallel(target, OracleDrafter("ddt-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"],
+                                                     tree_budget=8), PROMPTS[0], 30)

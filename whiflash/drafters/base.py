@@ -197,6 +197,17 @@ class Drafter(nn.Module, FixedShapePasses):
         single drafter has slot 0 only."""
         raise NotImplementedError
 
+    def taus(self, taps: Tensor, ids: Tensor, starts: Tensor) -> Tensor:
+        """`[R]` tau this drafter reaches at each pending position of `starts [R]` of the greedy sequence `ids [N]`,
+        computed in parallel passes instead of rounds (datagen's `--parallel`; the drafter must be `reset`).
+
+        `taps [N, k*T]` are this drafter's target features of one causal pass over `ids` (`select_taps`), and `ids`
+        reaches past every draft (`starts.max() + draft_length < N`). The drafter sees what a round at `n` would:
+        the committed rows before `n`. Teacher forcing is exact for a chain at T = 0: up to its first miss a draft
+        is the sequence (verification accepts exactly the target's greedy tokens), so feeding the sequence's
+        tokens gives the same leading matches; tau is 1 + their count."""
+        raise NotImplementedError
+
     def draft(self, pending: Tensor, pos: int, tree_budget: int | None = None) -> Proposal:
         """A chain (`tree_budget` None) or a tree of `tree_budget` nodes: how a routed slot asks its
         member for a proposal. Chain-only drafters refuse a budget."""

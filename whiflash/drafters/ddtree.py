@@ -24,5 +24,9 @@ class DDTreeDrafter(DFlashDrafter):
     def max_nodes(self) -> int:
         return self.tree_budget
 
+    def taus(self, taps: Tensor, ids: Tensor, starts: Tensor) -> Tensor:
+        raise NotImplementedError("ddtree: a tree's tau needs its walk over the target's picks at every node; "
+                                  "only chain drafters (eagle3, dflash) have teacher-forced taus")
+
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
         return self.draft(pending, pos, self.tree_budget)

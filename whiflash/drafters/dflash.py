@@ -21,7 +21,7 @@ from whiflash.runtime import gemv
 from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import rope_from_config
 from whiflash.runtime.graphs import without_grad
-from whiflash.runtime.layers import DecoderLayer, RMSNorm, Rotary
+from whiflash.runtime.layers import DecoderLayer, RMSNorm, Rotary, attention
 
 
 def fallback_layer_ids(target_layers: int, n: int) -> list[int]:
@@ -123,10 +123,14 @@ class DFlashDrafter(Drafter):
         self._seq.kv_len = start + n
 
     def _context(self, taps: Tensor, positions: Tensor, rows: Rows) -> None:
-        """K/V of context rows (`hidden_norm(fc(taps))` through each layer's projections) at `rows`."""
+        """K/V of context rows at `rows`."""
+        for i, kv in enumerate(self._context_kv(taps, positions)):
+            self.cache.write(i, *kv, rows)
+
+    def _context_kv(self, taps: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Each layer's K/V of context rows: `hidden_norm(fc(taps))` through its projections."""
         ctx = self.hidden_norm(gemv.linear(taps, self.fc, table=self.kernels.gemv))
-        for i, layer in enumerate(self.layers):
-            self.cache.write(i, *layer.self_attn.kv(ctx, self.rope, positions), rows)
+        return [layer.self_attn.kv(ctx, self.rope, positions) for layer in self.layers]
 
     def _context_fixed(self, taps: Tensor, slots: Tensor) -> None:
         self._context(taps, slots, Rows(slots=slots))
@@ -160,6 +164,29 @@ class DFlashDrafter(Drafter):
         positions = first + self._cols[:b]
         mask = (self._cols < first + b).expand(b, -1)
         return self._block(torch.cat([pending, self._masks]), positions, Rows(slots=positions), mask)
+
+    @without_grad
+    def taus(self, taps: Tensor, ids: Tensor, starts: Tensor) -> Tensor:
+        """`[R]` tau of the block's argmax chain at each pending position of `starts [R]`, every block in one pass
+        (`Drafter.taus`): the block `[ids[n], MASK x (b-1)]` at positions `n .. n+b-1` sees the context rows
+        `t < n` and its own block, as `block_logits` after a catch-up to `n`."""
+        length, dev = int(starts.max()), ids.device
+        cols = torch.arange(length, device=dev)
+        context = self._context_kv(taps[:length], cols)
+        r, b = starts.shape[0], self.block_size
+        offsets = torch.arange(b, device=dev)
+        block = torch.full((r, b), self.mask_token_id, dtype=torch.long, device=dev)
+        block[:, 0] = ids[starts]
+        x = self.target.embed(block.flatten())
+        angles = self.rope.angles((starts[:, None] + offsets).flatten(), x.dtype)
+        round_of = torch.arange(r, device=dev).repeat_interleave(b)
+        mask = torch.cat([cols[None, :] < starts[round_of, None], round_of[:, None] == round_of[None, :]], 1)
+        for (k0, v0), layer in zip(context, self.layers):
+            q, k, v = layer.pre(x, angles)
+            x = layer.post(x, attention(q, torch.cat([k0, k], 1), torch.cat([v0, v], 1), mask))
+        picks = self.target.lm_head(self.norm(x.view(r, b, -1)[:, 1:])).argmax(-1)
+        hits = picks == ids[starts[:, None] + offsets[1:]]
+        return 1 + hits.long().cumprod(1).sum(1)
 
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
         return self.draft(pending, pos, None)

@@ -138,16 +138,52 @@ class Eagle3Drafter(Drafter):
                 ) -> tuple[Tensor, Tensor]:
         """Attention output, MLP and head for rows `x` whose K/V are cached: keys are slots `< end`
         (eager), or the whole cache under `mask` (static shapes, `end=None`)."""
-        layer = self.midlayer
         keys = self.cache.k[0] if end is None else self.cache.k[0, :, :end]
         values = self.cache.v[0] if end is None else self.cache.v[0, :, :end]
         fixed_shape = mask is not None  # static passes bring their mask; eager ones see a new key length
         if mask is None and x.shape[0] > 1:  # the rows are the last keys: a causal block after a visible prefix
             mask = torch.ones(x.shape[0], keys.shape[1], dtype=torch.bool, device=x.device).tril_(keys.shape[1] - x.shape[0])
+        return self._layer(x, residual, positions, keys, values, mask, fixed_shape)
+
+    def _layer(self, x: Tensor, residual: Tensor, positions: Tensor, keys: Tensor, values: Tensor,
+               mask: Tensor | None, fixed_shape: bool) -> tuple[Tensor, Tensor]:
+        """Rows `x` through attention over `keys, values` (under `mask`), MLP and head: (pre-norm output, logits)."""
+        layer = self.midlayer
         h = layer.self_attn.attend(x, self.rope, positions, keys, values, mask, fixed_shape, residual=residual)
         h = layer.mlp(layer.post_attention_layernorm(h), residual=h)
         logits = self.lm_head(self.norm(h) if self.cfg.get("norm_output", True) else h)
         return h, logits
+
+    @without_grad
+    def taus(self, taps: Tensor, ids: Tensor, starts: Tensor) -> Tensor:
+        """`[R]` tau of the chain this drafter proposes at each pending position of `starts [R]`, teacher-forced,
+        in one pass per step over all of them (`Drafter.taus`).
+
+        A round at pending position `n` sees the rows `t < n` (the feature at `t` with the token at `t + 1`, as
+        after its catch-up); step `i` then writes position `n + i - 1` and sees those rows and its own earlier
+        steps: the committed keys of every round are shared, each round's step keys are its own.
+        """
+        length = int(starts.max())  # rows 0 .. n-1 of the latest start
+        x, residual = self._rows(self.fuse(taps[:length]), ids[1 : length + 1])
+        attn = self.midlayer.self_attn
+        cols = torch.arange(length, device=ids.device)
+        keys, values = attn.kv(x, self.rope, cols)
+        mask = cols[None, :] < starts[:, None]
+        own = torch.eye(len(starts), dtype=torch.bool, device=ids.device)  # a step's key is its own round's only
+        last = starts - 1
+        h, logits = self._layer(x[last], residual[last], last, keys, values, mask, False)
+        hits = []
+        for i in range(1, self.num_steps + 1):
+            hits.append(self._to_target(logits.argmax(-1)) == ids[starts + i])  # draft i-1 predicts n + i
+            if i == self.num_steps:
+                break
+            # up to its first miss the chain is the sequence: its next step reads the sequence's token
+            positions = starts + i - 1
+            x, residual = self._rows(h, ids[starts + i])
+            k, v = attn.kv(x, self.rope, positions)
+            keys, values, mask = torch.cat([keys, k], 1), torch.cat([values, v], 1), torch.cat([mask, own], 1)
+            h, logits = self._layer(x, residual, positions, keys, values, mask, False)
+        return 1 + torch.stack(hits, 1).long().cumprod(1).sum(1)
 
     def _to_target(self, draft_ids: Tensor) -> Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -184,6 +184,15 @@ class Target(nn.Module, FixedShapePasses):
             positions = torch.arange(start, end, device=ids.device)
         return self._fixed((t, taps, logits, "tree"), tree, taps, logits, route, ids, first, positions, tree_mask)
 
+    @without_grad
+    def full_pass(self, ids: Tensor, taps: tuple[int, ...] = ()) -> TargetOutput:
+        """One eager causal pass over the whole sequence `ids [T]` from slot 0, every row's logits, whatever the
+        engine's fixed shapes (a length seen once is not worth a graph); it overwrites the cache's first T slots."""
+        t = ids.shape[0]
+        if t > self.max_len:
+            raise ValueError(f"target cache holds {self.max_len} slots; a pass of {t} tokens does not fit")
+        return self._run(ids, self._cols[:t], Rows(0), self._mask(t, 0, None, ids.device), taps, "all")
+
     def _fixed(self, key: tuple, where: Callable[..., tuple[Tensor, Tensor, Tensor]], taps: tuple[int, ...],
                logits: str, route: RowPolicy | None, ids: Tensor, *inputs: Tensor) -> TargetOutput:
         """A fixed-shape pass as two graphs, its first `HEAD_LAYERS` layers and the rest: CUDA starts a

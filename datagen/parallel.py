@@ -1,0 +1,77 @@
+"""Router rows from parallel passes instead of oracle rounds (`whiflash-datagen --parallel`).
+
+At T = 0 every lossless decode of a prompt emits the target's greedy sequence, and a chain drafter's tau at
+a round depends only on where the round starts: its state there is the committed rows, on which each member
+catches up whichever slot drafted before (the same assumption the replay and the speed oracle make). So one
+decode of the greedy sequence (with the DFlash slot alone), one causal target pass over it and a few
+teacher-forced passes per slot (`Drafter.taus`) give both slots' tau at every position of the sequence, and
+the path (`--path`) is walked over them: a round at position `n` advances by the tau of the slot it takes.
+The rows are those oracle decoding logs, computed with a few large passes instead of a round's small ones.
+They are equal in float32; in bf16 a near-tie may break the other way, the passes' shapes being other than
+the rounds'.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import whiflash
+from whiflash.datagen.record import columns
+from whiflash.decoding.routed import OracleDrafter
+from whiflash.drafters.base import Commit
+from whiflash.routers import entropy
+
+
+def walk(taus: np.ndarray, sequence: list[int], first: int, max_new_tokens: int, stops: set[int],
+         follow: int | None) -> list[tuple[int, int]]:
+    """The rounds `(pending position, slot)` a decode takes over `taus [R, 2]` (row `n - first`: both slots' tau
+    at pending position `n`) of the greedy `sequence`, as `generate` runs them: from the first generated token
+    (position `first`), each round takes `follow`'s slot or the larger tau (ties: slot 1) and emits its tau tokens,
+    until `max_new_tokens` are out or a round emitted a stop token."""
+    rounds: list[tuple[int, int]] = []
+    n, emitted = first, 1  # the prefill emitted the token at `first`
+    if sequence[first] in stops:
+        return rounds
+    while emitted < max_new_tokens:
+        t0, t1 = (int(t) for t in taus[n - first])
+        slot = follow if follow is not None else int(t1 >= t0)
+        tau = (t0, t1)[slot]
+        rounds.append((n, slot))
+        emitted += tau
+        if not stops.isdisjoint(sequence[n + 1 : n + 1 + tau]):
+            break
+        n += tau
+    return rounds
+
+
+@torch.no_grad()
+def record_prompt_parallel(target: whiflash.runtime.model.Target, oracle: OracleDrafter, ids: list[int],
+                           max_new_tokens: int, stop_token_ids: list[int] | None = None, chunk: int = 64
+                           ) -> dict[str, np.ndarray]:
+    """`record_prompt`'s rows for one prompt, from parallel passes (module docstring); `chunk` rounds a pass."""
+    slots = [drafter for drafter, budget in oracle.slots]
+    if any(budget is not None for _, budget in oracle.slots):
+        raise ValueError(f"--parallel: pair {oracle.pair} drafts a tree; only chain slots (eagle3, dflash) have "
+                         "teacher-forced taus")
+    dflash = oracle.members[0]
+    reach = max(d.draft_length for d in slots) + 1  # every draft of the last round is checked against the sequence
+    new, _ = whiflash.generate(target, dflash, ids, max_new_tokens + reach)  # no stop: the walk stops
+    sequence = list(ids) + new
+    first = len(ids)
+    seq = torch.tensor(sequence, dtype=torch.long, device=target.device)
+    taps = oracle.tap_layers
+    out = target.full_pass(seq, taps)
+    commit = Commit(out.feats, seq[1:], 0, taps)
+    for member in oracle.members:  # sized, and given the target's engine, for the passes
+        member.reset(target, target.max_len)
+    starts = torch.arange(first, first + max_new_tokens, device=target.device)
+    taus = torch.cat([
+        torch.stack([d.taus(d.select_taps(commit), seq, starts[i : i + chunk]) for d in slots], 1)
+        for i in range(0, len(starts), chunk)]).cpu().numpy()
+    rounds = walk(taus, sequence, first, max_new_tokens, set(stop_token_ids or ()), oracle.follow)
+    if not rounds:
+        return {}
+    positions = [n for n, _ in rounds]
+    last = torch.tensor(positions, device=target.device) - 1  # the decision point: the last committed position
+    return columns(positions, out.hidden[last], entropy(out.logits[last]),
+                   taus[np.array(positions) - first], [slot for _, slot in rounds])
