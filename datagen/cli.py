@@ -32,6 +32,7 @@ import whiflash
 from whiflash import distributed, session
 from whiflash.data import ADVANCE_RULE, RouterDatasetManifest, ShardEntry, shard_entry, write_manifest, write_shard
 from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, read_source, resolve_source
+from whiflash.datagen.parallel import record_prompt_parallel
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding import prompt_room
 from whiflash.decoding.routed import OracleDrafter
@@ -78,6 +79,9 @@ def _check_arguments(args: dict, pair: Pair) -> None:
                          f"(got --path {args['path']}, --router {args['router']})")
     if args["router_thresholds"] is not None and args["router"] is None:
         raise ValueError(f"--router-thresholds {args['router_thresholds']}: needs --path router --router")
+    if args.get("parallel") and (pair.uses_tree or args["path"] == "router"):
+        raise ValueError(f"--parallel: computes chain drafters' taus (df-e3) on the --path oracle, slot0, slot1 or "
+                         f"mixed; got --pair {pair}, --path {args['path']}")
 
 
 PATHS = {
@@ -126,6 +130,7 @@ def datagen(
     path: str = "oracle",
     router: str | None = None,
     router_thresholds: Path | None = None,
+    parallel: bool = False,
 ) -> Path:
     """Decode prompts with both drafters from the same state each round and write one row per round.
 
@@ -170,11 +175,17 @@ def datagen(
             it must read at most the entropy beside the hidden state).
         router_thresholds: thresholds.json from `whiflash-eval calibrate` (the router's per-category thresholds,
             as `whiflash-eval bench --whiflash-thresholds` applies them); default: the router's exported threshold.
+        parallel: instead of decoding each prompt with both drafters every round, decode its greedy continuation
+            once (the DFlash slot alone), then compute both slots' tau at every position in a few teacher-forced
+            passes and walk `--path` over them (`whiflash.datagen.parallel`). The same rows (equal in float32; in
+            bf16 a near-tie may differ) from a few large passes instead of many small rounds. df-e3 only.
     """
     out = Path(out)
     # what the rows depend on (the execution mode does not count: graphs and eager record the same rows)
     args = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items()
             if k not in ("out", "cuda_graphs", "compile_layers", "processes_per_device")}
+    if not parallel:  # a run pinned before --parallel existed resumes as it was
+        del args["parallel"]
     engine = engine_defaults(device, dtype, cuda_graphs, compile_layers)  # bf16 and compiled layers on CUDA
     args["dtype"] = dtype = engine["dtype"]
     parsed = Pair.parse(pair, what="--pair")
@@ -256,7 +267,7 @@ def datagen(
         columns = _record_chunk(run, recorder, chunks[index], max_prompt_tokens, max_new_tokens,
                                 on_prompt=lambda cols: meter.add(cols, bar),
                                 follow=[_follow(path, index * shard_size + j) for j in range(len(chunks[index]))],
-                                policy_for=policy_for)
+                                policy_for=policy_for, record=record_prompt_parallel if parallel else record_prompt)
         done[index] = write_shard(shard, columns, model.config.hidden_size)
         decoded += done[index].rows
     bar.close()
@@ -388,10 +399,12 @@ def _encode(run: Session, item: PromptItem, max_tokens: int) -> list[int]:
 
 def _record_chunk(run: Session, recorder: OracleDrafter, chunk: list[PromptItem], max_prompt_tokens: int,
                   max_new_tokens: int, on_prompt: Callable[[dict[str, np.ndarray]], None],
-                  follow: list[int | None], policy_for: Callable[[str], Any] | None = None) -> dict[str, np.ndarray]:
+                  follow: list[int | None], policy_for: Callable[[str], Any] | None = None,
+                  record: Callable[..., dict[str, np.ndarray]] = record_prompt) -> dict[str, np.ndarray]:
     """The rows of one shard's prompts, each advancing as `follow` says (`OracleDrafter.follow`), or as the policy
     `policy_for(category)` decides (`OracleDrafter.policy`); `on_prompt` sees
-    each prompt's columns as it finishes (progress). Decoding stops at the session's stop ids (the tokenizer's EOS
+    each prompt's columns as it finishes (progress); `record` makes a prompt's rows (`record_prompt_parallel`: from
+    parallel passes). Decoding stops at the session's stop ids (the tokenizer's EOS
     and the generation config's), as in whiflash-eval."""
     model = run.target
     keep = min(max_prompt_tokens, prompt_room(model, max_new_tokens, recorder.max_nodes))
@@ -399,7 +412,7 @@ def _record_chunk(run: Session, recorder: OracleDrafter, chunk: list[PromptItem]
     for item, slot in zip(chunk, follow):
         recorder.follow = slot
         recorder.policy = policy_for(item.category) if policy_for is not None else None
-        cols = record_prompt(model, recorder, _encode(run, item, keep), max_new_tokens, run.stops or None)
+        cols = record(model, recorder, _encode(run, item, keep), max_new_tokens, run.stops or None)
         on_prompt(cols)
         if cols:
             n = len(cols["round"])

@@ -496,3 +496,26 @@ def test_parallel_passes_record_the_oracle_rounds(worlds, world_name):
     with pytest.raises(ValueError, match="--parallel: pair ddt-e3 drafts a tree"):
         record_prompt_parallel(target, OracleDrafter("ddt-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"],
                                                      tree_budget=8), PROMPTS[0], 30)
+
+
+def test_parallel_flag_writes_the_decoded_dataset(worlds, tmp_path, prompt_file):
+    """`whiflash-datagen --parallel` writes the dataset decoding writes (float32), pins the flag (a resume without it
+    is refused), and refuses tree pairs and the router path before anything is written."""
+    world = worlds["llama-mixed"]
+    tables = [pq.read_table(check_shards(out, read_manifest(out))).to_pandas()
+              for out in (_run(world, tmp_path / "decoded", prompt_file, path="mixed"),
+                          _run(world, tmp_path / "passes", prompt_file, path="mixed", parallel=True))]
+    assert len(tables[0]) == len(tables[1]) > 50
+    for key in tables[0]:
+        if key == "hidden":
+            np.testing.assert_allclose(np.stack(tables[0][key]), np.stack(tables[1][key]), rtol=1e-3, atol=1e-3)
+        elif key == "entropy":
+            np.testing.assert_allclose(tables[0][key], tables[1][key], rtol=1e-3, atol=1e-3)
+        else:
+            assert (tables[0][key] == tables[1][key]).all(), key
+    with pytest.raises(ValueError, match="other arguments.*--parallel True -> None"):
+        _run(world, tmp_path / "passes", prompt_file, path="mixed")
+    for bad in (dict(pair="ddt-e3"), dict(path="router", router=str(tmp_path))):
+        with pytest.raises(ValueError, match="--parallel: computes chain drafters' taus"):
+            _run(world, tmp_path / "bad", prompt_file, parallel=True, **bad)
+        assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
