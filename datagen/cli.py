@@ -12,6 +12,7 @@ on cuda:LOCAL_RANK, and the dataset is the one a single process writes, file for
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import logging
@@ -30,7 +31,7 @@ from tqdm import tqdm
 
 import whiflash
 from whiflash import distributed, session
-from whiflash.data import ADVANCE_RULE, RouterDatasetManifest, ShardEntry, shard_entry, write_manifest, write_shard
+from whiflash.data import ADVANCE_RULE, EVERY_POSITION, RouterDatasetManifest, ShardEntry, shard_entry, write_manifest, write_shard
 from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, read_source, resolve_source
 from whiflash.datagen.parallel import record_prompt_parallel
 from whiflash.datagen.record import record_prompt
@@ -80,8 +81,10 @@ def _check_arguments(args: dict, pair: Pair) -> None:
     if args["router_thresholds"] is not None and args["router"] is None:
         raise ValueError(f"--router-thresholds {args['router_thresholds']}: needs --path router --router")
     if args.get("parallel") and (pair.uses_tree or args["path"] == "router"):
-        raise ValueError(f"--parallel: computes chain drafters' taus (df-e3) on the --path oracle, slot0, slot1 or "
-                         f"mixed; got --pair {pair}, --path {args['path']}")
+        raise ValueError(f"--parallel: computes chain drafters' taus (df-e3) on the --path oracle, slot0, slot1, "
+                         f"mixed or every; got --pair {pair}, --path {args['path']}")
+    if args["path"] == "every" and not args.get("parallel"):
+        raise ValueError("--path every: needs --parallel (a decode takes one path; the passes give every position)")
 
 
 PATHS = {
@@ -90,6 +93,7 @@ PATHS = {
     "slot1": "slot 1 advances every round (its own path); both slots' taus measured from each state; greedy decoding",
     "mixed": "by prompt order i: i % 3 == 0 the slot with the larger tau advances (ties: slot 1), 1 slot 0 always, "
              "2 slot 1 always; both slots' taus measured from each state; greedy decoding",
+    "every": EVERY_POSITION,
     "router": "the slot the neural router (--router, at its category's threshold) picks at the round's start advances "
               "(the routed decode's own path: on-policy rows); both slots' taus measured from each state; greedy "
               "decoding",
@@ -101,7 +105,7 @@ def _follow(path: str, index: int) -> int | None:
     """The slot prompt `index` (in prompt order) advances with under `path`; None: the larger tau (or, under
     `router`, the router's pick)."""
     rule = ("oracle", "slot0", "slot1")[index % 3] if path == "mixed" else path
-    return None if rule in ("oracle", "router") else int(rule[-1])
+    return None if rule in ("oracle", "router", "every") else int(rule[-1])
 
 
 @owning_folders()  # --out is this run's from its first check to its last write
@@ -168,6 +172,9 @@ def datagen(
             drafter reaches on its own; `mixed`: the three in turn by prompt. Both taus are logged every round
             whatever the path. A drafter's tau on another's path is not its tau on its own (its misses come in
             runs), so a router that will follow one drafter for a while learns from states like those.
+            `every` (with `--parallel`): a row at every position of the greedy sequence, not a path, so a replay
+            walks any router's own path over them (advancing by the tau of the slot it takes) and training sees
+            every state a decode can reach; `active` is the larger tau's slot.
             `router`: every round advances with the slot `--router` picks at the round's start, so the states are
             the ones WhiFlash-Neural decodes through, and a replay of that router on them prices what its decode
             does (a replay on other paths counts the positions those paths visited, not the router's).
@@ -257,6 +264,7 @@ def datagen(
     bar = tqdm(total=len(items) if ranks.world == 1 else None, desc=ranks.describe("datagen prompts"),
                unit="prompt", mininterval=0)
     meter = TauMeter(parsed)
+    rows_of = functools.partial(record_prompt_parallel, every=path == "every") if parallel else record_prompt
     start, decoded = time.perf_counter(), 0
     for index in _claims(out, len(chunks), ranks):
         shard = out / f"shard-{index:05d}.parquet"
@@ -267,7 +275,7 @@ def datagen(
         columns = _record_chunk(run, recorder, chunks[index], max_prompt_tokens, max_new_tokens,
                                 on_prompt=lambda cols: meter.add(cols, bar),
                                 follow=[_follow(path, index * shard_size + j) for j in range(len(chunks[index]))],
-                                policy_for=policy_for, record=record_prompt_parallel if parallel else record_prompt)
+                                policy_for=policy_for, record=rows_of)
         done[index] = write_shard(shard, columns, model.config.hidden_size)
         decoded += done[index].rows
     bar.close()

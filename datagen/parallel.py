@@ -23,11 +23,12 @@ from whiflash.routers import entropy
 
 
 def walk(taus: np.ndarray, sequence: list[int], first: int, max_new_tokens: int, stops: set[int],
-         follow: int | None) -> list[tuple[int, int]]:
+         follow: int | None, every: bool = False) -> list[tuple[int, int]]:
     """The rounds `(pending position, slot)` a decode takes over `taus [R, 2]` (row `n - first`: both slots' tau
     at pending position `n`) of the greedy `sequence`, as `generate` runs them: from the first generated token
     (position `first`), each round takes `follow`'s slot or the larger tau (ties: slot 1) and emits its tau tokens,
-    until `max_new_tokens` are out or a round emitted a stop token."""
+    until `max_new_tokens` are out or a round emitted a stop token. `every`: a round at every position a decode
+    can start one at (before `max_new_tokens` are out and up to the first stop token), with the larger tau's slot."""
     rounds: list[tuple[int, int]] = []
     n, emitted = first, 1  # the prefill emitted the token at `first`
     if sequence[first] in stops:
@@ -35,20 +36,21 @@ def walk(taus: np.ndarray, sequence: list[int], first: int, max_new_tokens: int,
     while emitted < max_new_tokens:
         t0, t1 = (int(t) for t in taus[n - first])
         slot = follow if follow is not None else int(t1 >= t0)
-        tau = (t0, t1)[slot]
         rounds.append((n, slot))
-        emitted += tau
-        if not stops.isdisjoint(sequence[n + 1 : n + 1 + tau]):
+        step = 1 if every else (t0, t1)[slot]
+        emitted += step
+        if not stops.isdisjoint(sequence[n + 1 : n + 1 + step]):
             break
-        n += tau
+        n += step
     return rounds
 
 
 @torch.no_grad()
 def record_prompt_parallel(target: whiflash.runtime.model.Target, oracle: OracleDrafter, ids: list[int],
-                           max_new_tokens: int, stop_token_ids: list[int] | None = None, chunk: int = 64
-                           ) -> dict[str, np.ndarray]:
-    """`record_prompt`'s rows for one prompt, from parallel passes (module docstring); `chunk` rounds a pass."""
+                           max_new_tokens: int, stop_token_ids: list[int] | None = None, chunk: int = 64,
+                           every: bool = False) -> dict[str, np.ndarray]:
+    """`record_prompt`'s rows for one prompt, from parallel passes (module docstring); `chunk` rounds a pass.
+    `every`: a row at every position a round can start at (`walk`), not only those of the path."""
     slots = [drafter for drafter, budget in oracle.slots]
     if any(budget is not None for _, budget in oracle.slots):
         raise ValueError(f"--parallel: pair {oracle.pair} drafts a tree; only chain slots (eagle3, dflash) have "
@@ -68,7 +70,7 @@ def record_prompt_parallel(target: whiflash.runtime.model.Target, oracle: Oracle
     taus = torch.cat([
         torch.stack([d.taus(d.select_taps(commit), seq, starts[i : i + chunk]) for d in slots], 1)
         for i in range(0, len(starts), chunk)]).cpu().numpy()
-    rounds = walk(taus, sequence, first, max_new_tokens, set(stop_token_ids or ()), oracle.follow)
+    rounds = walk(taus, sequence, first, max_new_tokens, set(stop_token_ids or ()), oracle.follow, every)
     if not rounds:
         return {}
     positions = [n for n, _ in rounds]

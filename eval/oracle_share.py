@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from whiflash.data import EVERY_POSITION
 from whiflash.latency import LatencyProfile, slot_kind
 
 __all__ = ["oracle_shares", "shares_markdown"]
@@ -47,7 +48,7 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
     own = rows_of_prompts(cols, samples or ())
     cols = own or cols
     kinds, budget = tuple(manifest.pair.slots), manifest.tree_budget
-    oracle = speed_oracle(cols, kinds, profile, budget, lazy)["categories"]
+    oracle = speed_oracle(cols, kinds, profile, budget, lazy, manifest.advance_rule == EVERY_POSITION)["categories"]
     names = [n for k in kinds for n in _standalone_names(k, budget)]
     out: dict[str, Any] = {}
     for cat, per in (results.get("cells") or {}).items():

@@ -11,7 +11,10 @@ first round of a prompt catches up the prompt, as after the prefill in `generate
 Per category, estimated tokens/s = Σ τ / Σ round time (pooled over rounds), and estimated speedup
 = that over AR's one token per AR step. The fastest threshold wins (ties: the smaller). Like the τ
 replay of `whiflash-train`, this assumes a round's τ does not depend on which slot drafted
-earlier rounds (the data followed the oracle's path), so it ranks thresholds; `bench` measures.
+earlier rounds (the data followed the oracle's path), so it ranks thresholds; `bench` measures. On a
+dataset with a row at every position (`whiflash-datagen --parallel --path every`) each threshold's replay
+walks its own path instead: a round at position `n` advances to the row of `n + τ` of the slot it took,
+so the replay counts the positions that threshold's decode visits, not those another path visited.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from typing import Any, Collection
 import numpy as np
 import torch
 
+from whiflash.data import EVERY_POSITION
 from whiflash.calibration import METHODS, best_threshold, picks_slot0, pinned_slot
 from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.router_context import context_from_rows
@@ -83,6 +87,10 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
     if method == "whiflash-neural" and neural_router:
         cols, excluded = _without_training_prompts(cols, neural_router, data_dir)
     kinds, budget = manifest.pair.slots, manifest.tree_budget
+    every = manifest.advance_rule == EVERY_POSITION  # a row at every position: each choice walks its own path
+    if every and stick_tau is not None:
+        raise ValueError(f"--whiflash-stick-tau: {data_dir} has a row at every position (whiflash-datagen --path "
+                         "every); sticking reads the rounds before, which a walk has yet to take: replay it without")
     rounds = tuple(profile.round_ms(k, budget) for k in kinds)  # a slot missing from the profile fails here
     routed_rounds = tuple(profile.round_ms(k, budget, routed=True) for k in kinds)  # what a deciding policy pays
     # the router's input per round: the entropy, or the neural router's predicted gain
@@ -93,7 +101,8 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
     ar = profile.ar_ms()
     from whiflash.speed_oracle import DEFINITION, speed_oracle
 
-    oracle = speed_oracle({k: v for k, v in cols.items() if k != "hidden"}, kinds, profile, budget, lazy)["categories"]
+    oracle = speed_oracle({k: v for k, v in cols.items() if k != "hidden"}, kinds, profile, budget, lazy,
+                          every)["categories"]
     details: dict[str, Any] = {}
     for cat in [*sorted(set(cols["category"].tolist())), "all"]:
         sel = np.ones(len(score), bool) if cat == "all" else cols["category"] == cat
@@ -102,7 +111,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
         def speedup(slot0: np.ndarray, decide: bool = True) -> tuple[float, float]:
             slot0, routed = stick(slot0, part["tau_0"], part["prompt_id"], stick_tau)
             tokens, ms, n = simulate(slot0, part, kinds, routed_rounds if decide else rounds, profile,
-                                     router_ms if decide else 0.0, lazy, routed)
+                                     router_ms if decide else 0.0, lazy, routed, every)
             return tokens * ar / ms, tokens / n
 
         # an infinite threshold pins a slot: that drafter alone, no decision to pay

@@ -519,3 +519,40 @@ def test_parallel_flag_writes_the_decoded_dataset(worlds, tmp_path, prompt_file)
         with pytest.raises(ValueError, match="--parallel: computes chain drafters' taus"):
             _run(world, tmp_path / "bad", prompt_file, parallel=True, **bad)
         assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
+
+
+def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file):
+    """`--parallel --path every`: a row at every position a round can start at (consecutive positions from the first
+    generated token, `active` the larger tau's slot); walking them by the taus of the slots taken (`walked`) gives
+    the rows of the oracle's path and each drafter's own path, and the replay's cost model charges such a walk what
+    it charges the path's own dataset. `--path every` without `--parallel` is refused."""
+    from whiflash.latency import LatencyProfile
+    from whiflash.speed_oracle import simulate, speed_oracle, walked
+
+    world = worlds["qwen3-mixed"]
+    read = lambda out: pq.read_table(check_shards(out, read_manifest(out))).to_pandas().sort_values(["prompt_id", "round"])
+    every = read(_run(world, tmp_path / "every", prompt_file, path="every", parallel=True))
+    assert "every position" in read_manifest(tmp_path / "every").advance_rule
+    for pid, rows in every.groupby("prompt_id"):
+        first = len(PROMPTS[int(pid.split("-")[-1])])
+        assert list(rows["position"]) == list(range(first, first + 29))  # a round can start before 30 tokens are out
+        assert list(rows["round"]) == list(range(29))
+    assert (every["active"] == np.where(every["tau_0"] > every["tau_1"], 0, 1)).all()
+    cols = {k: every[k].to_numpy() for k in ("prompt_id", "category", "position", "tau_0", "tau_1")}
+    profile = LatencyProfile(ar_step=0.5, round={"dflash": 1.0, "eagle3": 1.3},
+                             catchup={"dflash": {10: 1.0}, "eagle3": {10: 2.0}})
+    for path, slot0 in (("oracle", cols["tau_0"] > cols["tau_1"]), ("slot0", np.ones(len(every), bool)),
+                        ("slot1", np.zeros(len(every), bool))):
+        own = read(_run(world, tmp_path / path, prompt_file, path=path))
+        idx = walked(slot0, cols)
+        for key in ("prompt_id", "position", "tau_0", "tau_1"):
+            np.testing.assert_array_equal(every[key].to_numpy()[idx], own[key].to_numpy(), err_msg=f"{path}: {key}")
+        own_cols = {k: own[k].to_numpy() for k in cols}
+        args = (("dflash", "eagle3"), (1.0, 1.3), profile, 0.1)
+        assert simulate(slot0, cols, *args, every=True) == simulate(slot0[idx], own_cols, *args)
+    oracle = speed_oracle(cols, ("dflash", "eagle3"), profile, every=True)["categories"]["all"]
+    assert oracle["tokens_per_second"] >= oracle["best_standalone_tokens_per_second"] * (1 - 1e-12)
+    with pytest.raises(ValueError, match="not one per position"):
+        walked(np.ones(len(own), bool), own_cols)
+    with pytest.raises(ValueError, match="--path every: needs --parallel"):
+        _run(world, tmp_path / "bad", prompt_file, path="every")

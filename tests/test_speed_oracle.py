@@ -86,6 +86,28 @@ def test_dynamic_programme_matches_brute_force(lazy: bool, case: str) -> None:
         assert res["all"]["oracle_gain"] >= -1e-12
 
 
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize("case", ["linear", "falling"])
+def test_every_position_programme_matches_brute_force(lazy: bool, case: str) -> None:
+    """Rows at every position (`--path every`): the oracle walks, and is the best pooled tokens/s over every slot
+    choice at every row, each replayed along its own walk; every standalone drafter is one of those walks."""
+    rng = np.random.default_rng(11)
+    catchup = {"dflash": {1: 0.3, 8: 0.2, 20: 1.5}, "eagle3": {4: 0.9, 30: 0.4}} if case == "falling" else None
+    prof = _profile(catchup, dflash=1.3, eagle3=0.8)
+    rounds = (1.3, 0.8)
+    for _ in range(4):
+        rows = rng.integers(8, 12)
+        t0, t1 = rng.integers(1, 6, rows), rng.integers(1, 4, rows)
+        start = int(rng.integers(3, 30))
+        cols = {"prompt_id": np.array(["p"] * rows), "category": np.array(["code"] * rows),
+                "position": start + np.arange(rows), "tau_0": t0, "tau_1": t1}
+        res = speed_oracle(cols, KINDS, prof, lazy=lazy, every=True)["categories"]["all"]
+        brute = max(tok / ms * 1e3 for choice in itertools.product((True, False), repeat=int(rows))
+                    for tok, ms, _ in [simulate(np.array(choice), cols, KINDS, rounds, prof, 0.0, lazy, every=True)])
+        assert res["tokens_per_second"] == pytest.approx(brute, rel=1e-12)
+        assert res["oracle_gain"] >= -1e-12 and res["rounds"] <= rows
+
+
 def test_categories_are_separate_and_pooled() -> None:
     cols = _cols([([5, 5, 1, 1], [1, 1, 5, 5]), ([5, 5, 5, 5], [1, 1, 6, 1])], [0, 0], ["math", "prose"])
     res = speed_oracle(cols, KINDS, _profile())

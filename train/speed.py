@@ -58,10 +58,11 @@ def speed_gain(prompt: np.ndarray, rnd: np.ndarray, position: np.ndarray, tau_0:
 
 def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresholds: Sequence[float],
                  categories: list[str], kinds: tuple[str, str], profile: LatencyProfile,
-                 tree_budget: int | None = None) -> dict[str, Any]:
+                 tree_budget: int | None = None, every_position: bool = False) -> dict[str, Any]:
     """The router's replayed tokens/s beside the speed oracle and the better standalone drafter, per category
     and overall, at ``threshold`` (None: the fastest of ``thresholds``, overall); overall also the fastest
-    threshold of ``thresholds`` and its figures.
+    threshold of ``thresholds`` and its figures. ``every_position``: the rows are one per position
+    (``whiflash-datagen --path every``), and each replay walks its own path over them.
 
     ``scores`` holds ``pred``, ``prompt``, ``round``, ``position``, ``tau_0``, ``tau_1`` and ``category`` codes."""
     order = _order(scores["prompt"], scores["round"])
@@ -70,11 +71,11 @@ def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresho
     cols["category"] = np.asarray(categories, dtype=object)[cols["category"]] if len(categories) else cols["category"]
     rounds = tuple(profile.round_ms(k, tree_budget, routed=True) for k in kinds)  # the standalone drafters and
     router_ms = profile.router_ms("neural")  # the oracle, which decide nothing, keep the plain rounds
-    oracle = speed_oracle(cols, kinds, profile, tree_budget)["categories"]
+    oracle = speed_oracle(cols, kinds, profile, tree_budget, every=every_position)["categories"]
 
     def tps(sel: np.ndarray, theta: float) -> float:
         part = {k: v[sel] for k, v in cols.items()}
-        tok, ms, _ = simulate(part["pred"] > theta, part, kinds, rounds, profile, router_ms)
+        tok, ms, _ = simulate(part["pred"] > theta, part, kinds, rounds, profile, router_ms, every=every_position)
         return tok / ms * 1e3
 
     every = np.ones(len(order), bool)

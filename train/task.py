@@ -16,6 +16,7 @@ from whiflash.errors import UsageError
 from whiflash.flags import check_int, check_number
 from whiflash.pairs import Pair
 from whiflash.router import NeuralRouter
+from whiflash.data import EVERY_POSITION
 from whiflash.router_context import check_context, context_columns
 
 from .metrics import DEFAULT_THRESHOLDS, BinnedAUROC, RoutingTau
@@ -105,6 +106,11 @@ class RouterTask(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        previous = [n for n in self.router.context if n.startswith("prev_")]
+        manifest = getattr(dm, "manifest", None)
+        if previous and manifest is not None and manifest.advance_rule == EVERY_POSITION:
+            raise ValueError(f"--model.context {previous}: the data has a row at every position (whiflash-datagen "
+                             "--path every), not rounds, so a row has no previous round; train on entropy alone")
         if stage == "fit" and dm is not None and getattr(dm, "norm_mean", None) is not None:
             # Training-split statistics; a resumed checkpoint's own buffers are restored after this hook.
             cols = self.context_columns

@@ -42,13 +42,36 @@ DEFINITION = ("speed oracle: the slot sequence maximising pooled sum tau / sum t
 _MAX_ITERATIONS = 100
 
 
+def walked(slot0: np.ndarray, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """The rows a decode visits over a dataset with a row at every position (`whiflash-datagen --path every`;
+    rows ordered by prompt and position) when it takes slot 0 where `slot0` is True: from each prompt's first
+    row it advances by the tau of the slot it takes, until it passes the prompt's last row (the decode's end)."""
+    taus = np.where(slot0, cols["tau_0"], cols["tau_1"]).astype(np.int64)
+    positions = np.asarray(cols["position"], dtype=np.int64)
+    out: list[int] = []
+    for lo, hi in prompt_spans(np.asarray(cols["prompt_id"])):
+        if np.any(np.diff(positions[lo:hi]) != 1):
+            raise ValueError(f"prompt {cols['prompt_id'][lo]}: its rows are not one per position (a path's rows, not "
+                             "those of whiflash-datagen --path every)")
+        i = lo
+        while i < hi:
+            out.append(i)
+            i += int(taus[i])
+    return np.array(out, dtype=np.int64)
+
+
 def simulate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, str], rounds: tuple[float, float],
              profile: LatencyProfile, router_ms: float, lazy: bool = True,
-             routed: np.ndarray | None = None) -> tuple[int, float, int]:
+             routed: np.ndarray | None = None, every: bool = False) -> tuple[int, float, int]:
     """(tokens, milliseconds, rounds) of replaying slot choices `slot0` (True: slot 0) over `cols`;
     `kinds` are the slots' drafter kinds, `rounds` their round times (ms). `lazy=False`: the other slot's
     model catches up every round too (no Lazy Catch-up). `routed`: the rounds whose decision the policy
-    made and paid `router_ms` for (default: all; see `stick`)."""
+    made and paid `router_ms` for (default: all; see `stick`). `every`: `cols` has a row at every position, and
+    the replay takes the rows its own choices reach (`walked`), not every row."""
+    if every:
+        idx = walked(slot0, cols)
+        slot0, cols = np.asarray(slot0)[idx], {k: np.asarray(v)[idx] for k, v in cols.items()}
+        routed = None if routed is None else np.asarray(routed)[idx]
     members = tuple(catchup_model(k) for k in kinds)  # df-ddt: both slots share one DFlash cache
     pids, positions = cols["prompt_id"], cols["position"]
     taus = np.where(slot0, cols["tau_0"], cols["tau_1"]).astype(np.int64)
@@ -151,10 +174,50 @@ def _best_path(t0: np.ndarray, t1: np.ndarray, start: int, costs: _Costs, lam: f
     return tok, ms, n0
 
 
-def _prune(states: list[tuple[int, int, float, int]], lam: float, dominance: bool) -> list[tuple[int, int, float, int]]:
-    """The states worth keeping: the best per backlog, and with `dominance` only those whose value beats every
-    state of a shorter backlog (a longer backlog can only cost more later)."""
-    best: dict[int, tuple[int, int, float, int]] = {}
+def _best_walk(t0: np.ndarray, t1: np.ndarray, start: int, costs: _Costs, lam: float) -> tuple[int, float, int, int]:
+    """(tokens, ms, rounds on slot 0, rounds) of the slot sequence maximising tokens - lam * ms over one prompt's
+    rows at every position (`--path every`): a round at row `n` with slot `c` goes on at row `n + tau_c[n]`, and
+    the prompt ends past its last row. `_best_path`'s programme with the position in the state: one state set per
+    (row, last slot, that slot's own backlog), the other model's backlog and the totals in each state."""
+    taus = (t0.tolist(), t1.tolist())
+    rows, cu, rr, lazy, shared = len(taus[0]), costs.catchup, costs.rounds, costs.lazy, costs.shared
+    dominance = costs.monotone or not lazy or shared
+    # at[n][(last slot, its backlog)]: states (backlog of the other model, tokens, ms, rounds on slot 0, rounds)
+    at: list[dict[tuple[int, int], list[tuple[int, int, float, int, int]]]] = [{} for _ in range(rows)]
+    final: list[tuple[int, int, float, int, int]] = []
+
+    def put(n: int, key: tuple[int, int], state: tuple[int, int, float, int, int]) -> None:
+        (at[n].setdefault(key, []) if n < rows else final).append(state)
+
+    for c in (0, 1):  # the first round: both models catch up the prompt
+        tau = taus[c][0]
+        put(tau, (c, tau), (start + tau if lazy else tau, tau,
+                            rr[c] + cu[c][start] + (cu[1 - c][start] if not lazy and not shared else 0.0), 1 - c, 1))
+    for n in range(1, rows):
+        for (s, a), states in at[n].items():
+            states = _prune(states, lam, dominance)
+            c, tau = 1 - s, taus[s][n]
+            for b, tok, ms, n0, r in states:  # keep drafting with s
+                extra = cu[c][b] if not lazy and not shared else 0.0
+                put(n + tau, (s, tau), (b + tau if lazy else tau, tok + tau, ms + rr[s] + cu[s][a] + extra,
+                                        n0 + (s == 0), r + 1))
+            tau = taus[c][n]  # switch to c: one state, the best (the other's backlog is then a + tau)
+            best, best_v = None, -np.inf
+            for b, tok, ms, n0, r in states:
+                step = rr[c] + (cu[c][a] if shared else cu[c][b]) + (cu[s][a] if not lazy and not shared else 0.0)
+                if tok + tau - lam * (ms + step) > best_v:
+                    best_v, best = tok + tau - lam * (ms + step), (a + tau if lazy else tau, tok + tau, ms + step,
+                                                                    n0 + (c == 0), r + 1)
+            put(n + tau, (c, tau), best)
+        at[n] = {}  # done with this row
+    tok, ms, n0, r = max(final, key=lambda st: st[1] - lam * st[2])[1:]
+    return tok, ms, n0, r
+
+
+def _prune(states: list[tuple[Any, ...]], lam: float, dominance: bool) -> list[tuple[Any, ...]]:
+    """The states `(backlog, tokens, ms, ...)` worth keeping: the best per backlog, and with `dominance` only those
+    whose value beats every state of a shorter backlog (a longer backlog can only cost more later)."""
+    best: dict[int, tuple[Any, ...]] = {}
     for st in states:
         old = best.get(st[0])
         if old is None or st[1] - lam * st[2] > old[1] - lam * old[2]:
@@ -171,30 +234,35 @@ def _prune(states: list[tuple[int, int, float, int]], lam: float, dominance: boo
 
 
 def _oracle_ratio(spans: list[tuple[int, int]], cols: dict[str, np.ndarray], costs: _Costs,
-                  lam: float) -> tuple[int, float, int, int]:
-    """(tokens, ms, rounds on slot 0, iterations) of the best pooled ratio over `spans`, starting from the
-    feasible price `lam` (tokens per ms)."""
+                  lam: float, every: bool = False) -> tuple[int, float, int, int, int]:
+    """(tokens, ms, rounds on slot 0, rounds, iterations) of the best pooled ratio over `spans`, starting from the
+    feasible price `lam` (tokens per ms); `every`: the rows are one per position (`_best_walk`)."""
     t0, t1, pos = cols["tau_0"], cols["tau_1"], cols["position"]
     for it in range(1, _MAX_ITERATIONS + 1):
-        tok, ms, n0 = 0, 0.0, 0
+        tok, ms, n0, rounds = 0, 0.0, 0, 0
         for lo, hi in spans:
-            a, b, c = _best_path(t0[lo:hi], t1[lo:hi], int(pos[lo]), costs, lam)
-            tok, ms, n0 = tok + a, ms + b, n0 + c
+            if every:
+                a, b, c, r = _best_walk(t0[lo:hi], t1[lo:hi], int(pos[lo]), costs, lam)
+            else:
+                (a, b, c), r = _best_path(t0[lo:hi], t1[lo:hi], int(pos[lo]), costs, lam), hi - lo
+            tok, ms, n0, rounds = tok + a, ms + b, n0 + c, rounds + r
         if tok - lam * ms <= 1e-9 * max(tok, 1):  # no sequence beats the price: it is the optimum
-            return tok, ms, n0, it
+            return tok, ms, n0, rounds, it
         lam = tok / ms
     raise RuntimeError(f"speed oracle: Dinkelbach did not converge in {_MAX_ITERATIONS} iterations")
 
 
 def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
-                 tree_budget: int | None = None, lazy: bool = True) -> dict[str, Any]:
+                 tree_budget: int | None = None, lazy: bool = True, every: bool = False) -> dict[str, Any]:
     """Per category (and `all`): the speed oracle, both standalone drafters and the oracle's gain.
 
     `cols` holds `prompt_id`, `category`, `position`, `tau_0`, `tau_1`, rows ordered by prompt and round;
     `kinds` are the slots' drafter kinds. Each entry: `tokens_per_second` and `speedup` (over one token per
     AR step) of the oracle, its `tau` and `slot0_rounds` share, `standalone` tokens/s per slot,
     `best_standalone` (`slot0`/`slot1`) with its `best_standalone_tokens_per_second`, and
-    `oracle_gain` = oracle / best standalone - 1."""
+    `oracle_gain` = oracle / best standalone - 1. `every`: `cols` has a row at every position; each standalone
+    drafter walks its own path over them (`walked`), and the oracle's programme takes each round's position from
+    the taus of the slots it picks (`_best_walk`): perfect routing over every path, not over one path's rows."""
     rounds = tuple(profile.round_ms(k, tree_budget) for k in kinds)
     spans_all = prompt_spans(np.asarray(cols["prompt_id"]))
     if not spans_all:
@@ -211,13 +279,13 @@ def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: L
         part = {k: np.asarray(v)[idx] for k, v in cols.items() if k in ("prompt_id", "position", "tau_0", "tau_1")}
         alone = {}
         for s in (0, 1):
-            tok, ms, _ = simulate(np.full(len(idx), s == 0), part, kinds, rounds, profile, 0.0, lazy)
+            tok, ms, _ = simulate(np.full(len(idx), s == 0), part, kinds, rounds, profile, 0.0, lazy, every=every)
             alone[f"slot{s}"] = tok / ms * 1e3
         best = max(alone, key=lambda k: alone[k])
-        tok, ms, n0, iterations = _oracle_ratio(spans, cols, costs, alone[best] / 1e3)
+        tok, ms, n0, n, iterations = _oracle_ratio(spans, cols, costs, alone[best] / 1e3, every)
         tps = tok / ms * 1e3
-        out[cat] = {"tokens_per_second": tps, "speedup": tps * profile.ar_ms() / 1e3, "tau": tok / len(idx),
-                    "slot0_rounds": n0 / len(idx), "rounds": int(len(idx)), "standalone": alone,
+        out[cat] = {"tokens_per_second": tps, "speedup": tps * profile.ar_ms() / 1e3, "tau": tok / n,
+                    "slot0_rounds": n0 / n, "rounds": n, "standalone": alone,
                     "best_standalone": best, "best_standalone_tokens_per_second": alone[best],
                     "oracle_gain": tps / alone[best] - 1.0, "iterations": iterations}
     return {"slots": [slot_kind(k, tree_budget) for k in kinds], "lazy_catchup": lazy, "definition": DEFINITION,

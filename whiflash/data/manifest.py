@@ -27,7 +27,7 @@ from whiflash.io import atomic_write_json
 from whiflash.pairs import Pair, tree_budget_for
 
 __all__ = [
-    "ADVANCE_RULE", "FEATURE", "KIND", "MANIFEST_FIELDS", "MANIFEST_NAME", "SCHEMA_VERSION", "TAU_DEFINITION",
+    "ADVANCE_RULE", "EVERY_POSITION", "FEATURE", "KIND", "MANIFEST_FIELDS", "MANIFEST_NAME", "SCHEMA_VERSION", "TAU_DEFINITION",
     "DatasetFormatError", "RouterDatasetManifest", "ShardEntry", "manifest_hash", "read_manifest", "sha256_file",
     "write_manifest",
 ]
@@ -39,6 +39,10 @@ MANIFEST_NAME = MANIFEST
 FEATURE = "final_hidden_state_postnorm"
 """What the ``hidden`` column holds: the target's final post-norm hidden state at the last committed position."""
 ADVANCE_RULE = "the slot with the larger tau advances (ties: slot 1); greedy decoding"
+EVERY_POSITION = ("every position of the greedy sequence, not a path: both slots' taus from each position's state; "
+                  "active is the slot with the larger tau (ties: slot 1); a replay walks the rows, advancing by the "
+                  "tau of the slot it takes; greedy decoding")
+"""``advance_rule`` of a dataset with a row at every position (``whiflash-datagen --path every``)."""
 
 #: Required manifest fields and their JSON types (``NoneType`` where null is allowed).
 MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {

@@ -157,33 +157,40 @@ class Eagle3Drafter(Drafter):
     @without_grad
     def taus(self, taps: Tensor, ids: Tensor, starts: Tensor) -> Tensor:
         """`[R]` tau of the chain this drafter proposes at each pending position of `starts [R]`, teacher-forced,
-        in one pass per step over all of them (`Drafter.taus`).
+        in one pass per step over the rounds whose drafts all hit so far (`Drafter.taus`).
 
         A round at pending position `n` sees the rows `t < n` (the feature at `t` with the token at `t + 1`, as
         after its catch-up); step `i` then writes position `n + i - 1` and sees those rows and its own earlier
-        steps: the committed keys of every round are shared, each round's step keys are its own.
+        steps: every round shares the committed keys, a step's keys are its own round's.
         """
-        length = int(starts.max())  # rows 0 .. n-1 of the latest start
+        length, dev = int(starts.max()), ids.device  # rows 0 .. n-1 of the latest start
         x, residual = self._rows(self.fuse(taps[:length]), ids[1 : length + 1])
         attn = self.midlayer.self_attn
-        cols = torch.arange(length, device=ids.device)
+        cols = torch.arange(length, device=dev)
         keys, values = attn.kv(x, self.rope, cols)
-        mask = cols[None, :] < starts[:, None]
-        own = torch.eye(len(starts), dtype=torch.bool, device=ids.device)  # a step's key is its own round's only
         last = starts - 1
-        h, logits = self._layer(x[last], residual[last], last, keys, values, mask, False)
-        hits = []
+        h, logits = self._layer(x[last], residual[last], last, keys, values, cols[None, :] < starts[:, None], False)
+        tau = torch.ones_like(starts)
+        alive = torch.arange(len(starts), device=dev)  # rounds whose drafts all hit so far
+        own_k = own_v = None  # [kv heads, alive, steps, head dim]: each alive round's step keys
         for i in range(1, self.num_steps + 1):
-            hits.append(self._to_target(logits.argmax(-1)) == ids[starts + i])  # draft i-1 predicts n + i
-            if i == self.num_steps:
+            n = starts[alive]
+            hit = self._to_target(logits.argmax(-1)) == ids[n + i]  # draft i-1 predicts position n + i
+            alive, n, h = alive[hit], n[hit], h[hit]
+            tau[alive] += 1
+            if i == self.num_steps or alive.numel() == 0:
                 break
             # up to its first miss the chain is the sequence: its next step reads the sequence's token
-            positions = starts + i - 1
-            x, residual = self._rows(h, ids[starts + i])
+            positions = n + i - 1
+            x, residual = self._rows(h, ids[n + i])
             k, v = attn.kv(x, self.rope, positions)
-            keys, values, mask = torch.cat([keys, k], 1), torch.cat([values, v], 1), torch.cat([mask, own], 1)
-            h, logits = self._layer(x, residual, positions, keys, values, mask, False)
-        return 1 + torch.stack(hits, 1).long().cumprod(1).sum(1)
+            own_k = k[:, :, None] if own_k is None else torch.cat([own_k[:, hit], k[:, :, None]], 2)
+            own_v = v[:, :, None] if own_v is None else torch.cat([own_v[:, hit], v[:, :, None]], 2)
+            a = alive.numel()
+            mask = torch.cat([cols[None, :] < n[:, None], torch.eye(a, dtype=torch.bool, device=dev).repeat_interleave(i, 1)], 1)
+            h, logits = self._layer(x, residual, positions, torch.cat([keys, own_k.flatten(1, 2)], 1),
+                                    torch.cat([values, own_v.flatten(1, 2)], 1), mask, False)
+        return tau
 
     def _to_target(self, draft_ids: Tensor) -> Tensor:
         return draft_ids + self.d2t[draft_ids]
