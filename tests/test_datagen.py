@@ -243,18 +243,32 @@ def test_chat_template_prompts_encode_to_token_ids():
     assert _encode(run, PromptItem("p", "chat", text="hi"), 2) == [3, 4]  # the prompt's last tokens
 
 
-def test_whiflash_train_fits_on_datagen_output(worlds, tmp_path, prompt_file, monkeypatch):
+@pytest.mark.parametrize("path", ["oracle", "every"])
+def test_whiflash_train_fits_on_datagen_output(worlds, tmp_path, prompt_file, monkeypatch, path):
+    """Also on rows at every position, with the speed label and its report (each replay walks its own path); a
+    router reading the previous round is refused there (a position has no previous round)."""
+    from whiflash.latency import LatencyProfile
     from whiflash.router import load_router
     from whiflash.train.cli import run
 
-    data = _run(worlds["qwen3-mixed"], tmp_path / "data", prompt_file)
+    data = _run(worlds["qwen3-mixed"], tmp_path / "data", prompt_file, path=path, parallel=path == "every")
     monkeypatch.setattr("sys.argv", ["whiflash-train"])
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    profile = LatencyProfile(ar_step=0.5, round={"dflash": 1.0, "eagle3": 1.3},
+                             catchup={"dflash": {10: 1.0}, "eagle3": {10: 2.0}}).write(tmp_path / "profile.json")
+    speed = ["--data.latency_profile", str(profile), "--data.label", "speed"] if path == "every" else []
+    if path == "every":
+        with pytest.raises(ValueError, match="--model.context \\['prev_tau'\\]: the data has a row at every position"):
+            run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(tmp_path / "bad"),
+                 "--trainer.max_epochs", "1", "--model.context", "[prev_tau]", *speed])
     run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(tmp_path / "out"),
-         "--trainer.max_epochs", "2", "--data.batch_size", "16"])
+         "--trainer.max_epochs", "2", "--data.batch_size", "16", *speed])
     folders = list((tmp_path / "out").glob("**/router"))
     assert len(folders) == 1
+    if path == "every":  # the validation rows replayed along walks: no router beats the speed oracle
+        speed = json.loads((folders[0].parent / "results.json").read_text())["speed"]["overall"]
+        assert speed["router_tokens_per_second"] <= speed["speed_oracle_tokens_per_second"] * (1 + 1e-12)
     router = load_router(folders[0], hidden_size=32, pair="df-e3")
     assert router(torch.randn(4, 32)).shape == (4,)
     rows = read_manifest(data).num_rows
@@ -554,5 +568,15 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file):
     assert oracle["tokens_per_second"] >= oracle["best_standalone_tokens_per_second"] * (1 - 1e-12)
     with pytest.raises(ValueError, match="not one per position"):
         walked(np.ones(len(own), bool), own_cols)
+    # calibrate --replay walks too: a drafter alone replays as on its own path's rows
+    from whiflash.eval.replay import replay_thresholds
+
+    profile.write(tmp_path / "profile.json")
+    fixed = [replay_thresholds(tmp_path / d, tmp_path / "profile.json", "whiflash-entropy", [0.5])["overall"]["fixed"]
+             for d in ("every", "slot0", "slot1")]
+    assert fixed[0]["slot0"] == pytest.approx(fixed[1]["slot0"], rel=1e-12)
+    assert fixed[0]["slot1"] == pytest.approx(fixed[2]["slot1"], rel=1e-12)
+    with pytest.raises(ValueError, match="--whiflash-stick-tau: .* has a row at every position"):
+        replay_thresholds(tmp_path / "every", tmp_path / "profile.json", "whiflash-entropy", [0.5], stick_tau=4)
     with pytest.raises(ValueError, match="--path every: needs --parallel"):
         _run(world, tmp_path / "bad", prompt_file, path="every")
