@@ -25,6 +25,7 @@ import numpy as np
 
 from whiflash.data import EVERY_POSITION
 from whiflash.latency import LatencyProfile, slot_kind
+from whiflash.speed_oracle import walked
 
 __all__ = ["oracle_shares", "shares_markdown"]
 
@@ -48,7 +49,8 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
     own = rows_of_prompts(cols, samples or ())
     cols = own or cols
     kinds, budget = tuple(manifest.pair.slots), manifest.tree_budget
-    oracle = speed_oracle(cols, kinds, profile, budget, lazy, manifest.advance_rule == EVERY_POSITION)["categories"]
+    every = manifest.advance_rule == EVERY_POSITION
+    oracle = speed_oracle(cols, kinds, profile, budget, lazy, every)["categories"]
     names = [n for k in kinds for n in _standalone_names(k, budget)]
     out: dict[str, Any] = {}
     for cat, per in (results.get("cells") or {}).items():
@@ -66,17 +68,22 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
                                                    for m, s in routed.items()},
                     "prompts": int(len(set(cols["prompt_id"][sel].tolist()))), "runs_own_prompts": own is not None,
                     "run_prompts": sum(cat in ("all", c) for c in (samples or {}).values()) or None,
-                    "tau_replayed": {slot_kind(k, budget): _tau(cols["prompt_id"][sel], cols[f"tau_{i}"][sel])
-                                     for i, k in enumerate(kinds)},
+                    "tau_replayed": {slot_kind(k, budget): _tau_alone(cols, sel, i, every) for i, k in enumerate(kinds)},
                     "tau_measured": {slot_kind(k, budget): next((per[m].get("tau") for m in _standalone_names(k, budget)
                                                                  if m in per), None) for k in kinds}}
     return {"data": str(data), "latency_profile": str(profile_path), "definition": DEFINITION,
             "report_definition": __doc__.split("\n\n")[1].strip() if __doc__ else "", "categories": out}
 
 
-def _tau(prompt_ids: Any, taus: Any) -> float:
-    """Mean over prompts of each prompt's mean τ (the bench's τ definition)."""
-    _, prompt = np.unique(prompt_ids, return_inverse=True)
+def _tau_alone(cols: dict[str, np.ndarray], sel: np.ndarray, slot: int, every: bool) -> float:
+    """Slot `slot`'s τ in the rows `sel`, as the bench defines τ (mean over prompts of each prompt's mean): over
+    the logged path's rounds, or over rows at every position along the slot's own walk (its τ alone)."""
+    rows = {k: v[sel] for k, v in cols.items()}
+    if every:
+        walk = walked(np.full(len(rows["tau_0"]), slot == 0), rows)
+        rows = {k: v[walk] for k, v in rows.items()}
+    _, prompt = np.unique(rows["prompt_id"], return_inverse=True)
+    taus = rows[f"tau_{slot}"]
     return float((np.bincount(prompt, weights=taus) / np.bincount(prompt)).mean())
 
 
@@ -90,7 +97,8 @@ def shares_markdown(shares: dict[str, Any]) -> str:
             lines.append(f"| {cat} | {m} | {c['best_standalone']} ({c['best_standalone_speedup']:.3f}×) | "
                          f"{100 * c['speed_oracle_gain']:+.1f}% | {'—' if share is None else f'{share:.3f}'} | "
                          f"{c.get('prompts', '—')} ({whose}) |")
-    lines += ["", "| category | drafter | τ in the rows (oracle's path) | τ measured alone |", "|---|---|---|---|"]
+    lines += ["", "| category | drafter | τ replayed from the rows (their path's rounds, or rows at every position "
+              "along its own walk) | τ measured alone |", "|---|---|---|---|"]
     for cat, c in shares["categories"].items():
         for kind, tau in c.get("tau_replayed", {}).items():
             measured = c.get("tau_measured", {}).get(kind)

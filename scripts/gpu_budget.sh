@@ -57,7 +57,7 @@ for item in "$@"; do
     router-test) PAIR=$pair ROUTER_TIMEOUT=$left ROUTER_SOURCE=testbed:test ROUTER_PROMPTS=${TEST_PROMPTS:-80} \
                ROUTER_DATA=$TB/router_data_${pair}_test bash scripts/gpu_session.sh "$L" "$TB" router-data
                # the routed bench against these rows: the speed oracle on the bench's own prompts, each drafter's
-               # τ on the oracle's path against its τ alone (report_PAIR_test/report.md)
+               # τ in the rows (along its own walk on rows at every position) against its τ alone (report_PAIR_test/report.md)
                routed=$(ls -d "$L"/eval/*_"${pair}"_routed 2>/dev/null | tail -1)
                [ -n "$routed" ] && [ -f "$TB/router_data_${pair}_test/manifest.json" ] && \
                  python3 -m whiflash.eval report "$routed" --replay "$TB/router_data_${pair}_test" \
