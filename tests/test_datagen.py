@@ -580,3 +580,20 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file):
         replay_thresholds(tmp_path / "every", tmp_path / "profile.json", "whiflash-entropy", [0.5], stick_tau=4)
     with pytest.raises(ValueError, match="--path every: needs --parallel"):
         _run(world, tmp_path / "bad", prompt_file, path="every")
+
+
+def test_bench_datagen_script_times_the_three_ways_and_checks_the_passes(micro):
+    """scripts/bench_datagen.py on the micro testbed (float32): every way has rows, and the passes reproduce every
+    row of the oracle path."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_datagen.py"
+    out = subprocess.run([sys.executable, str(script), "--testbed", str(micro), "--per-category", "1", "--new-tokens",
+                          "16", "--repeats", "1", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for way in ("decode", "passes", "every"):
+        assert re.search(rf"\| {way} \| all \| [1-9]\d* \|", out.stdout), out.stdout
+    same, total = map(int, re.search(r"reproduce .*: (\d+) of (\d+)", out.stdout).groups())
+    assert same == total > 0
