@@ -31,9 +31,10 @@ from tqdm import tqdm
 
 import whiflash
 from whiflash import distributed, session
-from whiflash.data import ADVANCE_RULE, EVERY_POSITION, RouterDatasetManifest, ShardEntry, shard_entry, write_manifest, write_shard
-from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, read_source, resolve_source
+from whiflash.data import (ADVANCE_RULE, EVERY_POSITION, RouterDatasetManifest, ShardEntry, shard_entry, write_manifest,
+                           write_shard)
 from whiflash.datagen.parallel import record_prompt_parallel
+from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, read_source, resolve_source
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding import prompt_room
 from whiflash.decoding.routed import OracleDrafter

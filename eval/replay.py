@@ -25,8 +25,8 @@ from typing import Any, Collection
 import numpy as np
 import torch
 
-from whiflash.data import EVERY_POSITION
 from whiflash.calibration import METHODS, best_threshold, picks_slot0, pinned_slot
+from whiflash.data import EVERY_POSITION
 from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.router_context import context_from_rows
 from whiflash.speed_oracle import simulate, stick  # the cost model, shared with the speed oracle and whiflash-train

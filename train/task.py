@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, SpearmanCorrCoef
 
+from whiflash.data import EVERY_POSITION
 from whiflash.errors import UsageError
 from whiflash.flags import check_int, check_number
 from whiflash.pairs import Pair
 from whiflash.router import NeuralRouter
-from whiflash.data import EVERY_POSITION
 from whiflash.router_context import check_context, context_columns
 
 from .metrics import DEFAULT_THRESHOLDS, BinnedAUROC, RoutingTau

@@ -19,7 +19,9 @@ rounds of a category (or of all rows), found exactly:
   (the optimum is reached when the best value at λ is 0).
 
 Like the replay, this assumes a round's τ does not depend on which slot drafted earlier rounds (the
-data followed the τ oracle's path) and that a prompt has the rounds it was logged with. Beside it:
+data followed the τ oracle's path) and that a prompt has the rounds it was logged with. Rows at every position
+(`whiflash-datagen --path every`) drop the second assumption: a replay walks them (`walked`), and the
+programme carries the position (`_best_walk`). Beside it:
 each standalone drafter under the same cost model (always that slot, through `simulate`), the better
 of them, the oracle's gain over it and :func:`oracle_gain_share`, the share of that gain a router gets.
 """
