@@ -597,3 +597,32 @@ def test_bench_datagen_script_times_the_three_ways_and_checks_the_passes(micro):
         assert re.search(rf"\| {way} \| all \| [1-9]\d* \|", out.stdout), out.stdout
     same, total = map(int, re.search(r"reproduce .*: (\d+) of (\d+)", out.stdout).groups())
     assert same == total > 0
+
+
+@pytest.mark.parametrize("world_name", ["qwen3-mixed", "llama-mixed"])
+def test_a_walk_over_every_position_is_the_routed_decode(worlds, world_name):
+    """The reason rows at every position exist: a router's walk over them (its slot from each row's features, the
+    next row that slot's tau later) is what its routed decode does, round for round (float32): the same positions,
+    slots and taus, for WhiFlash-Entropy at thresholds that use both slots."""
+    from whiflash.datagen.parallel import record_prompt_parallel
+    from whiflash.decoding.routed import RoutedDrafter
+    from whiflash.routers import EntropyRouter
+    from whiflash.speed_oracle import walked
+
+    target, drafters = worlds[world_name].load()
+    oracle = OracleDrafter("df-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"])
+    rows = [record_prompt_parallel(target, oracle, prompt, 30, every=True) for prompt in PROMPTS]
+    entropies = np.concatenate([r["entropy"] for r in rows])
+    switches = 0
+    for threshold in np.quantile(entropies, [0.3, 0.6]).tolist():
+        routed = RoutedDrafter("df-e3", EntropyRouter(threshold), eagle3=drafters["eagle3"], dflash=drafters["dflash"])
+        for prompt, cols in zip(PROMPTS, rows):
+            _, stats = whiflash.generate(target, routed, prompt, 30)
+            cols = {**cols, "prompt_id": np.zeros(len(cols["round"]))}
+            slot0 = cols["entropy"] < threshold
+            path = walked(slot0, cols)
+            assert cols["position"][path].tolist() == (len(prompt) + np.cumsum([0, *stats.taus[:-1]])).tolist()
+            assert np.where(slot0[path], 0, 1).tolist() == stats.slots
+            assert np.where(slot0, cols["tau_0"], cols["tau_1"])[path].tolist() == stats.taus
+            switches += int(np.count_nonzero(np.diff(stats.slots)))
+    assert switches > 10
