@@ -81,9 +81,9 @@ def _check_arguments(args: dict, pair: Pair) -> None:
                          f"(got --path {args['path']}, --router {args['router']})")
     if args["router_thresholds"] is not None and args["router"] is None:
         raise ValueError(f"--router-thresholds {args['router_thresholds']}: needs --path router --router")
-    if args.get("parallel") and (pair.uses_tree or args["path"] == "router"):
-        raise ValueError(f"--parallel: computes chain drafters' taus (df-e3) on the --path oracle, slot0, slot1, "
-                         f"mixed or every; got --pair {pair}, --path {args['path']}")
+    if args.get("parallel") and args["path"] == "router":
+        raise ValueError("--parallel: walks the --path oracle, slot0, slot1, mixed or every over taus it computes "
+                         "first; --path router decides from each round's state as it decodes: drop --parallel")
     if args["path"] == "every" and not args.get("parallel"):
         raise ValueError("--path every: needs --parallel (a decode takes one path; the passes give every position)")
 
@@ -186,7 +186,8 @@ def datagen(
         parallel: instead of decoding each prompt with both drafters every round, decode its greedy continuation
             once (the DFlash slot alone), then compute both slots' tau at every position in a few teacher-forced
             passes and walk `--path` over them (`whiflash.datagen.parallel`). The same rows (equal in float32; in
-            bf16 a near-tie may differ) from a few large passes instead of many small rounds. df-e3 only.
+            bf16 a near-tie may differ) from a few large passes instead of many small rounds. Any pair; a DDTree
+            slot builds its tree at each position in turn.
     """
     out = Path(out)
     # what the rows depend on (the execution mode does not count: graphs and eager record the same rows)

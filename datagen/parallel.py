@@ -51,10 +51,7 @@ def record_prompt_parallel(target: whiflash.runtime.model.Target, oracle: Oracle
                            every: bool = False) -> dict[str, np.ndarray]:
     """`record_prompt`'s rows for one prompt, from parallel passes (module docstring); `chunk` rounds a pass.
     `every`: a row at every position a round can start at (`walk`), not only those of the path."""
-    slots = [drafter for drafter, budget in oracle.slots]
-    if any(budget is not None for _, budget in oracle.slots):
-        raise ValueError(f"--parallel: pair {oracle.pair} drafts a tree; only chain slots (eagle3, dflash) have "
-                         "teacher-forced taus")
+    slots = [drafter for drafter, _ in oracle.slots]
     dflash = oracle.members[0]
     reach = max(d.draft_length for d in slots) + 1  # every draft of the last round is checked against the sequence
     new, _ = whiflash.generate(target, dflash, ids, max_new_tokens + reach)  # no stop: the walk stops
@@ -68,7 +65,7 @@ def record_prompt_parallel(target: whiflash.runtime.model.Target, oracle: Oracle
         member.reset(target, target.max_len)
     starts = torch.arange(first, first + max_new_tokens, device=target.device)
     taus = torch.cat([
-        torch.stack([d.taus(d.select_taps(commit), seq, starts[i : i + chunk]) for d in slots], 1)
+        torch.stack([d.taus(d.select_taps(commit), seq, starts[i : i + chunk], budget) for d, budget in oracle.slots], 1)
         for i in range(0, len(starts), chunk)]).cpu().numpy()
     rounds = walk(taus, sequence, first, max_new_tokens, set(stop_token_ids or ()), oracle.follow, every)
     if not rounds:

@@ -1,6 +1,7 @@
 """Router rows two ways, side by side in one process: oracle decoding against parallel passes.
 
 Usage: python scripts/bench_datagen.py --testbed DIR [--per-category 8] [--new-tokens 256] [--repeats 2]
+       [--pair df-e3|ddt-e3|df-ddt] [--tree-budget 15]
 
 On a built testbed's held-out prompts (`testbed:heldout`, where router data comes from), each prompt in turn
 through three ways of making its rows, under the engine whiflash-datagen runs by default (bf16, CUDA graphs and
@@ -60,6 +61,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=256, help="tokens generated a prompt (greedy)")
     ap.add_argument("--repeats", type=int, default=2, help="counted passes over the prompts (one more warms up)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--pair", default="df-e3", help="drafter pair (slot 0 first), as whiflash-datagen --pair")
+    ap.add_argument("--tree-budget", type=int, default=None, help="DDTree nodes of a pair with a DDTree slot")
     args = ap.parse_args()
 
     engine = engine_defaults(args.device)
@@ -67,8 +70,9 @@ def main() -> None:
     run = Session.open(paths, args.device, engine["dtype"],
                        engine_options(args.device, engine["cuda_graphs"], engine["compile_layers"]))
     target = run.target
-    oracle = OracleDrafter("df-e3", dflash=whiflash.load_drafter("dflash", paths["dflash"], target),
-                           eagle3=whiflash.load_drafter("eagle3", paths["eagle3"], target))
+    eagle3 = whiflash.load_drafter("eagle3", paths["eagle3"], target) if "e3" in args.pair else None
+    oracle = OracleDrafter(args.pair, dflash=whiflash.load_drafter("dflash", paths["dflash"], target), eagle3=eagle3,
+                           tree_budget=args.tree_budget)
     keep = min(1024, prompt_room(target, args.new_tokens, oracle.max_nodes))
     items = read_source("testbed:heldout", args.testbed, args.per_category)
     prompts = [(it.category, run.encode([it.text])[-keep:]) for it in items]
@@ -90,8 +94,8 @@ def main() -> None:
                     rows[way, category] += len(got[way].get("round", ()))
             if repeat == 1:
                 agree += _agreement(got["decode"], got["passes"])
-    print(f"{len(prompts)} held-out prompts of {args.testbed}, {args.new_tokens} new tokens, {args.repeats} counted "
-          f"repeats; {target.device}, {engine['dtype']}, CUDA graphs {engine['cuda_graphs']}, compiled layers "
+    print(f"{len(prompts)} held-out prompts of {args.testbed}, pair {args.pair}, {args.new_tokens} new tokens, "
+          f"{args.repeats} counted repeats; {target.device}, {engine['dtype']}, CUDA graphs {engine['cuda_graphs']}, compiled layers "
           f"{engine['compile_layers']}")
     print("| way | category | rows | seconds | rows/s |")
     print("|---|---|---|---|---|")

@@ -472,15 +472,18 @@ def test_flags_are_kebab_case_switches_and_old_spellings_run_with_a_warning(caps
     assert help_text == "[--max-new-tokens MAX_NEW_TOKENS] [--cuda-graphs|--no-cuda-graphs]"
 
 
-@pytest.mark.parametrize("world_name", ["qwen3-mixed", "llama-mixed", "qwen3-crafted"])
-def test_parallel_passes_record_the_oracle_rounds(worlds, world_name):
+@pytest.mark.parametrize("world_name,pair", [("qwen3-mixed", "df-e3"), ("llama-mixed", "df-e3"),
+                                             ("qwen3-crafted", "df-e3"), ("llama-mixed", "ddt-e3"),
+                                             ("qwen3-crafted", "df-ddt")])
+def test_parallel_passes_record_the_oracle_rounds(worlds, world_name, pair):
     """`--parallel`: both slots' tau from teacher-forced passes at every position, the path walked over them,
     gives the rows oracle decoding logs (float32): same rounds, positions, taus and slots on every path, the same
-    features; a stop token ends the walk where it ends the decode."""
+    features, DDTree slots included; a stop token ends the walk where it ends the decode."""
     from whiflash.datagen.parallel import record_prompt_parallel
 
     target, drafters = worlds[world_name].load()
-    recorder = OracleDrafter("df-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"])
+    recorder = OracleDrafter(pair, eagle3=drafters["eagle3"] if "e3" in pair else None, dflash=drafters["dflash"],
+                             tree_budget=6 if "ddt" in pair else None)
     compared = stopped = 0
     for follow in (None, 0, 1):
         recorder.follow = follow
@@ -507,14 +510,11 @@ def test_parallel_passes_record_the_oracle_rounds(worlds, world_name):
                 np.testing.assert_array_equal(ends[0][key], ends[1][key])
             stopped += 1
     assert compared > 100 and (stopped > 5 or "crafted" in world_name)  # a crafted output repeats itself early
-    with pytest.raises(ValueError, match="--parallel: pair ddt-e3 drafts a tree"):
-        record_prompt_parallel(target, OracleDrafter("ddt-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"],
-                                                     tree_budget=8), PROMPTS[0], 30)
 
 
 def test_parallel_flag_writes_the_decoded_dataset(worlds, tmp_path, prompt_file):
     """`whiflash-datagen --parallel` writes the dataset decoding writes (float32), pins the flag (a resume without it
-    is refused), and refuses tree pairs and the router path before anything is written."""
+    is refused), and refuses the router path before anything is written."""
     world = worlds["llama-mixed"]
     tables = [pq.read_table(check_shards(out, read_manifest(out))).to_pandas()
               for out in (_run(world, tmp_path / "decoded", prompt_file, path="mixed"),
@@ -529,10 +529,9 @@ def test_parallel_flag_writes_the_decoded_dataset(worlds, tmp_path, prompt_file)
             assert (tables[0][key] == tables[1][key]).all(), key
     with pytest.raises(ValueError, match="other arguments.*--parallel True -> None"):
         _run(world, tmp_path / "passes", prompt_file, path="mixed")
-    for bad in (dict(pair="ddt-e3"), dict(path="router", router=str(tmp_path))):
-        with pytest.raises(ValueError, match="--parallel: computes chain drafters' taus"):
-            _run(world, tmp_path / "bad", prompt_file, parallel=True, **bad)
-        assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
+    with pytest.raises(ValueError, match="--parallel: walks the --path oracle"):
+        _run(world, tmp_path / "bad", prompt_file, parallel=True, path="router", router=str(tmp_path))
+    assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
 
 
 def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file):

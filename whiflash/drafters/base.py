@@ -197,15 +197,17 @@ class Drafter(nn.Module, FixedShapePasses):
         single drafter has slot 0 only."""
         raise NotImplementedError
 
-    def taus(self, taps: Tensor, ids: Tensor, starts: Tensor) -> Tensor:
+    def taus(self, taps: Tensor, ids: Tensor, starts: Tensor, tree_budget: int | None = None) -> Tensor:
         """`[R]` tau this drafter reaches at each pending position of `starts [R]` of the greedy sequence `ids [N]`,
-        computed in parallel passes instead of rounds (datagen's `--parallel`; the drafter must be `reset`).
+        computed in parallel passes instead of rounds (datagen's `--parallel`; the drafter must be `reset`);
+        `tree_budget`: of the tree of that many nodes, for drafters that draft trees (`draft`).
 
         `taps [N, k*T]` are this drafter's target features of one causal pass over `ids` (`select_taps`), and `ids`
         reaches past every draft (`starts.max() + draft_length < N`). The drafter sees what a round at `n` would:
-        the committed rows before `n`. Teacher forcing is exact for a chain at T = 0: up to its first miss a draft
-        is the sequence (verification accepts exactly the target's greedy tokens), so feeding the sequence's
-        tokens gives the same leading matches; tau is 1 + their count."""
+        the committed rows before `n`. Teacher forcing is exact at T = 0: up to its first miss a draft is the
+        sequence (verification accepts exactly the target's greedy tokens), so feeding the sequence's tokens gives
+        the same leading matches; tau is 1 + their count (a tree's: the depth of its deepest node on the
+        sequence)."""
         raise NotImplementedError
 
     def draft(self, pending: Tensor, pos: int, tree_budget: int | None = None) -> Proposal:

@@ -24,9 +24,8 @@ class DDTreeDrafter(DFlashDrafter):
     def max_nodes(self) -> int:
         return self.tree_budget
 
-    def taus(self, taps: Tensor, ids: Tensor, starts: Tensor) -> Tensor:
-        raise NotImplementedError("ddtree: a tree's tau needs its walk over the target's picks at every node; "
-                                  "only chain drafters (eagle3, dflash) have teacher-forced taus")
+    def taus(self, taps: Tensor, ids: Tensor, starts: Tensor, tree_budget: int | None = None) -> Tensor:
+        return super().taus(taps, ids, starts, self.tree_budget if tree_budget is None else tree_budget)
 
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
         return self.draft(pending, pos, self.tree_budget)

@@ -166,10 +166,11 @@ class DFlashDrafter(Drafter):
         return self._block(torch.cat([pending, self._masks]), positions, Rows(slots=positions), mask)
 
     @without_grad
-    def taus(self, taps: Tensor, ids: Tensor, starts: Tensor) -> Tensor:
-        """`[R]` tau of the block's argmax chain at each pending position of `starts [R]`, every block in one pass
-        (`Drafter.taus`): the block `[ids[n], MASK x (b-1)]` at positions `n .. n+b-1` sees the context rows
-        `t < n` and its own block, as `block_logits` after a catch-up to `n`."""
+    def taus(self, taps: Tensor, ids: Tensor, starts: Tensor, tree_budget: int | None = None) -> Tensor:
+        """`[R]` tau at each pending position of `starts [R]` of the block's argmax chain, or (`tree_budget`) of the
+        DDTree of that many nodes over the same block (`Drafter.taus`). Every block is in one pass: the block
+        `[ids[n], MASK x (b-1)]` at positions `n .. n+b-1` sees the context rows `t < n` and its own block, as
+        `block_logits` after a catch-up to `n`. A tree accepts its deepest node whose path is the sequence."""
         length, dev = int(starts.max()), ids.device
         cols = torch.arange(length, device=dev)
         context = self._context_kv(taps[:length], cols)
@@ -184,9 +185,19 @@ class DFlashDrafter(Drafter):
         for (k0, v0), layer in zip(context, self.layers):
             q, k, v = layer.pre(x, angles)
             x = layer.post(x, attention(q, torch.cat([k0, k], 1), torch.cat([v0, v], 1), mask))
-        picks = self.target.lm_head(self.norm(x.view(r, b, -1)[:, 1:])).argmax(-1)
-        hits = picks == ids[starts[:, None] + offsets[1:]]
-        return 1 + hits.long().cumprod(1).sum(1)
+        logits = self.target.lm_head(self.norm(x.view(r, b, -1)[:, 1:]))
+        truth = ids[starts[:, None] + offsets[1:]]  # [R, b-1]: the tokens each depth should draft
+        if tree_budget is None:
+            return 1 + (logits.argmax(-1) == truth).long().cumprod(1).sum(1)
+        taus = []
+        for i in range(r):  # one tree a position (the builder works on one block)
+            tree = tree_proposal(logits[i].float(), tree_budget, self.engine.tree_kernel)
+            tokens, parents, depths = (t.tolist() for t in (tree.tokens, tree.parents, tree.depths))
+            on_path = [True]  # the root, then each node in order (a parent comes before its children)
+            for token, parent, depth in zip(tokens, parents, depths):
+                on_path.append(on_path[parent] and token == int(truth[i, depth - 1]))
+            taus.append(1 + max((d for d, ok in zip(depths, on_path[1:]) if ok), default=0))
+        return torch.tensor(taus, device=dev)
 
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
         return self.draft(pending, pos, None)

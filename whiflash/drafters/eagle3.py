@@ -155,7 +155,7 @@ class Eagle3Drafter(Drafter):
         return h, logits
 
     @without_grad
-    def taus(self, taps: Tensor, ids: Tensor, starts: Tensor) -> Tensor:
+    def taus(self, taps: Tensor, ids: Tensor, starts: Tensor, tree_budget: int | None = None) -> Tensor:
         """`[R]` tau of the chain this drafter proposes at each pending position of `starts [R]`, teacher-forced,
         in one pass per step over the rounds whose drafts all hit so far (`Drafter.taus`).
 
@@ -163,6 +163,8 @@ class Eagle3Drafter(Drafter):
         after its catch-up); step `i` then writes position `n + i - 1` and sees those rows and its own earlier
         steps: every round shares the committed keys, a step's keys are its own round's.
         """
+        if tree_budget is not None:
+            raise ValueError(f"eagle3: drafts chains; got tree_budget={tree_budget}")
         length, dev = int(starts.max()), ids.device  # rows 0 .. n-1 of the latest start
         x, residual = self._rows(self.fuse(taps[:length]), ids[1 : length + 1])
         attn = self.midlayer.self_attn
