@@ -95,8 +95,8 @@ def main() -> None:
             if repeat == 1:
                 agree += _agreement(got["decode"], got["passes"])
     print(f"{len(prompts)} held-out prompts of {args.testbed}, pair {args.pair}, {args.new_tokens} new tokens, "
-          f"{args.repeats} counted repeats; {target.device}, {engine['dtype']}, CUDA graphs {engine['cuda_graphs']}, compiled layers "
-          f"{engine['compile_layers']}")
+          f"{args.repeats} counted repeats; {target.device}, {engine['dtype']}, CUDA graphs {engine['cuda_graphs']}, "
+          f"compiled layers {engine['compile_layers']}")
     print("| way | category | rows | seconds | rows/s |")
     print("|---|---|---|---|---|")
     categories = sorted({c for c, _ in prompts})

@@ -189,13 +189,13 @@ class DFlashDrafter(Drafter):
         truth = ids[starts[:, None] + offsets[1:]]  # [R, b-1]: the tokens each depth should draft
         if tree_budget is None:
             return 1 + (logits.argmax(-1) == truth).long().cumprod(1).sum(1)
-        taus = []
+        taus, truth = [], truth.tolist()
         for i in range(r):  # one tree a position (the builder works on one block)
             tree = tree_proposal(logits[i].float(), tree_budget, self.engine.tree_kernel)
             tokens, parents, depths = (t.tolist() for t in (tree.tokens, tree.parents, tree.depths))
             on_path = [True]  # the root, then each node in order (a parent comes before its children)
             for token, parent, depth in zip(tokens, parents, depths):
-                on_path.append(on_path[parent] and token == int(truth[i, depth - 1]))
+                on_path.append(on_path[parent] and token == truth[i][depth - 1])
             taus.append(1 + max((d for d, ok in zip(depths, on_path[1:]) if ok), default=0))
         return torch.tensor(taus, device=dev)
 
