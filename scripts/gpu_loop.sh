@@ -22,8 +22,11 @@
 # ~510 s on an H200 at 8 prompts x 256 tokens (the profiled decodes are slow), so it takes a call of its own.
 # TESTS_BESIDE=1: the CUDA tests run beside the first call's build (TESTS_TIMEOUT, 555 s), once.
 # PACK_DIR=DIR: once a router dataset is there, it is written to DIR (once) as a tar in 15 MiB parts,
-# router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most), so router
-# modelling can go on elsewhere: `cat router_data_NAME.tar.* | tar xf - -C DEST` gives the dataset folder.
+# router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most, 8 files and 64 MiB in all:
+# rows at every position of 640 prompts x 256 tokens do not fit), so router modelling can go on elsewhere:
+# `cat router_data_NAME.tar.* | tar xf - -C DEST` gives the dataset folder.
+# ROUTER_FLAGS="--parallel --path every": router data with a row at every position (docs/design.md, "The router
+# dataset"); calibration, the speed oracle and the router's speed report then walk each policy's own path.
 # SKIP=STEP,...: leave these steps out (step names as printed, without @PAIR: e.g. router-test,prompts-calibrate,
 # eval-prompts,build-acceptance), so a later step gets the budget; a skipped step is neither run nor waited for.
 # DRY_RUN=1: print each step's gpu_budget.sh command instead of running it (the loop then stops after it).
