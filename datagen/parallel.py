@@ -51,9 +51,8 @@ def record_prompt_parallel(target: whiflash.runtime.model.Target, oracle: Oracle
                            every: bool = False) -> dict[str, np.ndarray]:
     """`record_prompt`'s rows for one prompt, from parallel passes (module docstring); `chunk` rounds a pass.
     `every`: a row at every position a round can start at (`walk`), not only those of the path."""
-    slots = [drafter for drafter, _ in oracle.slots]
     dflash = oracle.members[0]
-    reach = max(d.draft_length for d in slots) + 1  # every draft of the last round is checked against the sequence
+    reach = max(d.draft_length for d, _ in oracle.slots) + 1  # every draft of the last round meets the sequence
     new, _ = whiflash.generate(target, dflash, ids, max_new_tokens + reach)  # no stop: the walk stops
     sequence = list(ids) + new
     first = len(ids)

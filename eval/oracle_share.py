@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from whiflash.data import EVERY_POSITION
 from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.speed_oracle import walked
 
@@ -49,7 +48,7 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
     own = rows_of_prompts(cols, samples or ())
     cols = own or cols
     kinds, budget = tuple(manifest.pair.slots), manifest.tree_budget
-    every = manifest.advance_rule == EVERY_POSITION
+    every = manifest.every_position
     oracle = speed_oracle(cols, kinds, profile, budget, lazy, every)["categories"]
     names = [n for k in kinds for n in _standalone_names(k, budget)]
     out: dict[str, Any] = {}

@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from whiflash.calibration import METHODS, best_threshold, picks_slot0, pinned_slot
-from whiflash.data import EVERY_POSITION
 from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.router_context import context_from_rows
 from whiflash.speed_oracle import simulate, stick  # the cost model, shared with the speed oracle and whiflash-train
@@ -87,7 +86,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
     if method == "whiflash-neural" and neural_router:
         cols, excluded = _without_training_prompts(cols, neural_router, data_dir)
     kinds, budget = manifest.pair.slots, manifest.tree_budget
-    every = manifest.advance_rule == EVERY_POSITION  # a row at every position: each choice walks its own path
+    every = manifest.every_position  # a row at every position: each choice walks its own path
     if every and stick_tau is not None:
         raise ValueError(f"--whiflash-stick-tau: {data_dir} has a row at every position (whiflash-datagen --path "
                          "every); sticking reads the rounds before, which a walk has yet to take: replay it without")

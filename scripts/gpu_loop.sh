@@ -25,8 +25,9 @@
 # router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most, 8 files and 64 MiB in all:
 # rows at every position of 640 prompts x 256 tokens do not fit), so router modelling can go on elsewhere:
 # `cat router_data_NAME.tar.* | tar xf - -C DEST` gives the dataset folder.
-# ROUTER_FLAGS="--parallel --path every": router data with a row at every position (docs/design.md, "The router
-# dataset"); calibration, the speed oracle and the router's speed report then walk each policy's own path.
+# ROUTER_FLAGS="--parallel --path every": router data with a row at every position
+# (docs/design.md, "The router dataset"); calibration, the speed oracle and the speed report then walk each
+# policy's own path.
 # SKIP=STEP,...: leave these steps out (step names as printed, without @PAIR: e.g. router-test,prompts-calibrate,
 # eval-prompts,build-acceptance), so a later step gets the budget; a skipped step is neither run nor waited for.
 # DRY_RUN=1: print each step's gpu_budget.sh command instead of running it (the loop then stops after it).

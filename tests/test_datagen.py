@@ -545,7 +545,7 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file):
     world = worlds["qwen3-mixed"]
     read = lambda out: pq.read_table(check_shards(out, read_manifest(out))).to_pandas().sort_values(["prompt_id", "round"])
     every = read(_run(world, tmp_path / "every", prompt_file, path="every", parallel=True))
-    assert "every position" in read_manifest(tmp_path / "every").advance_rule
+    assert read_manifest(tmp_path / "every").every_position and "every position" in read_manifest(tmp_path / "every").advance_rule
     for pid, rows in every.groupby("prompt_id"):
         first = len(PROMPTS[int(pid.split("-")[-1])])
         assert list(rows["position"]) == list(range(first, first + 29))  # a round can start before 30 tokens are out
@@ -557,6 +557,7 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file):
     for path, slot0 in (("oracle", cols["tau_0"] > cols["tau_1"]), ("slot0", np.ones(len(every), bool)),
                         ("slot1", np.zeros(len(every), bool))):
         own = read(_run(world, tmp_path / path, prompt_file, path=path))
+        assert not read_manifest(tmp_path / path).every_position
         idx = walked(slot0, cols)
         for key in ("prompt_id", "position", "tau_0", "tau_1"):
             np.testing.assert_array_equal(every[key].to_numpy()[idx], own[key].to_numpy(), err_msg=f"{path}: {key}")

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from huggingface_hub import ModelCard, ModelCardData
 
-from whiflash.data import EVERY_POSITION
 from whiflash.hub import is_hub_id, public_name
 from whiflash.io import atomic_write_json
 from whiflash.router import (NeuralRouter, export_single_file, load_router, suggested_repo_name,
@@ -166,7 +165,7 @@ def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt
         # the recommended threshold is then the grid's fastest in tokens/s, not the one of the highest tau
         results["speed"] = speed_report(scores, None, task.thresholds, dm.categories,
                                         tuple(dm.manifest.pair.slots), dm.profile, dm.manifest.tree_budget,
-                                        dm.manifest.advance_rule == EVERY_POSITION)
+                                        dm.manifest.every_position)
     # the exports are shared: name the target by Hub id or folder name, never by a local path
     threshold = results["speed"]["overall"]["threshold"] if "speed" in results else results["routing"]["best_threshold"]
     final = NeuralRouter(**{**router.config(), "threshold": threshold,

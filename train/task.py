@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, SpearmanCorrCoef
 
-from whiflash.data import EVERY_POSITION
 from whiflash.errors import UsageError
 from whiflash.flags import check_int, check_number
 from whiflash.pairs import Pair
@@ -108,7 +107,7 @@ class RouterTask(L.LightningModule):
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         previous = [n for n in self.router.context if n.startswith("prev_")]
         manifest = getattr(dm, "manifest", None)
-        if previous and manifest is not None and manifest.advance_rule == EVERY_POSITION:
+        if previous and manifest is not None and manifest.every_position:
             raise ValueError(f"--model.context {previous}: the data has a row at every position (whiflash-datagen "
                              "--path every), not rounds, so a row has no previous round; train on entropy alone")
         if stage == "fit" and dm is not None and getattr(dm, "norm_mean", None) is not None:

@@ -27,7 +27,8 @@ from whiflash.io import atomic_write_json
 from whiflash.pairs import Pair, tree_budget_for
 
 __all__ = [
-    "ADVANCE_RULE", "EVERY_POSITION", "FEATURE", "KIND", "MANIFEST_FIELDS", "MANIFEST_NAME", "SCHEMA_VERSION", "TAU_DEFINITION",
+    "ADVANCE_RULE", "EVERY_POSITION", "FEATURE", "KIND", "MANIFEST_FIELDS", "MANIFEST_NAME", "SCHEMA_VERSION",
+    "TAU_DEFINITION",
     "DatasetFormatError", "RouterDatasetManifest", "ShardEntry", "manifest_hash", "read_manifest", "sha256_file",
     "write_manifest",
 ]
@@ -119,6 +120,12 @@ class RouterDatasetManifest:
         object.__setattr__(self, "drafter_ids", tuple(self.drafter_ids))
         # the budget is part of the data's identity only for tree pairs: store None for the others
         object.__setattr__(self, "tree_budget", tree_budget_for(pair, self.tree_budget))
+
+    @property
+    def every_position(self) -> bool:
+        """Whether the rows are one per position (``whiflash-datagen --path every``), not a path's rounds: replays
+        then walk them (``whiflash.speed_oracle.walked``)."""
+        return self.advance_rule == EVERY_POSITION
 
     @property
     def num_rows(self) -> int:

@@ -68,7 +68,7 @@ class Documented:
     signature: str
     """``(a, b=1)`` for functions, the ``__init__`` arguments for classes, empty otherwise."""
     params: tuple[str, ...]
-    """Argument names, ``self`` and ``cls`` left out."""
+    """Argument names a caller passes (a method's receiver left out, as in ``signature``)."""
     doc: str
     """The cleaned docstring."""
 
