@@ -276,6 +276,33 @@ def test_task_names_the_pair_flag_and_reads_old_checkpoint_hparams() -> None:
         task.on_load_checkpoint(old)
 
 
+@pytest.mark.parametrize("gains, logit", [([3.0, -1.0, -1.0], np.log(3 / 2)), ([1.0, 1.0, -3.0], np.log(2 / 3))])
+def test_decision_loss_picks_the_sign_of_the_mean_gain_not_of_the_majority(gains: list[float], logit: float) -> None:
+    """`--model.loss decision` on rows that share one input: its minimiser is log(sum of positive gains / sum of
+    negative ones), whose sign is the mean gain's; where most rows gain a little and one loses a lot, the choice
+    it makes is the one that loses least, not the majority's. A misnamed loss is refused with the flag."""
+    from whiflash.errors import UsageError
+    from whiflash.train.task import RouterTask
+
+    with pytest.raises(UsageError, match="--model.loss: expected one of mse, huber, decision, got 'hinge'"):
+        RouterTask(hidden_size=H, loss="hinge")
+    task = RouterTask(hidden_size=H, mlp_dim=4, loss="decision")
+    score = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.LBFGS([score], lr=0.5, max_iter=200)
+    gain = torch.tensor(gains)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = task._loss(score.expand(len(gains)), gain)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    assert float(score) == pytest.approx(logit, abs=1e-3) and np.sign(float(score)) == np.sign(sum(gains))
+    # rows that gain nothing either way carry no weight
+    assert float(task._loss(torch.tensor([5.0, -5.0]), torch.tensor([0.0, 0.0]))) == 0.0
+
+
 # ---- row values checked at the door ----------------------------------------------------------------------------
 
 

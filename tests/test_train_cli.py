@@ -257,12 +257,18 @@ def test_variant_comparison_fits_each_label_and_context(env, tmp_path: Path, cap
            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     with pytest.raises(UsageError, match="--variants 'speed\+novelty'"):
         compare_main([str(data), "--latency-profile", str(prof), "--variants", "tau,speed+novelty", *fit])
+    with pytest.raises(UsageError, match="--variants: 'speed/hinge' names the loss 'hinge'"):
+        compare_main([str(data), "--latency-profile", str(prof), "--variants", "tau,speed/hinge", *fit])
     compare_main([str(data), "--latency-profile", str(prof), "--out", str(tmp_path / "out"),
-                  "--variants", "tau,speed,speed+entropy+prev_tau", *fit])
+                  "--variants", "tau,speed,speed/decision,speed+entropy+prev_tau", *fit])
     table = capsys.readouterr().out
     assert "| tau |" in table and "| speed |" in table and "| speed+entropy+prev_tau |" in table
     saved = json.loads((tmp_path / "out" / "variants.json").read_text())["variants"]
-    assert set(saved) == {"tau", "speed", "speed+entropy+prev_tau"}
+    assert set(saved) == {"tau", "speed", "speed/decision", "speed+entropy+prev_tau"}
+    decision = Path(saved["speed/decision"]["run"])
+    assert decision.name.endswith("variant-speed-decision") and saved["speed/decision"]["loss"] == "decision"
+    assert json.loads((decision / "results.json").read_text())["trained_for"] == {"label": "speed", "loss": "decision"}
+    assert "log-odds that slot 0 is the better choice" in (decision / "router" / "README.md").read_text()
     assert Path(saved["speed+entropy+prev_tau"]["run"]).name.endswith("variant-speed-entropy-prev_tau")
     router = load_router(Path(saved["speed+entropy+prev_tau"]["run"]) / "router", hidden_size=H, pair="df-e3")
     assert router.context == ("entropy", "prev_tau") and router(torch.zeros(3, H), torch.zeros(3, 2)).shape == (3,)

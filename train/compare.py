@@ -1,11 +1,12 @@
 """Which router variant routes faster: one `whiflash-train fit` per variant, compared on the replay.
 
-    python -m whiflash.train.compare DATA --latency-profile FILE [--variants tau,speed,speed+entropy]
+    python -m whiflash.train.compare DATA --latency-profile FILE [--variants tau,speed,speed/decision,speed+entropy]
         [--out runs/train/variants] [-- FIT FLAGS...]
 
-A variant is a training label (`--data.label`: `tau` or `speed`), optionally followed by context
-features the router reads beside the hidden state (`--model.context`; `whiflash.router_context`):
-`speed+entropy+prev_tau` is the speed label with two features. Every fit gets the same data, split,
+A variant is a training label (`--data.label`: `tau` or `speed`), optionally a loss after a slash
+(`--model.loss`: `mse`, `huber` or `decision`), then optionally context features the router reads beside
+the hidden state (`--model.context`; `whiflash.router_context`): `speed+entropy+prev_tau` is the speed
+label with two features, `speed/decision` the speed label fitted with the decision loss. Every fit gets the same data, split,
 seed and flags (anything after `--` goes to each fit), plus `--data.latency_profile FILE`. The table
 (Markdown on stdout, `variants.json` in `--out`) gives per variant the validation τ share, the
 replayed tokens/s at the exported threshold and at the fastest threshold of the grid, the share of
@@ -25,19 +26,24 @@ from whiflash.io import atomic_write_json
 from whiflash.router_context import check_context
 
 from .speed import LABELS
+from .task import LOSSES
 
 __all__ = ["DEFAULT_VARIANTS", "compare_variants", "parse_variant", "variants_table"]
 
 DEFAULT_VARIANTS = ("tau", "speed")
 
 
-def parse_variant(text: str) -> tuple[str, list[str]]:
-    """`LABEL[+FEATURE...]` as (label, context features); `UsageError` naming `--variants` otherwise."""
-    label, *context = text.strip().split("+")
+def parse_variant(text: str) -> tuple[str, str | None, list[str]]:
+    """`LABEL[/LOSS][+FEATURE...]` as (label, loss or None for the fit's default, context features); `UsageError`
+    naming `--variants` otherwise."""
+    head, *context = text.strip().split("+")
+    label, _, loss = head.partition("/")
     if label not in LABELS:
         raise UsageError(f"--variants: {text!r} should start with a label ({', '.join(LABELS)}), got {label!r}")
+    if loss and loss not in LOSSES:
+        raise UsageError(f"--variants: {text!r} names the loss {loss!r}; expected one of {', '.join(LOSSES)}")
     try:
-        return label, list(check_context(context, f"--variants {text!r}"))
+        return label, loss or None, list(check_context(context, f"--variants {text!r}"))
     except ValueError as err:
         raise UsageError(str(err)) from None
 
@@ -49,15 +55,17 @@ def compare_variants(data: str, latency_profile: str, out: str, fit_args: Sequen
 
     parsed = {v: parse_variant(v) for v in variants}  # every variant checked before the first fit
     rows: dict[str, Any] = {}
-    for variant, (label, context) in parsed.items():
+    for variant, (label, loss, context) in parsed.items():
         flags = ["--model.context", json.dumps(context)] if context else []
+        flags += ["--model.loss", loss] if loss else []
+        name = "variant-" + variant.replace("+", "-").replace("/", "-")
         cli = run(["fit", "--data.path", data, "--data.latency_profile", latency_profile, "--data.label", label,
-                   *flags, "--trainer.default_root_dir", out, "--run_name", "variant-" + variant.replace("+", "-"),
-                   *fit_args])
+                   *flags, "--trainer.default_root_dir", out, "--run_name", name, *fit_args])
         run_dir = Path(cli.trainer.log_dir)
         res = json.loads((run_dir / "results.json").read_text())
         o = res["speed"]["overall"]
-        rows[variant] = {"run": str(run_dir), "label": label, "context": context, "tau_share": res["routing"]["share"],
+        rows[variant] = {"run": str(run_dir), "label": label, "loss": loss, "context": context,
+                         "tau_share": res["routing"]["share"],
                          "threshold": o["threshold"], "router_tokens_per_second": o["router_tokens_per_second"],
                          "share_of_speed_oracle_gain": o["share_of_speed_oracle_gain"],
                          "speed_best_threshold": o["speed_best_threshold"],
@@ -93,13 +101,13 @@ def variants_table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Compare router variants (label, context features) of whiflash-train on one router dataset (see the
+    """Compare router variants (label, loss, context features) of whiflash-train on one router dataset (see the
     module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m whiflash.train.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("data", help="router dataset folder (whiflash-datagen output)")
     parser.add_argument("--latency-profile", required=True, help="latency profile JSON (whiflash-eval profile)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help="comma-separated LABEL[+FEATURE...], e.g. tau,speed,speed+entropy+prev_tau")
+                        help="comma-separated LABEL[/LOSS][+FEATURE...], e.g. tau,speed,speed/decision,speed+entropy")
     parser.add_argument("--out", default="runs/train/variants",
                         help="folder for the fits' run folders and variants.json")
     parser.epilog = "Flags after -- go to every whiflash-train fit."

@@ -80,6 +80,12 @@ def _prompt_set_name(prompt_set: Any) -> Any:
     return public_name(name) if isinstance(name, str) else name
 
 
+_SCORES = ("the predicted gain of slot 0 over slot 1", "the log-odds that slot 0 is the better choice, each "
+           "training row weighted by the size of its gain (`--model.loss decision`)")
+_LABELS = {"tau": "gain in acceptance length, `tau(slot 0) - tau(slot 1)`",
+           "speed": "gain in tokens/s in tau units, `--data.label speed`"}
+
+
 def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, Any], ckpt: str | None) -> ModelCard:
     """Model card: what the router was trained for, on which data (manifest hash), and how well it routes.
 
@@ -94,9 +100,10 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
     budget = router.tree_budget if router.tree_budget is not None else "—"
     lines = [
         f"# {suggested_repo_name(router.target, router.pair, router.tree_budget)}", "",
-        "WhiFlash-Neural router: a 2-layer MLP on the target's final post-norm hidden state that predicts the "
-        "acceptance-length gain `g = tau(slot 0) - tau(slot 1)`; the routed loop drafts with slot 0 when "
-        "`g_hat > threshold`.", "",
+        "WhiFlash-Neural router: a 2-layer MLP on the target's final post-norm hidden state that scores the "
+        f"choice between its two drafters: {_SCORES[results['trained_for']['loss'] == 'decision']} "
+        f"({_LABELS[results['trained_for']['label']]}); the routed loop drafts with slot 0 when "
+        "`score > threshold`.", "",
         "| field | value |", "|---|---|",
         f"| target | `{public_name(router.target)}` |",
         f"| drafter pair (`--whiflash-drafters`) | `{router.pair}` (slot 0 = {public_name(m.drafter_ids[0])}, "
@@ -127,9 +134,9 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
         "## Usage", "", "```python", "from whiflash.router import load_router",
         f"router = load_router(\"<this repo or folder>\", pair=\"{router.pair}\""
         + (f", tree_budget={router.tree_budget})" if router.pair.uses_tree and router.tree_budget else ")"),
-        "gain = router(hidden_states"
+        "score = router(hidden_states"
         + (", context)  # [N, H], [N, C] -> [N]" if router.context else ")  # [N, H] -> [N]")
-        + "; draft with slot 0 where gain > threshold", "```", "",
+        + "; draft with slot 0 where score > threshold", "```", "",
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
 
@@ -159,6 +166,7 @@ def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt
     router = src.router.cpu().eval()
     scores = score_split(router, dm, "val")
     results = evaluate_scores(scores, task.thresholds, dm.categories)
+    results["trained_for"] = {"label": dm.hparams.label, "loss": task.hparams.loss}
     if dm.profile is not None:  # tokens/s terms: the router against the speed oracle and the better drafter
         from .speed import speed_report
 

@@ -23,6 +23,8 @@ from .metrics import DEFAULT_THRESHOLDS, BinnedAUROC, RoutingTau
 log = logging.getLogger(__name__)
 
 STAGES = ("train", "val", "test")
+LOSSES = ("mse", "huber", "decision")
+"""What ``--model.loss`` may name (``RouterTask``)."""
 
 
 class RouterTask(L.LightningModule):
@@ -32,7 +34,11 @@ class RouterTask(L.LightningModule):
         hidden_size: feature width H (linked from the dataset by ``whiflash-train``).
         mlp_dim: width of the router's hidden layer.
         dropout: dropout in the router MLP.
-        loss: ``mse`` (estimates the conditional mean gain, which is what thresholding needs) or ``huber``.
+        loss: ``mse`` (estimates the conditional mean gain, which is what thresholding needs), ``huber``, or
+            ``decision``: a logistic loss on whether slot 0 is the better choice (gain > 0), each row weighted by
+            the size of its gain, the tau (or tokens/s) a wrong choice there forgoes. The score is then a
+            log-odds, with the same sign as the conditional mean gain where it is fitted exactly; with finite
+            data it spends the router's capacity on the choice instead of on the size of gains.
         huber_delta: transition point of the Huber loss, in tau units.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
@@ -53,7 +59,7 @@ class RouterTask(L.LightningModule):
         hidden_size: int,
         mlp_dim: int = 1024,
         dropout: float = 0.0,
-        loss: Literal["mse", "huber"] = "mse",
+        loss: Literal["mse", "huber", "decision"] = "mse",
         huber_delta: float = 1.0,
         lr: float = 1e-3,
         weight_decay: float = 0.01,
@@ -73,6 +79,8 @@ class RouterTask(L.LightningModule):
         check_number(lr, "--model.lr", 0, above=True)
         check_number(weight_decay, "--model.weight_decay", 0)
         check_number(huber_delta, "--model.huber_delta", 0, above=True)
+        if loss not in LOSSES:
+            raise UsageError(f"--model.loss: expected one of {', '.join(LOSSES)}, got {loss!r}")
         if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
             raise UsageError(f"--model.dropout: expected a probability in [0, 1), got {dropout!r}")
         pair = str(Pair.parse(pair, what="--model.pair"))
@@ -117,6 +125,9 @@ class RouterTask(L.LightningModule):
                                           torch.cat([dm.norm_std, dm.context_std[cols]]))
 
     def _loss(self, pred: Tensor, gain: Tensor) -> Tensor:
+        if self.hparams.loss == "decision":  # a smooth bound on the regret sum |gain| * [wrong choice]
+            choice = F.binary_cross_entropy_with_logits(pred, (gain > 0).to(pred.dtype), reduction="none")
+            return (gain.abs() * choice).mean()
         if self.hparams.loss == "huber":
             return F.huber_loss(pred, gain, delta=self.hparams.huber_delta)
         return F.mse_loss(pred, gain)
