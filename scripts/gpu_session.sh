@@ -16,8 +16,9 @@
 #           tokens, default 96; ROUTER_PROCS processes sharing the GPU under torchrun, default 1; ROUTER_FLAGS more
 #           datagen flags) + whiflash-train fit for the pair PAIR (default df-e3; ROUTER_TRAIN_FLAGS more fit flags;
 #           with the latency profile it reports the share of the speed oracle's gain, and ROUTER_VARIANTS, e.g.
-#           "tau,speed,speed+entropy", fits one router per variant with whiflash.train.compare, prints the ablation
-#           table and keeps the variant of the fastest replayed tokens/s), router into TESTBED_DIR/router (df-e3) or
+#           "tau,speed,speed/decision,speed+entropy", fits one router per variant with whiflash.train.compare, prints
+#           the ablation table and keeps the variant of the fastest replayed tokens/s with a threshold per category),
+#           router into TESTBED_DIR/router (df-e3) or
 #           TESTBED_DIR/router_PAIR; router-data and router-train are its two halves, for two device commands
 #           (ROUTER_DATA: the folder router-data writes, default TESTBED_DIR/router_data_PAIR)
 #           (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse`
@@ -173,8 +174,9 @@ data, runs, profile = tb / f"router_data_{pair}", tb / f"router_runs_{pair}", tb
 if variants and profile.is_file():  # the ablation: one fit per variant, keep the fastest on the replay
     result = compare_variants(str(data), str(profile), str(runs), flags, variants.split(","))
     print(variants_table(result))
-    best = max(result["variants"].items(), key=lambda kv: kv[1]["speed_best_tokens_per_second"])
-    print(f"kept variant {best[0]} (fastest replayed tokens/s on validation)")
+    # thresholds are calibrated per category downstream, so the variant is chosen as it will run
+    best = max(result["variants"].items(), key=lambda kv: kv[1]["calibrated_tokens_per_second"])
+    print(f"kept variant {best[0]} (fastest replayed tokens/s on validation, a threshold per category)")
     shutil.copy(runs / "variants.json", tb / f"variants_{pair}.json")
     src = Path(best[1]["run"]) / "router"
 else:

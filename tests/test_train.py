@@ -489,3 +489,10 @@ def test_speed_report_standalone_router_has_share_zero(dataset: Path, tmp_path: 
     alone = speed_report(scores, theta, [theta], dm.categories, ("dflash", "eagle3"), dm.profile)["overall"]
     assert alone["router_tokens_per_second"] == pytest.approx(o["best_standalone_tokens_per_second"])
     assert alone["share_of_speed_oracle_gain"] == pytest.approx(0.0, abs=1e-9)
+    # a threshold per category may pin either drafter, which then pays no decision: never below the better one
+    for cat, c in rep["per_category"].items():
+        assert c["calibrated_threshold"] in (-np.inf, -100.0, 100.0, np.inf), cat
+        assert c["calibrated_tokens_per_second"] >= c["best_standalone_tokens_per_second"] * (1 - 1e-12), cat
+        share = c["calibrated_share_of_speed_oracle_gain"]  # None where the oracle gains nothing
+        assert share is None or share >= -1e-12, cat
+    assert o["calibrated_tokens_per_second"] >= o["best_standalone_tokens_per_second"] * (1 - 1e-12)

@@ -9,9 +9,11 @@ the hidden state (`--model.context`; `whiflash.router_context`): `speed+entropy+
 label with two features, `speed/decision` the speed label fitted with the decision loss. Every fit gets the same data, split,
 seed and flags (anything after `--` goes to each fit), plus `--data.latency_profile FILE`. The table
 (Markdown on stdout, `variants.json` in `--out`) gives per variant the validation τ share, the
-replayed tokens/s at the exported threshold and at the fastest threshold of the grid, the share of
-the speed oracle's gain over the better standalone drafter at each, and that share per category
-(docs/train.md, "Tokens per second"): an ablation table. Keep a feature only where it raises the share.
+replayed tokens/s at the exported threshold, at the fastest threshold of the grid and with a threshold per
+category (each category's fastest, or a drafter alone, as `whiflash-eval calibrate` picks them), the share
+of the speed oracle's gain over the better standalone drafter at each, and per category the share at its
+own threshold (docs/train.md, "Tokens per second"): an ablation table. Keep a feature only where it raises
+the share.
 """
 from __future__ import annotations
 
@@ -73,8 +75,12 @@ def compare_variants(data: str, latency_profile: str, out: str, fit_args: Sequen
                          "speed_best_share_of_speed_oracle_gain": o["speed_best_share_of_speed_oracle_gain"],
                          "best_standalone_tokens_per_second": o["best_standalone_tokens_per_second"],
                          "speed_oracle_tokens_per_second": o["speed_oracle_tokens_per_second"],
+                         "calibrated_tokens_per_second": o["calibrated_tokens_per_second"],
+                         "calibrated_share_of_speed_oracle_gain": o["calibrated_share_of_speed_oracle_gain"],
                          "per_category": {c: v["share_of_speed_oracle_gain"]
-                                          for c, v in res["speed"]["per_category"].items()}}
+                                          for c, v in res["speed"]["per_category"].items()},
+                         "per_category_calibrated": {c: v["calibrated_share_of_speed_oracle_gain"]
+                                                     for c, v in res["speed"]["per_category"].items()}}
     result = {"data": data, "latency_profile": latency_profile, "fit_args": list(fit_args), "variants": rows}
     Path(out).mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(out) / "variants.json", result)
@@ -84,15 +90,17 @@ def compare_variants(data: str, latency_profile: str, out: str, fit_args: Sequen
 def variants_table(result: dict[str, Any]) -> str:
     """The comparison as a Markdown table (shares as fractions; — where the oracle gains nothing)."""
     f = lambda x, d=3: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
-    cats = sorted({c for r in result["variants"].values() for c in r["per_category"]})
+    cats = sorted({c for r in result["variants"].values() for c in r["per_category_calibrated"]})
     lines = ["| variant | val tau share | tok/s (exported threshold) | share of speed oracle gain | "
-             "fastest threshold | tok/s there | share there | " + " | ".join(f"share {c}" for c in cats) + " |",
-             "|---|---|---|---|---|---|---|" + "---|" * len(cats)]
+             "fastest threshold | tok/s there | share there | tok/s (a threshold per category) | share there | "
+             + " | ".join(f"share {c} (its threshold)" for c in cats) + " |",
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(cats)]
     for variant, r in result["variants"].items():
         lines.append(f"| {variant} | {f(r['tau_share'])} | {f(r['router_tokens_per_second'], 1)} | "
                      f"{f(r['share_of_speed_oracle_gain'])} | {r['speed_best_threshold']:g} | "
                      f"{f(r['speed_best_tokens_per_second'], 1)} | {f(r['speed_best_share_of_speed_oracle_gain'])} | "
-                     + " | ".join(f(r["per_category"].get(c)) for c in cats) + " |")
+                     f"{f(r['calibrated_tokens_per_second'], 1)} | {f(r['calibrated_share_of_speed_oracle_gain'])} | "
+                     + " | ".join(f(r["per_category_calibrated"].get(c)) for c in cats) + " |")
     first = next(iter(result["variants"].values()), None)
     if first is not None:
         lines.append(f"\nbetter standalone {f(first['best_standalone_tokens_per_second'], 1)} tok/s, speed oracle "

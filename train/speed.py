@@ -61,7 +61,9 @@ def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresho
                  tree_budget: int | None = None, every_position: bool = False) -> dict[str, Any]:
     """The router's replayed tokens/s beside the speed oracle and the better standalone drafter, per category
     and overall, at ``threshold`` (None: the fastest of ``thresholds``, overall); overall also the fastest
-    threshold of ``thresholds`` and its figures. ``every_position``: the rows are one per position
+    threshold of ``thresholds`` and its figures. ``calibrated_*``: each category at its own fastest threshold of
+    ``thresholds`` and +-inf (each drafter alone), as ``whiflash-eval calibrate`` picks them; overall, those
+    categories pooled. ``every_position``: the rows are one per position
     (``whiflash-datagen --path every``), and each replay walks its own path over them.
 
     ``scores`` holds ``pred``, ``prompt``, ``round``, ``position``, ``tau_0``, ``tau_1`` and ``category`` codes."""
@@ -69,20 +71,30 @@ def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresho
     cols = {k: np.asarray(scores[k])[order] for k in ("prompt", "position", "tau_0", "tau_1", "category", "pred")}
     cols["prompt_id"] = cols["prompt"]
     cols["category"] = np.asarray(categories, dtype=object)[cols["category"]] if len(categories) else cols["category"]
-    rounds = tuple(profile.round_ms(k, tree_budget, routed=True) for k in kinds)  # the standalone drafters and
-    router_ms = profile.router_ms("neural")  # the oracle, which decide nothing, keep the plain rounds
+    routed = tuple(profile.round_ms(k, tree_budget, routed=True) for k in kinds)  # a deciding router's rounds;
+    plain = tuple(profile.round_ms(k, tree_budget) for k in kinds)  # a pinned slot's, like the standalone drafters'
+    router_ms = profile.router_ms("neural")  # and the oracle's, which decide nothing
     oracle = speed_oracle(cols, kinds, profile, tree_budget, every=every_position)["categories"]
 
-    def tps(sel: np.ndarray, theta: float) -> float:
+    def replay(sel: np.ndarray, theta: float) -> tuple[int, float]:
+        """(tokens, ms) at threshold `theta`; an infinite one pins a slot: that drafter alone, no decision to pay."""
         part = {k: v[sel] for k, v in cols.items()}
-        tok, ms, _ = simulate(part["pred"] > theta, part, kinds, rounds, profile, router_ms, every=every_position)
+        pinned = bool(np.isinf(theta))
+        tok, ms, _ = simulate(part["pred"] > theta, part, kinds, plain if pinned else routed, profile,
+                              0.0 if pinned else router_ms, every=every_position)
+        return tok, ms
+
+    def tps(sel: np.ndarray, theta: float) -> float:
+        tok, ms = replay(sel, theta)
         return tok / ms * 1e3
 
     every = np.ones(len(order), bool)
     sweep = {float(t): tps(every, float(t)) for t in thresholds}
     fastest = max(sweep, key=lambda t: (sweep[t], -t))
     threshold = fastest if threshold is None else threshold
+    grid = sorted({-np.inf, *map(float, thresholds), np.inf})  # per category, as whiflash-eval calibrate picks
     out: dict[str, Any] = {}
+    calibrated_tok, calibrated_ms = 0, 0.0
     for cat, o in oracle.items():
         sel = every if cat == "all" else cols["category"] == cat
         router = tps(sel, threshold)
@@ -91,10 +103,21 @@ def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresho
                     "speed_oracle_tokens_per_second": o["tokens_per_second"], "best_standalone": o["best_standalone"],
                     "best_standalone_tokens_per_second": best, "speed_oracle_gain": o["oracle_gain"],
                     "share_of_speed_oracle_gain": oracle_gain_share(router, best, o["tokens_per_second"])}
+        if cat != "all":
+            replays = {t: replay(sel, t) for t in grid}
+            own = max(grid, key=lambda t: (replays[t][0] / replays[t][1], -abs(t)))
+            calibrated_tok, calibrated_ms = calibrated_tok + replays[own][0], calibrated_ms + replays[own][1]
+            cal = replays[own][0] / replays[own][1] * 1e3
+            out[cat].update(calibrated_threshold=own, calibrated_tokens_per_second=cal,
+                            calibrated_share_of_speed_oracle_gain=oracle_gain_share(cal, best, o["tokens_per_second"]))
     overall = out.pop("all")
+    calibrated = calibrated_tok / calibrated_ms * 1e3
     overall.update(threshold=threshold, speed_best_threshold=fastest, speed_best_tokens_per_second=sweep[fastest],
                    speed_best_share_of_speed_oracle_gain=oracle_gain_share(
                        sweep[fastest], overall["best_standalone_tokens_per_second"],
+                       overall["speed_oracle_tokens_per_second"]),
+                   calibrated_tokens_per_second=calibrated, calibrated_share_of_speed_oracle_gain=oracle_gain_share(
+                       calibrated, overall["best_standalone_tokens_per_second"],
                        overall["speed_oracle_tokens_per_second"]))
     return {"overall": overall, "per_category": out, "slots": list(kinds), "definition": DEFINITION,
             "latency_profile": profile.source}
