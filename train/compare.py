@@ -6,8 +6,8 @@
 A variant is a training label (`--data.label`: `tau` or `speed`), optionally a loss after a slash
 (`--model.loss`: `mse`, `huber` or `decision`), then optionally context features the router reads beside
 the hidden state (`--model.context`; `whiflash.router_context`): `speed+entropy+prev_tau` is the speed
-label with two features, `speed/decision` the speed label fitted with the decision loss. Every fit gets the same data, split,
-seed and flags (anything after `--` goes to each fit), plus `--data.latency_profile FILE`. The table
+label with two features, `speed/decision` the speed label fitted with the decision loss. Every fit gets
+the same data, split, seed and flags (anything after `--` goes to each fit), plus `--data.latency_profile FILE`. The table
 (Markdown on stdout, `variants.json` in `--out`) gives per variant the validation τ share, the
 replayed tokens/s at the exported threshold, at the fastest threshold of the grid and with a threshold per
 category (each category's fastest, or a drafter alone, as `whiflash-eval calibrate` picks them), the share
