@@ -27,7 +27,7 @@ import torch
 
 from whiflash.calibration import METHODS, best_threshold, picks_slot0, pinned_slot
 from whiflash.latency import LatencyProfile, slot_kind
-from whiflash.router_context import context_from_rows
+from whiflash.router_context import context_from_rows, history_rows
 from whiflash.speed_oracle import simulate, stick  # the cost model, shared with the speed oracle and whiflash-train
 
 log = logging.getLogger(__name__)
@@ -172,6 +172,13 @@ def _neural_scores(path: str | None, manifest: Any, cols: dict[str, np.ndarray])
     router = whiflash.load_router(path, hidden_size=manifest.hidden_size, pair=manifest.pair,
                                   tree_budget=manifest.tree_budget).eval()
     hidden = cols["hidden"]
+    if router.history:  # the states of the positions before each decision point: the previous rows'
+        if not manifest.every_position:
+            raise ValueError(f"--whiflash-neural-router-path {path}: the router reads the states of the "
+                             f"{router.history} positions before each decision point, which only rows at every "
+                             "position hold (whiflash-datagen --parallel --path every); replay it on such rows")
+        earlier = history_rows(cols["prompt_id"], cols["position"], router.history)
+        hidden = np.concatenate([hidden, *(hidden[earlier[:, j]] for j in range(router.history))], axis=1)
     context = torch.from_numpy(context_from_rows(router.context, cols["prompt_id"], cols["round"], cols["entropy"],
                                                  cols["tau_0"], cols["tau_1"], cols["active"]))
     with torch.no_grad():

@@ -18,6 +18,7 @@ from whiflash.data import KIND, check_shards, read_manifest
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding.routed import OracleDrafter
 from whiflash.pairs import Pair
+from whiflash.errors import UsageError
 
 PROMPTS = [[7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6], [1, 2, 3], [4, 4, 4, 9], [20, 21, 22, 23, 24],
            [11, 2, 33, 4], [5, 6, 7, 8, 9, 10, 11], [30, 3]]
@@ -267,14 +268,30 @@ def test_whiflash_train_fits_on_datagen_output(worlds, tmp_path, prompt_file, mo
     folders = list((tmp_path / "out").glob("**/router"))
     assert len(folders) == 1
     if path == "every":  # the validation rows replayed along walks: no router beats the speed oracle
-        speed = json.loads((folders[0].parent / "results.json").read_text())["speed"]["overall"]
-        assert speed["router_tokens_per_second"] <= speed["speed_oracle_tokens_per_second"] * (1 + 1e-12)
+        report = json.loads((folders[0].parent / "results.json").read_text())["speed"]["overall"]
+        assert report["router_tokens_per_second"] <= report["speed_oracle_tokens_per_second"] * (1 + 1e-12)
     router = load_router(folders[0], hidden_size=32, pair="df-e3")
     assert router(torch.randn(4, 32)).shape == (4,)
     rows = read_manifest(data).num_rows
     card = (folders[0] / "README.md").read_text()
     assert f"| data | {rows} rounds, prompt sets" in card
     assert "base_model" not in card  # the target is a local folder, not a Hub id
+    # a router that also reads the two positions before each decision point: on rows at every position only
+    history = ["fit", "--data.path", str(data), "--trainer.max_epochs", "1", "--data.batch_size", "16",
+               "--data.history", "2", *speed]
+    if path != "every":
+        with pytest.raises(UsageError, match="--data.history 2: .* rows on one decoding path"):
+            run([*history, "--trainer.default_root_dir", str(tmp_path / "bad")])
+        return
+    run([*history, "--trainer.default_root_dir", str(tmp_path / "history")])
+    folder = next((tmp_path / "history").glob("**/router"))
+    router = load_router(folder, hidden_size=32, pair="df-e3")
+    assert router.history == 2 and router(torch.randn(4, 3 * 32)).shape == (4,)
+    with pytest.raises(ValueError, match="expects hidden size 32 x \\(1 \\+ history 2\\)"):
+        router(torch.randn(4, 32))
+    from whiflash.eval.replay import replay_thresholds
+    replay = replay_thresholds(data, profile, "whiflash-neural", [-1.0, 0.0, 1.0, float("inf")], str(folder))
+    assert replay["excluded_training_prompts"] > 0 and set(replay["thresholds"]) <= {"code", "math", "prose", "agentic"}
 
 
 def test_entropy_threshold_calibration_finds_the_planted_cut(tmp_path):
@@ -626,3 +643,48 @@ def test_a_walk_over_every_position_is_the_routed_decode(worlds, world_name):
             assert np.where(slot0, cols["tau_0"], cols["tau_1"])[path].tolist() == stats.taus
             switches += int(np.count_nonzero(np.diff(stats.slots)))
     assert switches > 10
+
+
+@pytest.mark.parametrize("world_name, pair", [("qwen3-mixed", "df-e3"), ("llama-mixed", "ddt-e3")])
+def test_a_router_with_history_decodes_as_its_walk_over_every_position(worlds, world_name, pair):
+    """A router that also reads the states of the two positions before each decision point
+    (`NeuralRouter(history=2)`) decodes as its walk over rows at every position, round for round (float32): the
+    states its policy keeps from each verified path are the previous rows' `hidden`, the first decision's repeated
+    before it (`history_rows`), which is what training and replay read; a tree's path is its accepted branch.
+    Thresholds sit in wide gaps between scores: the rows store float16 states."""
+    from whiflash.datagen.parallel import record_prompt_parallel
+    from whiflash.decoding.routed import RoutedDrafter
+    from whiflash.router import NeuralRouter
+    from whiflash.router_context import history_rows
+    from whiflash.routers import NeuralPolicy
+    from whiflash.speed_oracle import walked
+
+    target, drafters = worlds[world_name].load()
+    budget = 6 if pair == "ddt-e3" else None
+    oracle = OracleDrafter(pair, eagle3=drafters["eagle3"], dflash=drafters["dflash"], tree_budget=budget)
+    rows = [record_prompt_parallel(target, oracle, prompt, 30, every=True) for prompt in PROMPTS]
+    wide = [np.concatenate([c["hidden"], *(c["hidden"][e] for e in history_rows(
+        np.zeros(len(c["position"])), c["position"], 2).T)], 1).astype(np.float32) for c in rows]
+    stacked = np.concatenate(wide)
+    torch.manual_seed(0)
+    module = NeuralRouter(hidden_size=rows[0]["hidden"].shape[1], mlp_dim=16, history=2, drafters=pair,
+                          tree_budget=budget).eval()
+    module.set_normalization(torch.from_numpy(stacked.mean(0)), torch.from_numpy(stacked.std(0)))
+    with torch.no_grad():
+        scores = [module(torch.from_numpy(w)).numpy() for w in wide]
+    ordered = np.sort(np.concatenate(scores))
+    switches = 0
+    for lo, hi in ((0.2, 0.45), (0.55, 0.8)):  # the midpoint of the widest gap between these quantiles
+        part = ordered[int(lo * len(ordered)) : int(hi * len(ordered))]
+        gap = int(np.argmax(np.diff(part)))
+        threshold = float(part[gap] + part[gap + 1]) / 2
+        routed = RoutedDrafter(pair, NeuralPolicy(module, threshold), eagle3=drafters["eagle3"],
+                               dflash=drafters["dflash"], tree_budget=budget)
+        for prompt, cols, score in zip(PROMPTS, rows, scores):
+            _, stats = whiflash.generate(target, routed, prompt, 30)
+            cols = {**cols, "prompt_id": np.zeros(len(cols["round"]))}
+            path = walked(score > threshold, cols)
+            assert cols["position"][path].tolist() == (len(prompt) + np.cumsum([0, *stats.taus[:-1]])).tolist()
+            assert np.where(score[path] > threshold, 0, 1).tolist() == stats.slots
+            switches += int(np.count_nonzero(np.diff(stats.slots)))
+    assert switches > 5

@@ -224,8 +224,10 @@ def test_one_host_read_per_round(world, monkeypatch):
 
         monkeypatch.setattr(torch.Tensor, name, spy)
     context = NeuralPolicy(NeuralRouter(target.config.hidden_size, mlp_dim=8, context=list(CONTEXT_FEATURES)), 0.0)
+    history = NeuralPolicy(NeuralRouter(target.config.hidden_size, mlp_dim=8, history=2, drafters="ddt-e3"), 0.0)
     drafters = [None, eagle, ddtree, RoutedDrafter("ddt-e3", EntropyRouter(1.0), eagle3=eagle, dflash=ddtree),
                 RoutedDrafter("df-e3", context, eagle3=eagle, dflash=ddtree),
+                RoutedDrafter("ddt-e3", history, eagle3=eagle, dflash=ddtree),  # its states kept with no read
                 OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree),
                 OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree, round_times=(2.0, 1.0))]
     for drafter in drafters:

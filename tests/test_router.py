@@ -50,6 +50,26 @@ def test_forward_shapes_dtype_and_normalisation(router: NeuralRouter) -> None:
         router(torch.randn(3, H + 1))
 
 
+def test_history_widens_the_input_and_travels_with_the_export(tmp_path: Path) -> None:
+    """`history=2`: the input is the decision point's state and the two before it (`[N, 3H]`), normalised and saved
+    with the router; a router without the field (older configs) reads the state alone; a bad value names the field."""
+    torch.manual_seed(1)
+    r = NeuralRouter(hidden_size=H, mlp_dim=8, history=2, context=["entropy"]).eval()
+    r.set_normalization(torch.randn(3 * H + 1), torch.rand(3 * H + 1) + 0.5)
+    x, ctx = torch.randn(4, 3 * H), torch.randn(4, 1)
+    single = export_single_file(r, tmp_path / "h.safetensors")
+    loaded = load_router(single)
+    assert loaded.history == 2 and loaded.config()["history"] == 2 and torch.equal(loaded(x, ctx), r(x, ctx))
+    with pytest.raises(ValueError, match=r"hidden size 12 x \(1 \+ history 2\)"):
+        r(torch.randn(4, H), ctx)
+    with pytest.raises(ValueError, match="mean/std must have shape \\(37,\\)"):
+        r.set_normalization(torch.zeros(H + 1), torch.ones(H + 1))
+    old = {k: v for k, v in r.config().items() if k != "history"}
+    assert NeuralRouter(**{**old, "context": []}).history == 0
+    with pytest.raises(ValueError, match="router config field 'history': expected an integer >= 0, got -1"):
+        NeuralRouter(hidden_size=H, history=-1)
+
+
 def test_folder_and_single_file_load_strictly_with_identical_outputs(router: NeuralRouter, saved) -> None:
     folder, single = saved
     cfg = json.loads((folder / "config.json").read_text())

@@ -248,6 +248,7 @@ def test_variant_comparison_fits_each_label_and_context(env, tmp_path: Path, cap
     from whiflash.eval.replay import replay_thresholds
     from whiflash.latency import LatencyProfile
     from whiflash.train.compare import main as compare_main
+    from whiflash.train.compare import parse_variant
 
     data = tmp_path / "data"
     write_synthetic_dataset(data, num_prompts=30, rounds_per_prompt=10, hidden_size=H, seed=4, progress=False)
@@ -257,6 +258,10 @@ def test_variant_comparison_fits_each_label_and_context(env, tmp_path: Path, cap
            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     with pytest.raises(UsageError, match="--variants 'speed\+novelty'"):
         compare_main([str(data), "--latency-profile", str(prof), "--variants", "tau,speed+novelty", *fit])
+    assert parse_variant("speed/decision+entropy+h2") == ("speed", "decision", ["entropy"], 2)
+    assert parse_variant("tau") == ("tau", None, [], 0)
+    with pytest.raises(UsageError, match="names a history \\(hN\\) more than once"):
+        parse_variant("speed+h1+h2")
     with pytest.raises(UsageError, match="--variants: 'speed/hinge' names the loss 'hinge'"):
         compare_main([str(data), "--latency-profile", str(prof), "--variants", "tau,speed/hinge", *fit])
     compare_main([str(data), "--latency-profile", str(prof), "--out", str(tmp_path / "out"),

@@ -48,7 +48,7 @@ from .task import RouterTask
 
 log = logging.getLogger(__name__)
 
-LINKED_FROM_DATA = ("hidden_size", "pair", "tree_budget", "target", "tap_layers")
+LINKED_FROM_DATA = ("hidden_size", "pair", "tree_budget", "target", "tap_layers", "history")
 RUN_FOLDER = "run folder (--trainer.default_root_dir/--run_name)"
 RUN_SCAFFOLDING = SCAFFOLDING | {"hparams.yaml"}
 """What a run folder holds before its first result (a refused or failed fit removes a folder of only these)."""

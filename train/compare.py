@@ -6,8 +6,10 @@
 A variant is a training label (`--data.label`: `tau` or `speed`), optionally a loss after a slash
 (`--model.loss`: `mse`, `huber` or `decision`), then optionally context features the router reads beside
 the hidden state (`--model.context`; `whiflash.router_context`): `speed+entropy+prev_tau` is the speed
-label with two features, `speed/decision` the speed label fitted with the decision loss. Every fit gets
-the same data, split, seed and flags (anything after `--` goes to each fit), plus `--data.latency_profile FILE`. The table
+label with two features, `speed/decision` the speed label fitted with the decision loss. A feature `hN` is
+the hidden states of the N positions before the decision point (`--data.history N`; rows at every position
+only): `speed/decision+h2`. Every fit gets the same data, split, seed and flags (anything after `--` goes to
+each fit), plus `--data.latency_profile FILE`. The table
 (Markdown on stdout, `variants.json` in `--out`) gives per variant the validation τ share, the
 replayed tokens/s at the exported threshold, at the fastest threshold of the grid and with a threshold per
 category (each category's fastest, or a drafter alone, as `whiflash-eval calibrate` picks them), the share
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,17 +38,21 @@ __all__ = ["DEFAULT_VARIANTS", "compare_variants", "parse_variant", "variants_ta
 DEFAULT_VARIANTS = ("tau", "speed")
 
 
-def parse_variant(text: str) -> tuple[str, str | None, list[str]]:
-    """`LABEL[/LOSS][+FEATURE...]` as (label, loss or None for the fit's default, context features); `UsageError`
-    naming `--variants` otherwise."""
-    head, *context = text.strip().split("+")
+def parse_variant(text: str) -> tuple[str, str | None, list[str], int]:
+    """`LABEL[/LOSS][+FEATURE...]` as (label, loss or None for the fit's default, context features, history);
+    `UsageError` naming `--variants` otherwise."""
+    head, *features = text.strip().split("+")
     label, _, loss = head.partition("/")
+    history = [int(f[1:]) for f in features if re.fullmatch(r"h[1-9][0-9]*", f)]
+    context = [f for f in features if not re.fullmatch(r"h[1-9][0-9]*", f)]
+    if len(history) > 1:
+        raise UsageError(f"--variants: {text!r} names a history (hN) more than once")
     if label not in LABELS:
         raise UsageError(f"--variants: {text!r} should start with a label ({', '.join(LABELS)}), got {label!r}")
     if loss and loss not in LOSSES:
         raise UsageError(f"--variants: {text!r} names the loss {loss!r}; expected one of {', '.join(LOSSES)}")
     try:
-        return label, loss or None, list(check_context(context, f"--variants {text!r}"))
+        return label, loss or None, list(check_context(context, f"--variants {text!r}")), sum(history)
     except ValueError as err:
         raise UsageError(str(err)) from None
 
@@ -57,16 +64,17 @@ def compare_variants(data: str, latency_profile: str, out: str, fit_args: Sequen
 
     parsed = {v: parse_variant(v) for v in variants}  # every variant checked before the first fit
     rows: dict[str, Any] = {}
-    for variant, (label, loss, context) in parsed.items():
+    for variant, (label, loss, context, history) in parsed.items():
         flags = ["--model.context", json.dumps(context)] if context else []
         flags += ["--model.loss", loss] if loss else []
+        flags += ["--data.history", str(history)] if history else []
         name = "variant-" + variant.replace("+", "-").replace("/", "-")
         cli = run(["fit", "--data.path", data, "--data.latency_profile", latency_profile, "--data.label", label,
                    *flags, "--trainer.default_root_dir", out, "--run_name", name, *fit_args])
         run_dir = Path(cli.trainer.log_dir)
         res = json.loads((run_dir / "results.json").read_text())
         o = res["speed"]["overall"]
-        rows[variant] = {"run": str(run_dir), "label": label, "loss": loss, "context": context,
+        rows[variant] = {"run": str(run_dir), "label": label, "loss": loss, "context": context, "history": history,
                          "tau_share": res["routing"]["share"],
                          "threshold": o["threshold"], "router_tokens_per_second": o["router_tokens_per_second"],
                          "share_of_speed_oracle_gain": o["share_of_speed_oracle_gain"],
@@ -109,13 +117,14 @@ def variants_table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Compare router variants (label, loss, context features) of whiflash-train on one router dataset (see the
+    """Compare router variants (label, loss, context features, history) of whiflash-train on one router dataset (see the
     module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m whiflash.train.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("data", help="router dataset folder (whiflash-datagen output)")
     parser.add_argument("--latency-profile", required=True, help="latency profile JSON (whiflash-eval profile)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help="comma-separated LABEL[/LOSS][+FEATURE...], e.g. tau,speed,speed/decision,speed+entropy")
+                        help="comma-separated LABEL[/LOSS][+FEATURE...], e.g. tau,speed,speed/decision,speed+entropy,"
+                             "speed/decision+h2")
     parser.add_argument("--out", default="runs/train/variants",
                         help="folder for the fits' run folders and variants.json")
     parser.epilog = "Flags after -- go to every whiflash-train fit."

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from whiflash.data import DatasetFormatError, check_row_values, check_shards, manifest_hash, read_manifest
 from whiflash.errors import UsageError
 from whiflash.flags import check_int
-from whiflash.router_context import CONTEXT_FEATURES, context_from_rows
+from whiflash.router_context import CONTEXT_FEATURES, context_from_rows, history_rows
 
 from .speed import LABELS
 
@@ -32,8 +32,10 @@ SPLITS = ("train", "val", "test")
 class RoundBatches(Dataset):
     """Map-style dataset whose items are whole batches: ``ds[row_indices] -> dict of tensors``."""
 
-    def __init__(self, table: Any, hidden_size: int, scalars: dict[str, np.ndarray]) -> None:
+    def __init__(self, table: Any, hidden_size: int, scalars: dict[str, np.ndarray],
+                 earlier: np.ndarray | None = None) -> None:
         self.table, self.hidden_size, self.scalars = table, hidden_size, scalars
+        self.earlier = earlier  # [rows, history]: the rows of the positions before each row's (a router's history)
         self._views: tuple[list[np.ndarray], np.ndarray] | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # DataLoader workers re-open the memory map lazily
@@ -60,13 +62,25 @@ class RoundBatches(Dataset):
             np.take(views[c], idx[lo:hi] - starts[c], axis=0, out=out[lo:hi])
         return out
 
+    def inputs(self, idx: np.ndarray) -> np.ndarray:
+        """``hidden[idx]`` (``idx`` sorted), then with a history the rows' earlier positions' states:
+        float16 ``[len(idx), H * (1 + history)]``, as ``NeuralRouter`` reads them."""
+        parts = [self.hidden(idx)]
+        for j in range(0 if self.earlier is None else self.earlier.shape[1]):
+            rows = self.earlier[idx, j]
+            order = np.argsort(rows, kind="stable")  # gathered in row order, then put back in idx's
+            part = np.empty_like(parts[0])
+            part[order] = self.hidden(rows[order])
+            parts.append(part)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
     def __len__(self) -> int:
         return len(self.scalars["gain"])
 
     def __getitem__(self, idx: np.ndarray | list[int]) -> dict[str, torch.Tensor]:
         idx = np.asarray(idx, dtype=np.int64)
         batch = {k: torch.from_numpy(v[idx]) for k, v in self.scalars.items()}
-        batch["hidden"] = torch.from_numpy(self.hidden(idx))
+        batch["hidden"] = torch.from_numpy(self.inputs(idx))
         return batch
 
 
@@ -139,6 +153,9 @@ class RouterDataModule(L.LightningDataModule):
             (DAgger: the router learns on the states it visits, not only on those its members' path visits).
             Rows of a prompt that ``path`` holds out for validation or test are dropped, so the validation
             metrics, the checkpoint choice and the held-out replay stay those of ``path`` alone.
+        history: how many positions before the decision point the router also reads the hidden state of
+            (``NeuralRouter.history``; linked into the model). Needs rows at every position
+            (``whiflash-datagen --path every``), where those states are the previous rows' ``hidden``.
     """
 
     def __init__(
@@ -158,9 +175,11 @@ class RouterDataModule(L.LightningDataModule):
         latency_profile: str | None = None,
         label: Literal["tau", "speed"] = "tau",
         extra_paths: list[str] | None = None,
+        history: int = 0,
     ) -> None:
         super().__init__()
         check_int(batch_size, "--data.batch_size")
+        check_int(history, "--data.history", minimum=0)
         check_int(num_workers, "--data.num_workers", minimum=0)
         check_int(norm_max_rows, "--data.norm_max_rows")
         if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
@@ -174,6 +193,11 @@ class RouterDataModule(L.LightningDataModule):
         self.tree_budget: int | None = self.manifest.tree_budget
         self.target: str = self.manifest.target
         self.tap_layers: list[int] = list(self.manifest.tap_layers)
+        self.history: int = history
+        if history and not self.manifest.every_position:
+            raise UsageError(f"--data.history {history}: {self.path} has rows on one decoding path, which hold the "
+                             "decision points' states only; the states of the positions before them are in rows at "
+                             "every position (whiflash-datagen --parallel --path every)")
         self.extra_paths = [Path(e) for e in extra_paths or []]
         self.extra_manifests = [self._read_extra(e) for e in self.extra_paths]
         self.profile = self._read_profile(latency_profile, label)
@@ -315,7 +339,8 @@ class RouterDataModule(L.LightningDataModule):
             scalars["gain"] = speed_gain(scalars["prompt"], scalars["round"], scalars["position"], scalars["tau_0"],
                                          scalars["tau_1"], table.column("active").to_numpy(),
                                          tuple(self.manifest.pair.slots), self.profile, self.manifest.tree_budget)
-        self.data = RoundBatches(ds.data, self.hidden_size, scalars)
+        earlier = history_rows(scalars["prompt"], scalars["position"], self.history) if self.history else None
+        self.data = RoundBatches(ds.data, self.hidden_size, scalars, earlier)
         log.info("opened %s%s: %d rows, %s", self.path,
                  f" + {', '.join(map(str, self.extra_paths))}" if self.extra_paths else "", table.num_rows,
                  {s: f"{len(self.split_prompts[s])} prompts/{len(self.split_indices[s])} rows" for s in SPLITS})

@@ -111,6 +111,7 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
         f"| DDTree tree budget (`--ddtree-tree-budget`) | {budget} |",
         f"| hidden size / MLP width | {router.hidden_size} / {router.mlp_dim} |",
         f"| context features after the hidden state | {', '.join(router.context) or 'none'} |",
+        f"| positions before the decision point whose hidden states it reads (`history`) | {router.history} |",
         f"| recommended threshold | **{router.threshold:g}** (re-calibrate per hardware and category) |",
         f"| data manifest sha256 | `{dm.manifest_sha256}` |",
         *([f"| training rows also from | {len(dm.extra_paths)} more dataset(s), manifest sha256 "
@@ -135,7 +136,9 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
         f"router = load_router(\"<this repo or folder>\", pair=\"{router.pair}\""
         + (f", tree_budget={router.tree_budget})" if router.pair.uses_tree and router.tree_budget else ")"),
         "score = router(hidden_states"
-        + (", context)  # [N, H], [N, C] -> [N]" if router.context else ")  # [N, H] -> [N]")
+        + (", context)" if router.context else ")")
+        + f"  # [N, {'H' if not router.history else f'H * {1 + router.history}'}]"
+        + (", [N, C]" if router.context else "") + " -> [N]"
         + "; draft with slot 0 where score > threshold", "```", "",
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
@@ -188,7 +191,7 @@ def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt
         write_training_prompts(where, dm.split_prompts["train"], dm.manifest_sha256)
     # Both exports must load strictly and agree with the in-memory router bit for bit.
     rows = dm.split_indices["val"][:256]
-    probe = torch.from_numpy(dm.data.hidden(rows))
+    probe = torch.from_numpy(dm.data.inputs(rows))  # split indices are sorted
     context = torch.from_numpy(dm.data.scalars["context"][rows][:, context_columns(final.context)])
     with torch.no_grad():
         ref = final(probe, context)

@@ -52,6 +52,8 @@ class RouterTask(L.LightningModule):
         context: context features the router reads after the hidden state, e.g. ``[entropy, prev_tau]``
             (``whiflash.router_context``: ``entropy``, ``prev_slot``, ``prev_tau``); none by default, the
             upstream contract.
+        history: positions before the decision point whose hidden states the router also reads (linked from
+            ``--data.history``).
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class RouterTask(L.LightningModule):
         target: str = "",
         tap_layers: list[int] | None = None,
         context: list[str] | None = None,
+        history: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -89,7 +92,8 @@ class RouterTask(L.LightningModule):
         except ValueError as err:
             raise UsageError(str(err)) from None
         self.router = NeuralRouter(hidden_size=hidden_size, mlp_dim=mlp_dim, dropout=dropout, drafters=pair,
-                                   tree_budget=tree_budget, target=target, tap_layers=tap_layers, context=context)
+                                   tree_budget=tree_budget, target=target, tap_layers=tap_layers, context=context,
+                                   history=history)
         #: the columns of a batch's ``context`` (all of CONTEXT_FEATURES) this router reads
         self.context_columns = context_columns(context)
         self.thresholds = list(thresholds) if thresholds else list(DEFAULT_THRESHOLDS)
@@ -121,8 +125,10 @@ class RouterTask(L.LightningModule):
         if stage == "fit" and dm is not None and getattr(dm, "norm_mean", None) is not None:
             # Training-split statistics; a resumed checkpoint's own buffers are restored after this hook.
             cols = self.context_columns
-            self.router.set_normalization(torch.cat([dm.norm_mean, dm.context_mean[cols]]),
-                                          torch.cat([dm.norm_std, dm.context_std[cols]]))
+            # the earlier positions' states are states of the same kind: one set of statistics for each
+            times = 1 + self.router.history
+            self.router.set_normalization(torch.cat([dm.norm_mean.repeat(times), dm.context_mean[cols]]),
+                                          torch.cat([dm.norm_std.repeat(times), dm.context_std[cols]]))
 
     def _loss(self, pred: Tensor, gain: Tensor) -> Tensor:
         if self.hparams.loss == "decision":  # a smooth bound on the regret sum |gain| * [wrong choice]

@@ -68,6 +68,10 @@ class NeuralRouter(
         activation: the hidden layer's activation, ``gelu`` (this toolkit's), ``relu``, ``silu`` or ``tanh``.
         context: context features read after the hidden state, by name
             (:data:`whiflash.router_context.CONTEXT_FEATURES`), in this order.
+        history: how many committed positions before the decision point the router also reads the final hidden
+            state of (0: the decision point's alone, the upstream contract). The input is then
+            ``[h[n], h[n-1], ..., h[n-history]]`` (``H * (1 + history)`` wide), then the context features;
+            positions before the sequence's first decision point repeat that point's state.
     """
 
     def __init__(
@@ -82,10 +86,13 @@ class NeuralRouter(
         threshold: float = 0.0,
         activation: str = "gelu",
         context: list[str] | None = None,
+        history: int = 0,
     ) -> None:
         super().__init__()
         if hidden_size < 1 or mlp_dim < 1:
             raise ValueError(f"hidden_size and mlp_dim must be positive, got {hidden_size} and {mlp_dim}")
+        if not (isinstance(history, int) and not isinstance(history, bool) and history >= 0):
+            raise ValueError(f"router config field 'history': expected an integer >= 0, got {history!r}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"router config field 'activation': expected one of {', '.join(ACTIVATIONS)}, "
                              f"got {activation!r}")
@@ -96,7 +103,8 @@ class NeuralRouter(
         self.tap_layers = list(tap_layers) if tap_layers is not None else None
         self.threshold = float(threshold)
         self.context = check_context(context, "router config field 'context'")
-        width = hidden_size + len(self.context)
+        self.history = history
+        width = self.input_hidden + len(self.context)
         # Standardisation statistics of the training split; buffers, so they travel in model.safetensors.
         self.register_buffer("mean", torch.zeros(width))
         self.register_buffer("std", torch.ones(width))
@@ -104,11 +112,18 @@ class NeuralRouter(
             nn.Linear(width, mlp_dim), _ACTIVATION[activation](), nn.Dropout(dropout), nn.Linear(mlp_dim, 1)
         )
 
+    @property
+    def input_hidden(self) -> int:
+        """Width of the hidden-state part of the input: ``H * (1 + history)``."""
+        return self.hidden_size * (1 + self.history)
+
     def forward(self, hidden: Tensor, context: Tensor | None = None) -> Tensor:
         """Predicted gain for ``hidden`` of shape ``[N, H]`` (returns ``[N]``) or ``[H]`` (returns a scalar), with
-        ``context`` ``[N, C]`` (or ``[C]``) when the router reads context features."""
-        if hidden.shape[-1] != self.hidden_size:
-            raise ValueError(f"router expects hidden size {self.hidden_size}, got input of shape {tuple(hidden.shape)}")
+        ``context`` ``[N, C]`` (or ``[C]``) when the router reads context features; with ``history`` the hidden
+        part is ``[N, H * (1 + history)]``, the decision point's state first."""
+        if hidden.shape[-1] != self.input_hidden:
+            what = f"hidden size {self.hidden_size}" + (f" x (1 + history {self.history})" if self.history else "")
+            raise ValueError(f"router expects {what}, got input of shape {tuple(hidden.shape)}")
         x = hidden.float()  # float32 whatever the input dtype (fp16/bf16 features)
         if self.context:
             if context is None or context.shape[-1] != len(self.context) or context.shape[:-1] != hidden.shape[:-1]:
@@ -120,8 +135,9 @@ class NeuralRouter(
 
     @torch.no_grad()
     def set_normalization(self, mean: Tensor, std: Tensor, eps: float = 1e-6) -> None:
-        """Store input mean/std (size H + C); std is floored at ``eps`` so constant features stay finite."""
-        width = self.hidden_size + len(self.context)
+        """Store input mean/std (size H * (1 + history) + C); std is floored at ``eps`` so constant features stay
+        finite."""
+        width = self.input_hidden + len(self.context)
         if mean.shape != (width,) or std.shape != (width,):
             raise ValueError(f"mean/std must have shape ({width},), got {tuple(mean.shape)}/{tuple(std.shape)}")
         self.mean.copy_(mean.float())
@@ -142,7 +158,7 @@ class NeuralRouter(
             "hidden_size": self.hidden_size, "mlp_dim": self.mlp_dim, "dropout": self.dropout,
             "drafters": self.drafters, "tree_budget": self.tree_budget, "target": self.target,
             "tap_layers": self.tap_layers, "threshold": self.threshold, "activation": self.activation,
-            "context": list(self.context),
+            "context": list(self.context), "history": self.history,
         }
 
 

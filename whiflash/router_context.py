@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["CONTEXT_FEATURES", "NO_SLOT", "check_context", "context_columns", "context_from_rows", "context_now",
-           "entropy"]
+           "entropy", "history_rows"]
 
 CONTEXT_FEATURES = ("entropy", "prev_slot", "prev_tau")
 """The context features a router may be trained on, by name."""
@@ -92,3 +92,23 @@ def context_now(names: Sequence[str], logits: Tensor, prev_slot: float, prev_tau
         else:
             parts.append(logits.new_full((), float(prev_tau), dtype=torch.float32))
     return torch.stack(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
+
+
+def history_rows(prompt: np.ndarray, position: np.ndarray, history: int) -> np.ndarray:
+    """``[rows, history]`` for every row of a dataset with a row at every position (``whiflash-datagen --path
+    every``), in the rows' own order: the rows 1..history positions earlier in the same prompt, whose ``hidden``
+    are the states a router with ``history`` reads beside the row's own. Before a prompt's first row it repeats
+    that row: the decoding loop, too, starts its history at the first decision point (``NeuralPolicy``).
+    ``ValueError`` when a prompt's rows are not one per position."""
+    n = len(position)
+    order = np.lexsort((position, prompt))
+    p, pos = prompt[order], position[order]
+    new = np.r_[True, p[1:] != p[:-1]] if n else np.zeros(0, bool)
+    if n and np.any(np.diff(pos)[~new[1:]] != 1):
+        raise ValueError("router history: the rows are not one per position of each prompt (a path's rows; the "
+                         "previous positions' hidden states are in rows of whiflash-datagen --path every)")
+    first = np.maximum.accumulate(np.where(new, np.arange(n), 0))  # each sorted row's prompt start
+    out = np.empty((n, history), dtype=np.int64)
+    for j in range(1, history + 1):
+        out[order, j - 1] = order[np.maximum(np.arange(n) - j, first)]
+    return out

@@ -51,7 +51,9 @@ class NeuralPolicy:
     """WhiFlash-Neural: slot 0 when the predicted gain tau(slot 0) - tau(slot 1) exceeds `threshold`.
 
     A router trained with context features (`NeuralRouter.context`) also reads the entropy of `logits`
-    and the previous round's slot and tau, which the routed drafter reports through `after_round`.
+    and the previous round's slot and tau, which the routed drafter reports through `after_round`. One
+    trained with `history` also reads the states of the committed positions before the decision point,
+    which the policy keeps on the device from each verified path (`observe`).
 
     A `NeuralRouter` is scored through its weights with the input standardisation folded into the first
     layer (`W / std`, `b - (W / std) @ mean`): three functional ops instead of seven kernels behind five
@@ -63,6 +65,7 @@ class NeuralPolicy:
         self.router = router
         self.threshold = float(threshold if threshold is not None else getattr(router, "threshold", 0.0))
         self.context: tuple[str, ...] = tuple(getattr(router, "context", ()))
+        self.history: int = int(getattr(router, "history", 0))
         self._foldable = isinstance(router, NeuralRouter)
         self._folded: tuple[Tensor, Tensor, Any, Tensor, Tensor] | None = None
         self.reset()
@@ -70,6 +73,20 @@ class NeuralPolicy:
     def reset(self) -> None:
         """A new sequence: no round verified yet."""
         self._prev: tuple[float, Tensor | float] = (NO_SLOT, 0.0)
+        self._recent: Tensor | None = None  # [1 + history, H]: the last committed positions' states, newest first
+
+    @torch.no_grad()
+    def observe(self, hidden: Tensor, keep: Tensor, count: Tensor) -> None:
+        """A round was verified and its path committed: rows `keep[:count]` of the pass's `hidden`, root first.
+        Keeps the states of the last `1 + history` committed positions, newest first, with no host read of
+        `count` (a short path takes the rest from the rounds before)."""
+        if not self.history or self._recent is None:
+            return
+        k = torch.arange(self.history + 1, device=hidden.device)
+        back = count - 1 - k  # the path's rows, newest first; below 0: an earlier round's
+        fresh = hidden.index_select(0, keep.index_select(0, back.clamp(min=0)))
+        old = self._recent.index_select(0, (k - count).clamp(0, self.history))
+        self._recent = torch.where((back >= 0)[:, None], fresh.to(old.dtype), old)
 
     def after_round(self, slot: int, tau: Tensor) -> None:
         """The round just verified: the slot that drafted it and its tau (0-dim, on the device)."""
@@ -99,6 +116,10 @@ class NeuralPolicy:
     @torch.no_grad()
     def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
         ctx = context_now(self.context, logits, *self._prev).reshape(1, -1) if self.context else None
+        if self.history:
+            if self._recent is None:  # the sequence's first decision: its history starts here
+                self._recent = hidden.reshape(1, -1).expand(self.history + 1, -1).clone()
+            hidden = self._recent  # [h[n], h[n-1], ...]: `observe` made its first row this `hidden`
         gain = self.score(hidden.reshape(1, -1), ctx)[0]
         return (gain <= self.threshold).long()  # 0 when gain > threshold
 
@@ -112,8 +133,8 @@ class NeuralPolicy:
     @property
     def rows_key(self) -> tuple[Any, ...] | None:
         """What a captured verify pass deciding with `rows` depends on; None when the router reads the
-        previous round (its decision needs the round's tau, known only after the pass)."""
-        if any(name != "entropy" for name in self.context):
+        previous round (its decision needs the round's tau, known only after the pass) or earlier positions."""
+        if self.history or any(name != "entropy" for name in self.context):
             return None
         return (self, self.threshold)
 

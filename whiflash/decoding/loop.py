@@ -144,7 +144,7 @@ def _accept(target: Target, drafter: Drafter | None, proposal: Proposal, verify_
         if out.routes is not None:  # decided inside the pass: pick the path's last row
             decision = drafter.route(None, None, count, row(out.routes, at))
         else:
-            decision = drafter.route(row(out.hidden, at), row(out.logits, at), count)
+            decision = drafter.route(row(out.hidden, at), row(out.logits, at), count, path=(out.hidden, keep))
     return Verdict(count, keep, verify_ids[keep], picked.index_select(0, at), best, decision, slot_taus, advanced)
 
 

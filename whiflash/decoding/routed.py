@@ -182,8 +182,10 @@ class RoutedDrafter(DrafterPair):
         return self.router if getattr(self.router, "rows_key", None) is not None else None
 
     def route(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None = None,
-              decided: Tensor | None = None) -> Tensor:
+              decided: Tensor | None = None, path: tuple[Tensor, Tensor] | None = None) -> Tensor:
         state = self._seq
+        if path is not None and tau is not None and getattr(self.router, "history", 0):
+            self.router.observe(*path, tau)  # every round, also those the policy is not asked about
         if (self.stick_tau is not None and tau is not None and state.slot == 0 and state.seen is not None
                 and state.seen[0] == 0 and state.seen[1] >= self.stick_tau):
             return slot_tensor(decided if decided is not None else hidden, 0)  # no read, no policy launches
@@ -264,10 +266,12 @@ class OracleDrafter(DrafterPair):
         super().reset(target, max_len, temperature)
 
     def route(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None = None,
-              decided: Tensor | None = None) -> Tensor | None:
+              decided: Tensor | None = None, path: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
         """With `policy`: its slot for the next round (kept for `advance`), from the state at the path's end."""
         if self.policy is None:
             return None
+        if path is not None and tau is not None and getattr(self.policy, "history", 0):
+            self.policy.observe(*path, tau)
         self._decision = self.policy(hidden, logits).reshape(())
         return self._decision
 
