@@ -82,7 +82,7 @@ class NeuralPolicy:
         `count` (a short path takes the rest from the rounds before)."""
         if not self.history or self._recent is None:
             return
-        k = torch.arange(self.history + 1, device=hidden.device)
+        k = self._ages
         back = count - 1 - k  # the path's rows, newest first; below 0: an earlier round's
         fresh = hidden.index_select(0, keep.index_select(0, back.clamp(min=0)))
         old = self._recent.index_select(0, (k - count).clamp(0, self.history))
@@ -119,6 +119,7 @@ class NeuralPolicy:
         if self.history:
             if self._recent is None:  # the sequence's first decision: its history starts here
                 self._recent = hidden.reshape(1, -1).expand(self.history + 1, -1).clone()
+                self._ages = torch.arange(self.history + 1, device=hidden.device)  # made once, not every round
             hidden = self._recent  # [h[n], h[n-1], ...]: `observe` made its first row this `hidden`
         gain = self.score(hidden.reshape(1, -1), ctx)[0]
         return (gain <= self.threshold).long()  # 0 when gain > threshold
