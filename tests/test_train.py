@@ -489,10 +489,17 @@ def test_speed_report_standalone_router_has_share_zero(dataset: Path, tmp_path: 
     alone = speed_report(scores, theta, [theta], dm.categories, ("dflash", "eagle3"), dm.profile)["overall"]
     assert alone["router_tokens_per_second"] == pytest.approx(o["best_standalone_tokens_per_second"])
     assert alone["share_of_speed_oracle_gain"] == pytest.approx(0.0, abs=1e-9)
-    # a threshold per category may pin either drafter, which then pays no decision: never below the better one
+    # a threshold per category may pin either drafter, which then pays no decision: never below the better one.
+    # With a decision that costs something, thresholds outside every score (each drafter alone, but deciding)
+    # lose to the pinned ones, which then are the better drafter exactly.
+    costly = _profile(dflash=1.0)
+    costly.router["neural"] = 0.05
+    rep = speed_report(scores, 0.0, [-100.0, 100.0], dm.categories, ("dflash", "eagle3"), costly)
     for cat, c in rep["per_category"].items():
-        assert c["calibrated_threshold"] in (-np.inf, -100.0, 100.0, np.inf), cat
-        assert c["calibrated_tokens_per_second"] >= c["best_standalone_tokens_per_second"] * (1 - 1e-12), cat
+        assert c["calibrated_threshold"] in (-np.inf, np.inf), cat
+        assert c["calibrated_tokens_per_second"] == pytest.approx(c["best_standalone_tokens_per_second"]), cat
         share = c["calibrated_share_of_speed_oracle_gain"]  # None where the oracle gains nothing
-        assert share is None or share >= -1e-12, cat
+        assert share is None or share == pytest.approx(0.0, abs=1e-9), cat
+    o = rep["overall"]
+    assert o["router_tokens_per_second"] < o["best_standalone_tokens_per_second"]  # deciding at a finite threshold
     assert o["calibrated_tokens_per_second"] >= o["best_standalone_tokens_per_second"] * (1 - 1e-12)

@@ -36,6 +36,8 @@ from .task import LOSSES
 __all__ = ["DEFAULT_VARIANTS", "compare_variants", "parse_variant", "variants_table"]
 
 DEFAULT_VARIANTS = ("tau", "speed")
+_HISTORY = re.compile(r"h[1-9][0-9]*")
+"""A variant feature `hN`: the router reads N positions of history (`--data.history N`)."""
 
 
 def parse_variant(text: str) -> tuple[str, str | None, list[str], int]:
@@ -43,8 +45,8 @@ def parse_variant(text: str) -> tuple[str, str | None, list[str], int]:
     `UsageError` naming `--variants` otherwise."""
     head, *features = text.strip().split("+")
     label, _, loss = head.partition("/")
-    history = [int(f[1:]) for f in features if re.fullmatch(r"h[1-9][0-9]*", f)]
-    context = [f for f in features if not re.fullmatch(r"h[1-9][0-9]*", f)]
+    history = [int(f[1:]) for f in features if _HISTORY.fullmatch(f)]
+    context = [f for f in features if not _HISTORY.fullmatch(f)]
     if len(history) > 1:
         raise UsageError(f"--variants: {text!r} names a history (hN) more than once")
     if label not in LABELS:
@@ -52,7 +54,7 @@ def parse_variant(text: str) -> tuple[str, str | None, list[str], int]:
     if loss and loss not in LOSSES:
         raise UsageError(f"--variants: {text!r} names the loss {loss!r}; expected one of {', '.join(LOSSES)}")
     try:
-        return label, loss or None, list(check_context(context, f"--variants {text!r}")), sum(history)
+        return label, loss or None, list(check_context(context, f"--variants {text!r}")), history[0] if history else 0
     except ValueError as err:
         raise UsageError(str(err)) from None
 

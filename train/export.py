@@ -80,8 +80,9 @@ def _prompt_set_name(prompt_set: Any) -> Any:
     return public_name(name) if isinstance(name, str) else name
 
 
-_SCORES = ("the predicted gain of slot 0 over slot 1", "the log-odds that slot 0 is the better choice, each "
-           "training row weighted by the size of its gain (`--model.loss decision`)")
+_SCORES = {"decision": "the log-odds that slot 0 is the better choice, each training row weighted by the size of its "
+                       "gain (`--model.loss decision`)"}
+"""What the router's score is, by training loss (any other: the predicted gain of slot 0 over slot 1)."""
 _LABELS = {"tau": "gain in acceptance length, `tau(slot 0) - tau(slot 1)`",
            "speed": "gain in tokens/s in tau units, `--data.label speed`"}
 
@@ -101,7 +102,8 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
     lines = [
         f"# {suggested_repo_name(router.target, router.pair, router.tree_budget)}", "",
         "WhiFlash-Neural router: a 2-layer MLP on the target's final post-norm hidden state that scores the "
-        f"choice between its two drafters: {_SCORES[results['trained_for']['loss'] == 'decision']} "
+        f"choice between its two drafters: "
+        f"{_SCORES.get(results['trained_for']['loss'], 'the predicted gain of slot 0 over slot 1')} "
         f"({_LABELS[results['trained_for']['label']]}); the routed loop drafts with slot 0 when "
         "`score > threshold`.", "",
         "| field | value |", "|---|---|",

@@ -21,11 +21,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from whiflash.calibration import best_threshold, picks_slot0, pinned_slot
 from whiflash.latency import LatencyProfile, catchup_model
 from whiflash.speed_oracle import DEFINITION, oracle_gain_share, simulate, speed_oracle
 
 __all__ = ["LABELS", "speed_gain", "speed_report"]
 
+NEURAL = "whiflash-neural"  # the threshold rule speed_report replays (whiflash.calibration)
 LABELS = ("tau", "speed")
 """Training labels: ``tau`` = tau_0 - tau_1 (upstream's), ``speed`` = the tokens/s difference above."""
 
@@ -76,38 +78,36 @@ def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresho
     router_ms = profile.router_ms("neural")  # and the oracle's, which decide nothing
     oracle = speed_oracle(cols, kinds, profile, tree_budget, every=every_position)["categories"]
 
-    def replay(sel: np.ndarray, theta: float) -> tuple[int, float]:
-        """(tokens, ms) at threshold `theta`; an infinite one pins a slot: that drafter alone, no decision to pay."""
-        part = {k: v[sel] for k, v in cols.items()}
-        pinned = bool(np.isinf(theta))
-        tok, ms, _ = simulate(part["pred"] > theta, part, kinds, plain if pinned else routed, profile,
-                              0.0 if pinned else router_ms, every=every_position)
+    def replay(part: dict[str, np.ndarray], theta: float) -> tuple[int, float]:
+        """(tokens, ms) of `part`'s rows at threshold `theta`; an infinite one pins a slot (`pinned_slot`): that
+        drafter alone, no decision to pay."""
+        pinned = pinned_slot(NEURAL, theta) is not None
+        tok, ms, _ = simulate(picks_slot0(NEURAL, part["pred"], theta), part, kinds, plain if pinned else routed,
+                              profile, 0.0 if pinned else router_ms, every=every_position)
         return tok, ms
 
-    def tps(sel: np.ndarray, theta: float) -> float:
-        tok, ms = replay(sel, theta)
-        return tok / ms * 1e3
+    def rate(tok_ms: tuple[int, float]) -> float:
+        return tok_ms[0] / tok_ms[1] * 1e3
 
-    every = np.ones(len(order), bool)
-    sweep = {float(t): tps(every, float(t)) for t in thresholds}
-    fastest = max(sweep, key=lambda t: (sweep[t], -t))
+    sweep = {float(t): rate(replay(cols, float(t))) for t in thresholds}
+    fastest = best_threshold(sweep)
     threshold = fastest if threshold is None else threshold
     grid = sorted({-np.inf, *map(float, thresholds), np.inf})  # per category, as whiflash-eval calibrate picks
     out: dict[str, Any] = {}
     calibrated_tok, calibrated_ms = 0, 0.0
     for cat, o in oracle.items():
-        sel = every if cat == "all" else cols["category"] == cat
-        router = tps(sel, threshold)
+        part = cols if cat == "all" else {k: v[cols["category"] == cat] for k, v in cols.items()}
+        router = rate(replay(part, threshold))
         best = o["best_standalone_tokens_per_second"]
-        out[cat] = {"rows": int(sel.sum()), "router_tokens_per_second": router,
+        out[cat] = {"rows": len(part["pred"]), "router_tokens_per_second": router,
                     "speed_oracle_tokens_per_second": o["tokens_per_second"], "best_standalone": o["best_standalone"],
                     "best_standalone_tokens_per_second": best, "speed_oracle_gain": o["oracle_gain"],
                     "share_of_speed_oracle_gain": oracle_gain_share(router, best, o["tokens_per_second"])}
         if cat != "all":
-            replays = {t: replay(sel, t) for t in grid}
-            own = max(grid, key=lambda t: (replays[t][0] / replays[t][1], -abs(t)))
+            replays = {t: replay(part, t) for t in grid}
+            own = best_threshold({t: rate(r) for t, r in replays.items()})
             calibrated_tok, calibrated_ms = calibrated_tok + replays[own][0], calibrated_ms + replays[own][1]
-            cal = replays[own][0] / replays[own][1] * 1e3
+            cal = rate(replays[own])
             out[cat].update(calibrated_threshold=own, calibrated_tokens_per_second=cal,
                             calibrated_share_of_speed_oracle_gain=oracle_gain_share(cal, best, o["tokens_per_second"]))
     overall = out.pop("all")

@@ -6,8 +6,8 @@ predicted gain τ(slot 0) − τ(slot 1) is above θ. A calibration sweeps θ, s
 of logged rounds in `whiflash-train`, replayed or measured speedup in `whiflash-eval calibrate`) and
 keeps the best one; ties go to the smaller θ. An infinite θ pins a slot: the method then decodes with
 that slot's drafter alone and pays no decision (`pinned_slot`), so a category where one drafter is
-always faster loses nothing to routing. `whiflash.train.calibrate`, `whiflash.eval.replay` and
-`whiflash.eval.calibrate` all decide through these two functions.
+always faster loses nothing to routing. `whiflash.train.calibrate`, `whiflash.train.speed` (the speed report's
+thresholds per category), `whiflash.eval.replay` and `whiflash.eval.calibrate` all decide through these functions.
 """
 from __future__ import annotations
 
