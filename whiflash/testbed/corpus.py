@@ -3,7 +3,8 @@
 Four categories:
 
 * ``code``  — the interpreter's standard-library ``.py`` files (encodings tables, ``lib2to3``
-  and very large files excluded; test suites only with ``include_tests``);
+  and very large files excluded; test suites only with ``include_tests``) and, with ``code_modules``,
+  generated modules of HumanEval-shaped functions (``codegen``);
 * ``math``  — seeded arithmetic word problems with worked solutions (``mathgen``);
 * ``prose`` — English from the standard library: module/class/function docstrings and the
   ``pydoc_data`` topic texts, a share of them (``chat_prose``) as user-assistant exchanges (``chatgen``);
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from .agentgen import generate_transcripts, sentences
 from .chatgen import documented, render, render_topic
+from .codegen import generate_modules
 from .mathgen import generate_problems
 from .presets import CATEGORIES, CorpusConfig
 
@@ -160,6 +162,8 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[D
         if len(text) >= cfg.min_docstring_chars:
             yield prose(f"prose:topic:{name}", f"topic/{name}", text,
                         lambda rng, name=name, text=text: render_topic(name, text, rng))
+    for i, module in enumerate(generate_modules(cfg.code_modules, cfg.seed)):
+        yield Document(f"code:generated:{i}", "code", f"codegen/{i}", module)
     for i, problem in enumerate(generate_problems(cfg.math_problems, cfg.seed)):
         yield Document(f"math:{i}", "math", f"math/{i}", problem.text)
     # A transcript quotes the prose of its own split: held-out transcripts never quote training prose and

@@ -1,0 +1,106 @@
+"""Generated code modules (``codegen``): valid Python whose functions do what their docstrings say, seeded,
+and in the corpus as code documents of their own groups (fast, no model training)."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from whiflash.testbed.codegen import FAMILIES, generate_module, generate_modules
+from whiflash.testbed.corpus import SPLITS, read_corpus, write_corpus
+from whiflash.testbed.presets import CorpusConfig
+
+NUMBERS = [[], [0], [3, -4, 10, 7, 12, -1, 20, 5, 0, 40], [-6, -3], [2, 4, 6], [11, 13, 17, 19, 21]]
+TEXTS = ["", "Hello, World! 42 apples.", "the cat and THE hat, the end", "  spaced   out  "]
+
+
+def _test(phrase: str) -> Callable[[int], bool]:
+    """The docstring's number test, read from its words."""
+    fixed = {"even": lambda x: x % 2 == 0, "odd": lambda x: x % 2 == 1, "positive": lambda x: x > 0,
+             "negative": lambda x: x < 0}
+    if phrase in fixed:
+        return fixed[phrase]
+    word, k = re.fullmatch(r"(greater than|less than|divisible by) (\d+)", phrase).groups()
+    k = int(k)
+    return {"greater than": lambda x: x > k, "less than": lambda x: x < k, "divisible by": lambda x: x % k == 0}[word]
+
+
+def _map(phrase: str) -> Callable[[int], int]:
+    fixed = {"doubled": lambda x: 2 * x, "squared": lambda x: x ** 2, "negated": lambda x: -x}
+    if phrase in fixed:
+        return fixed[phrase]
+    word, k = re.fullmatch(r"(increased by|multiplied by) (\d+)", phrase).groups()
+    return (lambda x: x + int(k)) if word == "increased by" else (lambda x: x * int(k))
+
+
+CHARS = {"a vowel": lambda c: c in "aeiou", "a digit": str.isdigit, "an uppercase letter": str.isupper,
+         "a space": lambda c: c == " ", "a letter": str.isalpha}
+WORDS = {"every word capitalized": str.capitalize, "every word reversed": lambda w: w[::-1],
+         "every word in upper case": str.upper, "every word stripped of punctuation": lambda w: w.strip(".,;:!?")}
+
+
+def _expected(doc: str, arg: Any) -> Any:
+    """What the docstring promises for ``arg``, computed independently of the generated body."""
+    rules: list[tuple[str, Callable[..., Any]]] = [
+        (r"Return how many of the \w+ are (.+)\.", lambda p: sum(map(_test(p), arg))),
+        (r"Return the \w+ that are (.+), in order\.", lambda p: [x for x in arg if _test(p)(x)]),
+        (r"Return the sum of the \w+ that are (.+)\.", lambda p: sum(x for x in arg if _test(p)(x))),
+        (r"Return the index of the first of the \w+ that is (.+), or -1 if there is none\.",
+         lambda p: next((i for i, x in enumerate(arg) if _test(p)(x)), -1)),
+        (r"Return True if all of the \w+ are (.+)\.", lambda p: all(map(_test(p), arg))),
+        (r"Return True if any of the \w+ is (.+)\.", lambda p: any(map(_test(p), arg))),
+        (r"Return the largest of the \w+ that is (.+), or None if there is none\.",
+         lambda p: max((x for x in arg if _test(p)(x)), default=None)),
+        (r"Return a new list of the \w+, each (.+)\.", lambda p: [_map(p)(x) for x in arg]),
+        (r"Return how many characters of \w+ are (.+)\.", lambda p: sum(map(CHARS[p], arg))),
+        (r"Return \w+ without the characters that are (.+)\.", lambda p: "".join(c for c in arg if not CHARS[p](c))),
+        (r"Return \w+ with (.+)\.", lambda p: " ".join(WORDS[p](w) for w in arg.split())),
+        (r"Return how many times each lower-cased word occurs in \w+\.()", lambda _: Counter(arg.lower().split())),
+        (r"Return the running totals of the \w+: .*()", lambda _: [sum(arg[:i + 1]) for i in range(len(arg))]),
+    ]
+    for pattern, rule in rules:
+        if m := re.fullmatch(pattern, doc):
+            return rule(m.group(1))
+    raise AssertionError(f"no rule reads the docstring {doc!r}")
+
+
+def test_generated_functions_do_what_their_docstrings_say() -> None:
+    families = Counter()
+    for module in generate_modules(300, seed=3):
+        namespace: dict[str, Any] = {}
+        exec(compile(module, "<generated>", "exec", dont_inherit=True), namespace)  # valid Python, every module
+        for fn in (v for k, v in namespace.items() if callable(v) and not k.startswith("__")):
+            families[fn.__doc__.split(" of ")[0].split(" the ")[0]] += 1
+            text_arg = next(iter(fn.__annotations__.values())) is str
+            for arg in TEXTS if text_arg else NUMBERS:
+                assert fn(arg) == _expected(fn.__doc__, arg), (fn.__name__, arg)
+    assert len(families) >= 6
+
+
+def test_modules_are_seeded_varied_and_pep8_spaced() -> None:
+    first = list(generate_modules(50, seed=0))
+    assert first == list(generate_modules(50, seed=0)) and first[:10] == list(generate_modules(10, seed=0))
+    assert first != list(generate_modules(50, seed=1))
+    assert len(set(first)) == 50
+    module = generate_module(random.Random(0), functions=(5, 5))
+    assert "\n\n\n\ndef " not in module and module.count("\n\n\ndef ") == module.count("def ") - 1
+    headers = [line for m in first for line in m.splitlines() if line.startswith("def ")]
+    assert len(set(headers)) > 100  # constants and parameter names vary, not a few fixed functions
+    assert len({f.__name__ for f in FAMILIES}) == len(FAMILIES)
+
+
+def test_corpus_code_modules_are_code_documents_of_their_own_groups(tmp_path: Path) -> None:
+    base = CorpusConfig(math_problems=100, agent_transcripts=100, max_file_chars=5_000, test_fraction=0.2)
+    plain = write_corpus(base, tmp_path / "plain")
+    mixed = write_corpus(CorpusConfig(**{**base.__dict__, "code_modules": 40}), tmp_path / "mixed")
+    generated = [r for s in SPLITS for r in read_corpus(tmp_path / "mixed", s, "code") if r["group"].startswith("codegen/")]
+    assert len(generated) == 40 and {r["text"] for r in generated} == set(generate_modules(40, base.seed))
+    assert {s for s in SPLITS if any(r["group"].startswith("codegen/") for r in read_corpus(tmp_path / "mixed", s))} \
+        == set(SPLITS)  # split by group, like every document
+    rest = [r for s in SPLITS for r in read_corpus(tmp_path / "mixed", s) if not r["group"].startswith("codegen/")]
+    assert rest == [r for s in SPLITS for r in read_corpus(tmp_path / "plain", s)]  # nothing else moves
+    assert plain["sha256"] != mixed["sha256"]

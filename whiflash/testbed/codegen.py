@@ -1,0 +1,194 @@
+"""Seeded generator of small Python modules of HumanEval-shaped functions.
+
+Each function has a typed signature, a one-line docstring that says what it returns, and a body in one
+house style. It stands for the code an instruction-tuned model writes when asked for a function, as
+``mathgen`` stands for worked arithmetic: the name says what the docstring will say and the docstring
+what the body will be, so after a ``def`` header the continuation is predictable for a target that has
+learned the style. It is no copy machine: predicates, operations, constants, parameter names and two
+equivalent body styles (a loop or a comprehension, a choice the header does not reveal) combine freely,
+and the code prompts cut at any header of a module, with the module's earlier functions as context.
+Every generated module is valid Python whose functions return what their docstrings say
+(``tests/test_testbed_codegen.py`` executes them).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+
+__all__ = ["generate_function", "generate_module", "generate_modules"]
+
+# (name part, docstring phrase, condition on x); "{k}" is a drawn constant
+_NUMBER_TESTS = (
+    ("even", "even", "x % 2 == 0"),
+    ("odd", "odd", "x % 2 == 1"),
+    ("positive", "positive", "x > 0"),
+    ("negative", "negative", "x < 0"),
+    ("above_{k}", "greater than {k}", "x > {k}"),
+    ("below_{k}", "less than {k}", "x < {k}"),
+    ("multiples_of_{k}", "divisible by {k}", "x % {k} == 0"),
+)
+# (name part, docstring phrase, expression of x)
+_NUMBER_MAPS = (
+    ("double", "doubled", "x * 2"),
+    ("square", "squared", "x * x"),
+    ("negate", "negated", "-x"),
+    ("add_{k}", "increased by {k}", "x + {k}"),
+    ("scale_by_{k}", "multiplied by {k}", "x * {k}"),
+)
+# (name part, docstring phrase, condition on ch)
+_CHAR_TESTS = (
+    ("vowels", "a vowel", 'ch in "aeiou"'),
+    ("digits", "a digit", "ch.isdigit()"),
+    ("uppercase", "an uppercase letter", "ch.isupper()"),
+    ("spaces", "a space", 'ch == " "'),
+    ("letters", "a letter", "ch.isalpha()"),
+)
+# (name part, docstring phrase, expression of word)
+_WORD_MAPS = (
+    ("capitalize_words", "every word capitalized", "word.capitalize()"),
+    ("reverse_words", "every word reversed", "word[::-1]"),
+    ("upper_words", "every word in upper case", "word.upper()"),
+    ("strip_words", "every word stripped of punctuation", 'word.strip(".,;:!?")'),
+)
+_LISTS = ("numbers", "values", "items", "scores")
+_TEXTS = ("text", "line", "sentence")
+
+Function = tuple[str, str, list[str]]
+"""(header line, docstring line, body lines), all unindented."""
+
+
+def _filled(rng: random.Random, table: tuple[tuple[str, str, str], ...]) -> tuple[str, str, str]:
+    name, phrase, expr = rng.choice(table)
+    k = str(rng.randint(2, 20))
+    return name.replace("{k}", k), phrase.replace("{k}", k), expr.replace("{k}", k)
+
+
+def _count(rng: random.Random) -> Function:
+    name, phrase, cond = _filled(rng, _NUMBER_TESTS)
+    xs = rng.choice(_LISTS)
+    body = ([f"return sum(1 for x in {xs} if {cond})"] if rng.random() < 0.5 else
+            ["count = 0", f"for x in {xs}:", f"    if {cond}:", "        count += 1", "return count"])
+    return f"def count_{name}({xs}: list[int]) -> int:", f"Return how many of the {xs} are {phrase}.", body
+
+
+def _keep(rng: random.Random) -> Function:
+    name, phrase, cond = _filled(rng, _NUMBER_TESTS)
+    xs = rng.choice(_LISTS)
+    body = ([f"return [x for x in {xs} if {cond}]"] if rng.random() < 0.5 else
+            ["result = []", f"for x in {xs}:", f"    if {cond}:", "        result.append(x)", "return result"])
+    return (f"def keep_{name}({xs}: list[int]) -> list[int]:", f"Return the {xs} that are {phrase}, in order.",
+            body)
+
+
+def _total(rng: random.Random) -> Function:
+    name, phrase, cond = _filled(rng, _NUMBER_TESTS)
+    xs = rng.choice(_LISTS)
+    body = ([f"return sum(x for x in {xs} if {cond})"] if rng.random() < 0.5 else
+            ["total = 0", f"for x in {xs}:", f"    if {cond}:", "        total += x", "return total"])
+    return f"def sum_{name}({xs}: list[int]) -> int:", f"Return the sum of the {xs} that are {phrase}.", body
+
+
+def _first(rng: random.Random) -> Function:
+    name, phrase, cond = _filled(rng, _NUMBER_TESTS)
+    xs = rng.choice(_LISTS)
+    body = [f"for i, x in enumerate({xs}):", f"    if {cond}:", "        return i", "return -1"]
+    return (f"def first_{name}_index({xs}: list[int]) -> int:",
+            f"Return the index of the first of the {xs} that is {phrase}, or -1 if there is none.", body)
+
+
+def _every(rng: random.Random) -> Function:
+    name, phrase, cond = _filled(rng, _NUMBER_TESTS)
+    xs = rng.choice(_LISTS)
+    if rng.random() < 0.5:
+        return (f"def all_{name}({xs}: list[int]) -> bool:", f"Return True if all of the {xs} are {phrase}.",
+                [f"return all({cond} for x in {xs})"])
+    return (f"def any_{name}({xs}: list[int]) -> bool:", f"Return True if any of the {xs} is {phrase}.",
+            [f"return any({cond} for x in {xs})"])
+
+
+def _largest(rng: random.Random) -> Function:
+    name, phrase, cond = _filled(rng, _NUMBER_TESTS)
+    xs = rng.choice(_LISTS)
+    body = ["best = None", f"for x in {xs}:", f"    if {cond} and (best is None or x > best):", "        best = x",
+            "return best"]
+    return (f"def largest_{name}({xs}: list[int]) -> int | None:",
+            f"Return the largest of the {xs} that is {phrase}, or None if there is none.", body)
+
+
+def _mapped(rng: random.Random) -> Function:
+    name, phrase, expr = _filled(rng, _NUMBER_MAPS)
+    xs = rng.choice(_LISTS)
+    body = ([f"return [{expr} for x in {xs}]"] if rng.random() < 0.5 else
+            ["result = []", f"for x in {xs}:", f"    result.append({expr})", "return result"])
+    return (f"def {name}_all({xs}: list[int]) -> list[int]:", f"Return a new list of the {xs}, each {phrase}.",
+            body)
+
+
+def _count_chars(rng: random.Random) -> Function:
+    name, phrase, cond = rng.choice(_CHAR_TESTS)
+    s = rng.choice(_TEXTS)
+    body = ([f"return sum(1 for ch in {s} if {cond})"] if rng.random() < 0.5 else
+            ["count = 0", f"for ch in {s}:", f"    if {cond}:", "        count += 1", "return count"])
+    return f"def count_{name}({s}: str) -> int:", f"Return how many characters of {s} are {phrase}.", body
+
+
+def _remove_chars(rng: random.Random) -> Function:
+    name, phrase, cond = rng.choice(_CHAR_TESTS)
+    s = rng.choice(_TEXTS)
+    return (f"def remove_{name}({s}: str) -> str:", f"Return {s} without the characters that are {phrase}.",
+            [f'return "".join(ch for ch in {s} if not {cond})'])
+
+
+def _map_words(rng: random.Random) -> Function:
+    name, phrase, expr = rng.choice(_WORD_MAPS)
+    s = rng.choice(_TEXTS)
+    body = ([f'return " ".join({expr} for word in {s}.split())'] if rng.random() < 0.5 else
+            ["words = []", f"for word in {s}.split():", f"    words.append({expr})", 'return " ".join(words)'])
+    return f"def {name}({s}: str) -> str:", f"Return {s} with {phrase}.", body
+
+
+def _word_counts(rng: random.Random) -> Function:
+    s = rng.choice(_TEXTS)
+    body = ["counts = {}", f"for word in {s}.lower().split():", "    counts[word] = counts.get(word, 0) + 1",
+            "return counts"]
+    return (f"def word_counts({s}: str) -> dict[str, int]:",
+            f"Return how many times each lower-cased word occurs in {s}.", body)
+
+
+def _running_totals(rng: random.Random) -> Function:
+    xs = rng.choice(_LISTS)
+    body = ["result = []", "total = 0", f"for x in {xs}:", "    total += x", "    result.append(total)",
+            "return result"]
+    return (f"def running_totals({xs}: list[int]) -> list[int]:",
+            f"Return the running totals of the {xs}: the i-th is the sum of the first i + 1.", body)
+
+
+FAMILIES: tuple[Callable[[random.Random], Function], ...] = (
+    _count, _keep, _total, _first, _every, _largest, _mapped, _count_chars, _remove_chars, _map_words,
+    _word_counts, _running_totals,
+)
+
+
+def generate_function(rng: random.Random) -> str:
+    """One function's source: its header, its docstring and its body, at module level."""
+    header, doc, body = rng.choice(FAMILIES)(rng)
+    return "\n".join([header, f'    """{doc}"""', *("    " + line for line in body)]) + "\n"
+
+
+def generate_module(rng: random.Random, functions: tuple[int, int] = (3, 6)) -> str:
+    """A module of a few functions with distinct names, two blank lines apart (PEP 8)."""
+    seen, parts = set(), []
+    for _ in range(rng.randint(*functions)):
+        source = generate_function(rng)
+        name = source[4:source.index("(")]
+        if name not in seen:
+            seen.add(name)
+            parts.append(source)
+    return "\n\n".join(parts)
+
+
+def generate_modules(n: int, seed: int) -> Iterator[str]:
+    """``n`` modules; module ``i`` depends only on ``seed`` and ``i``, so any prefix of a run is the same."""
+    for i in range(n):
+        yield generate_module(random.Random(f"{seed}:codegen:{i}"))
