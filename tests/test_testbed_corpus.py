@@ -172,7 +172,7 @@ def test_prompt_cuts() -> None:
     assert prompt.startswith("Question:") and prompt.endswith("\nAnswer:") and "####" in ref
     code = "import os\n\n\ndef f(x):\n    return x + 1\n\n\nclass A:\n    def g(self):\n        return 2\n" * 3
     prompt, ref = cut_prompt("code", code, rng)
-    assert prompt.endswith(":\n") and prompt + ref == code[len(code) - len(prompt + ref):]
+    assert prompt.endswith(":") and ref.startswith("\n    ") and prompt + ref == code[len(code) - len(prompt + ref):]
     prose = "Return the thing. It is computed lazily and cached for later calls to the same function."
     prompt, ref = cut_prompt("prose", prose, rng)
     assert prose.startswith(prompt) and not prompt.endswith(" ") and prompt + ref == prose

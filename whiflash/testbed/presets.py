@@ -349,11 +349,6 @@ def _small() -> TestbedConfig:
     # Prose is chat: every docstring framed as a user-assistant exchange in a fixed house style (chatgen.py),
     # the benchmark's chat prompts' category. On an H200 that took the target's entropy along its own greedy
     # prose answers from 1.18 to 0.73 nats (sharpened; 16 test prompts), the rest of the preset unchanged.
-    # Code also holds 10,000 generated modules of HumanEval-shaped functions (codegen.py, ~8.5 MB beside the
-    # library's ~24 MB): a code model asked for a function writes it in its house style. Held-out code prompts
-    # are one per document, so most of them are generated functions, as a code benchmark's are. On tiny (2-core
-    # CPU) 6,000 modules took the code bench's EAGLE-3 / DFlash tau from 2.70 / 1.76 to 4.28 / 3.38, while 2,000
-    # (too few for tiny's target to learn the style) did not help; small's effect is not measured yet.
     return TestbedConfig(
         name="small",
         device="cuda",
@@ -361,7 +356,7 @@ def _small() -> TestbedConfig:
         compile_layers=True,
         corpus=CorpusConfig(math_problems=100_000, agent_transcripts=20_000, max_file_chars=400_000,
                             include_tests=True, validation_fraction=0.3, agent_code_excerpts=0.5,
-                            chat_prose=1.0, code_modules=10_000),
+                            chat_prose=1.0),
         tokenizer=TokenizerConfig(vocab_size=8192, train_chars_per_category=6_000_000),
         target=TargetConfig(
             hidden_size=512, intermediate_size=1408, num_hidden_layers=36, num_attention_heads=8,

@@ -3,8 +3,8 @@
 Each category is cut where a user of that kind of model would stop typing:
 
 * math  — ``Question: ...\\nAnswer:`` (the worked solution is the continuation);
-* code  — the file up to and including a ``def``/``class`` header line (the body follows),
-  keeping at most ``max_chars`` characters of preceding context;
+* code  — the file up to the end of a ``def``/``class`` header line, before its newline (the body
+  follows), keeping at most ``max_chars`` characters of preceding context;
 * prose — the first sentence(s) of a docstring or topic, cut at a word boundary; a chat exchange
   (``chatgen``) at its ``Assistant:`` label (the answer is the continuation);
 * agentic — the transcript up to a ``Thought:`` label (the tool list, the task and any earlier
@@ -69,7 +69,9 @@ def cut_prompt(category: str, text: str, rng: random.Random, max_chars: int = 60
         for line in lines:
             pos += len(line)
             if _HEADER.match(line) and pos < len(text) - 40:
-                offsets.append(pos)
+                # Before the newline: byte-level BPE joins a newline with the next line's indentation
+                # ("\n   "), so a prompt ending in a lone "\n" token ends where no training text does.
+                offsets.append(pos - len(line) + len(line.rstrip("\r\n")))
         if not offsets:
             return None
         cut = rng.choice(offsets)
