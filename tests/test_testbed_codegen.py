@@ -97,10 +97,11 @@ def test_corpus_code_modules_are_code_documents_of_their_own_groups(tmp_path: Pa
     base = CorpusConfig(math_problems=100, agent_transcripts=100, max_file_chars=5_000, test_fraction=0.2)
     plain = write_corpus(base, tmp_path / "plain")
     mixed = write_corpus(CorpusConfig(**{**base.__dict__, "code_modules": 40}), tmp_path / "mixed")
-    generated = [r for s in SPLITS for r in read_corpus(tmp_path / "mixed", s, "code") if r["group"].startswith("codegen/")]
-    assert len(generated) == 40 and {r["text"] for r in generated} == set(generate_modules(40, base.seed))
-    assert {s for s in SPLITS if any(r["group"].startswith("codegen/") for r in read_corpus(tmp_path / "mixed", s))} \
-        == set(SPLITS)  # split by group, like every document
-    rest = [r for s in SPLITS for r in read_corpus(tmp_path / "mixed", s) if not r["group"].startswith("codegen/")]
+    records = [(s, r) for s in SPLITS for r in read_corpus(tmp_path / "mixed", s)]
+    generated = [(s, r) for s, r in records if r["group"].startswith("codegen/")]
+    assert {r["category"] for _, r in generated} == {"code"}
+    assert sorted(r["text"] for _, r in generated) == sorted(generate_modules(40, base.seed))
+    assert {s for s, _ in generated} == set(SPLITS)  # split by group, like every document
+    rest = [r for _, r in records if not r["group"].startswith("codegen/")]
     assert rest == [r for s in SPLITS for r in read_corpus(tmp_path / "plain", s)]  # nothing else moves
     assert plain["sha256"] != mixed["sha256"]

@@ -64,19 +64,24 @@ def _filled(rng: random.Random, table: tuple[tuple[str, str, str], ...]) -> tupl
     return name.replace("{k}", k), phrase.replace("{k}", k), expr.replace("{k}", k)
 
 
+def _either(rng: random.Random, short: str, loop: list[str]) -> list[str]:
+    """One body or the other at a coin's toss: the header does not say which style a function is in."""
+    return [short] if rng.random() < 0.5 else loop
+
+
 def _count(rng: random.Random) -> Function:
     name, phrase, cond = _filled(rng, _NUMBER_TESTS)
     xs = rng.choice(_LISTS)
-    body = ([f"return sum(1 for x in {xs} if {cond})"] if rng.random() < 0.5 else
-            ["count = 0", f"for x in {xs}:", f"    if {cond}:", "        count += 1", "return count"])
+    body = _either(rng, f"return sum(1 for x in {xs} if {cond})",
+                   ["count = 0", f"for x in {xs}:", f"    if {cond}:", "        count += 1", "return count"])
     return f"def count_{name}({xs}: list[int]) -> int:", f"Return how many of the {xs} are {phrase}.", body
 
 
 def _keep(rng: random.Random) -> Function:
     name, phrase, cond = _filled(rng, _NUMBER_TESTS)
     xs = rng.choice(_LISTS)
-    body = ([f"return [x for x in {xs} if {cond}]"] if rng.random() < 0.5 else
-            ["result = []", f"for x in {xs}:", f"    if {cond}:", "        result.append(x)", "return result"])
+    body = _either(rng, f"return [x for x in {xs} if {cond}]",
+                   ["result = []", f"for x in {xs}:", f"    if {cond}:", "        result.append(x)", "return result"])
     return (f"def keep_{name}({xs}: list[int]) -> list[int]:", f"Return the {xs} that are {phrase}, in order.",
             body)
 
@@ -84,8 +89,8 @@ def _keep(rng: random.Random) -> Function:
 def _total(rng: random.Random) -> Function:
     name, phrase, cond = _filled(rng, _NUMBER_TESTS)
     xs = rng.choice(_LISTS)
-    body = ([f"return sum(x for x in {xs} if {cond})"] if rng.random() < 0.5 else
-            ["total = 0", f"for x in {xs}:", f"    if {cond}:", "        total += x", "return total"])
+    body = _either(rng, f"return sum(x for x in {xs} if {cond})",
+                   ["total = 0", f"for x in {xs}:", f"    if {cond}:", "        total += x", "return total"])
     return f"def sum_{name}({xs}: list[int]) -> int:", f"Return the sum of the {xs} that are {phrase}.", body
 
 
@@ -119,8 +124,8 @@ def _largest(rng: random.Random) -> Function:
 def _mapped(rng: random.Random) -> Function:
     name, phrase, expr = _filled(rng, _NUMBER_MAPS)
     xs = rng.choice(_LISTS)
-    body = ([f"return [{expr} for x in {xs}]"] if rng.random() < 0.5 else
-            ["result = []", f"for x in {xs}:", f"    result.append({expr})", "return result"])
+    body = _either(rng, f"return [{expr} for x in {xs}]",
+                   ["result = []", f"for x in {xs}:", f"    result.append({expr})", "return result"])
     return (f"def {name}_all({xs}: list[int]) -> list[int]:", f"Return a new list of the {xs}, each {phrase}.",
             body)
 
@@ -128,8 +133,8 @@ def _mapped(rng: random.Random) -> Function:
 def _count_chars(rng: random.Random) -> Function:
     name, phrase, cond = rng.choice(_CHAR_TESTS)
     s = rng.choice(_TEXTS)
-    body = ([f"return sum(1 for ch in {s} if {cond})"] if rng.random() < 0.5 else
-            ["count = 0", f"for ch in {s}:", f"    if {cond}:", "        count += 1", "return count"])
+    body = _either(rng, f"return sum(1 for ch in {s} if {cond})",
+                   ["count = 0", f"for ch in {s}:", f"    if {cond}:", "        count += 1", "return count"])
     return f"def count_{name}({s}: str) -> int:", f"Return how many characters of {s} are {phrase}.", body
 
 
@@ -143,8 +148,8 @@ def _remove_chars(rng: random.Random) -> Function:
 def _map_words(rng: random.Random) -> Function:
     name, phrase, expr = rng.choice(_WORD_MAPS)
     s = rng.choice(_TEXTS)
-    body = ([f'return " ".join({expr} for word in {s}.split())'] if rng.random() < 0.5 else
-            ["words = []", f"for word in {s}.split():", f"    words.append({expr})", 'return " ".join(words)'])
+    body = _either(rng, f'return " ".join({expr} for word in {s}.split())',
+                   ["words = []", f"for word in {s}.split():", f"    words.append({expr})", 'return " ".join(words)'])
     return f"def {name}({s}: str) -> str:", f"Return {s} with {phrase}.", body
 
 
