@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 
-__all__ = ["generate_function", "generate_module", "generate_modules"]
+__all__ = ["FAMILIES", "generate_function", "generate_module", "generate_modules"]
 
 # (name part, docstring phrase, condition on x); "{k}" is a drawn constant
 _NUMBER_TESTS = (
