@@ -3,8 +3,8 @@
 # router data, the router (with its ablation when ROUTER_VARIANTS is set), calibration, the routed bench,
 # router data on the test split's prompts (a replay of the benchmark's own prompts: does what the router
 # learned hold there?) and the benchmark prompt files; then the same router loop for the ddt-e3 pair; then,
-# while the budget lasts, the testbed's acceptance stage, the bench at temperature 1 (E1_SAMPLES prompts) and
-# the DDTree budget sweep with the oracle (E0_SAMPLES). Each call runs, in order, every step not yet done
+# while the budget lasts, the DDTree budget sweep with the oracle (E0_SAMPLES), the bench at temperature 1
+# (E1_SAMPLES prompts) and the testbed's acceptance stage. Each call runs, in order, every step not yet done
 # whose estimate fits in what is left of BUDGET_S, and stops before the first that does not; call it again
 # with the same arguments (on the same warm machine: /tmp is not kept) to go on. A step is done when its
 # output is there: a build stage in the testbed's manifest, profile.json, the router data's manifest, the
@@ -85,7 +85,7 @@ for p in "${pairs[@]}"; do
   steps+=("eval-routed@$p:180")
   [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:90" "prompts-calibrate@$p:70" "eval-prompts@$p:90")
 done
-steps+=(build-acceptance:200 eval-t1:100 eval-t0:200)
+steps+=(eval-t0:200 eval-t1:100 build-acceptance:200)
 IFS=, read -r -a skip <<< "${SKIP:-}"
 for s in "${skip[@]}"; do  # drop every step named s, whatever its pair
   for i in "${!steps[@]}"; do item=${steps[$i]%%:*}; [ "${item%@*}" = "$s" ] && unset "steps[$i]"; done
