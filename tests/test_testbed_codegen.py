@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from whiflash.testbed.codegen import FAMILIES, generate_module, generate_modules
 from whiflash.testbed.corpus import SPLITS, read_corpus, write_corpus
 from whiflash.testbed.presets import CorpusConfig
@@ -71,9 +73,10 @@ def _expected(doc: str, arg: Any) -> tuple[str, Any]:
     raise AssertionError(f"no rule reads the docstring {doc!r}")
 
 
-def test_generated_functions_do_what_their_docstrings_say() -> None:
+@pytest.mark.parametrize("names", [False, True])
+def test_generated_functions_do_what_their_docstrings_say(names: bool) -> None:
     shapes = set()
-    for module in generate_modules(300, seed=3):
+    for module in generate_modules(300, seed=3, names=names):
         namespace: dict[str, Any] = {}
         exec(compile(module, "<generated>", "exec", dont_inherit=True), namespace)  # valid Python, every module
         for fn in (v for k, v in namespace.items() if callable(v) and not k.startswith("__")):
@@ -95,6 +98,20 @@ def test_modules_are_seeded_varied_and_pep8_spaced() -> None:
     headers = [line for m in first for line in m.splitlines() if line.startswith("def ")]
     assert len(set(headers)) > 100  # constants and parameter names vary, not a few fixed functions
     assert len({f.__name__ for f in FAMILIES}) == len(FAMILIES)
+
+
+def test_drawn_names_vary_within_the_house_style() -> None:
+    fixed, drawn = list(generate_modules(200, seed=0)), list(generate_modules(200, seed=0, names=True))
+    loop_names = [set(re.findall(r"^    for (?:i, )?(\w+) in ", "\n".join(ms), re.M)) for ms in (fixed, drawn)]
+    assert loop_names[0] == {"x", "ch", "word"}  # the house style
+    assert {"n", "v", "value", "num", "c", "char", "w", "token"} <= loop_names[1]
+    assert drawn == list(generate_modules(200, seed=0, names=True))
+    for module in drawn:  # a name is drawn once per function and used at every place
+        for function in module.split("\n\n\n"):
+            loop = re.search(r"for (?:i, )?(\w+) in ", function)
+            if loop and "(" not in loop.group(1):
+                uses = re.findall(rf"\b{loop.group(1)}\b", function)
+                assert len(uses) >= 2, function
 
 
 def test_corpus_code_modules_are_code_documents_of_their_own_groups(tmp_path: Path) -> None:

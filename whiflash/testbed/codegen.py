@@ -7,6 +7,9 @@ what the body will be, so after a ``def`` header the continuation is predictable
 learned the style. It is no copy machine: predicates, operations, constants, parameter names and two
 equivalent body styles (a loop or a comprehension, a choice the header does not reveal) combine freely,
 and the code prompts cut at any header of a module, with the module's earlier functions as context.
+With ``names`` the local names are free too (``x`` may be ``n`` or ``value``, ``result`` ``out``): a choice no
+header or docstring decides, which a real model's code is full of, and where a drafter that follows the target
+everywhere else must guess.
 Every generated module is valid Python whose functions return what their docstrings say
 (``tests/test_testbed_codegen.py`` executes them).
 """
@@ -14,6 +17,7 @@ Every generated module is valid Python whose functions return what their docstri
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Iterator
 
 __all__ = ["FAMILIES", "generate_function", "generate_module", "generate_modules"]
@@ -53,6 +57,15 @@ _WORD_MAPS = (
 )
 _LISTS = ("numbers", "values", "items", "scores")
 _TEXTS = ("text", "line", "sentence")
+
+# every local name a body uses -> the names a function may use in its place (``names``); the sets are disjoint
+# and none is a parameter name or a builtin the bodies call
+_LOCALS = {
+    "x": ("x", "n", "v", "value", "num"), "ch": ("ch", "c", "char"), "word": ("word", "w", "token"),
+    "count": ("count", "hits", "found"), "result": ("result", "out", "kept"), "total": ("total", "acc", "running"),
+    "best": ("best", "top", "largest"), "words": ("words", "parts", "pieces"), "counts": ("counts", "freq", "tally"),
+}
+_LOCAL = re.compile(r"\b(" + "|".join(_LOCALS) + r")\b")
 
 Function = tuple[str, str, list[str]]
 """(header line, docstring line, body lines), all unindented."""
@@ -175,17 +188,27 @@ FAMILIES: tuple[Callable[[random.Random], Function], ...] = (
 )
 
 
-def generate_function(rng: random.Random) -> str:
-    """One function's source: its header, its docstring and its body, at module level."""
+def _renamed(rng: random.Random, body: list[str]) -> list[str]:
+    """``body`` with each of its local names drawn anew, the same name at every use."""
+    used = sorted({name for line in body for name in _LOCAL.findall(line)})
+    pick = {name: rng.choice(_LOCALS[name]) for name in used}
+    return [_LOCAL.sub(lambda m: pick[m.group(1)], line) for line in body]
+
+
+def generate_function(rng: random.Random, names: bool = False) -> str:
+    """One function's source: its header, its docstring and its body, at module level. ``names``: local
+    names drawn per function (``_LOCALS``) instead of the house style's fixed ones."""
     header, doc, body = rng.choice(FAMILIES)(rng)
+    if names:
+        body = _renamed(rng, body)
     return "\n".join([header, f'    """{doc}"""', *("    " + line for line in body)]) + "\n"
 
 
-def generate_module(rng: random.Random, functions: tuple[int, int] = (3, 6)) -> str:
+def generate_module(rng: random.Random, functions: tuple[int, int] = (3, 6), names: bool = False) -> str:
     """A module of a few functions with distinct names, two blank lines apart (PEP 8)."""
     seen, parts = set(), []
     for _ in range(rng.randint(*functions)):
-        source = generate_function(rng)
+        source = generate_function(rng, names)
         name = source[4:source.index("(")]
         if name not in seen:
             seen.add(name)
@@ -193,7 +216,8 @@ def generate_module(rng: random.Random, functions: tuple[int, int] = (3, 6)) -> 
     return "\n\n".join(parts)
 
 
-def generate_modules(n: int, seed: int) -> Iterator[str]:
-    """``n`` modules; module ``i`` depends only on ``seed`` and ``i``, so any prefix of a run is the same."""
+def generate_modules(n: int, seed: int, names: bool = False) -> Iterator[str]:
+    """``n`` modules; module ``i`` depends only on ``seed``, ``i`` and ``names``, so any prefix of a run is the
+    same (without ``names`` the draws, and so the modules, are those of a generator that has no such option)."""
     for i in range(n):
-        yield generate_module(random.Random(f"{seed}:codegen:{i}"))
+        yield generate_module(random.Random(f"{seed}:codegen:{i}"), names=names)

@@ -48,6 +48,9 @@ class CorpusConfig:
     code_modules: int = 0
     """Number of generated modules of HumanEval-shaped functions among the code documents (``codegen``: a
     typed header, a one-line docstring, a body in one house style; all splits together; 0: library code only)."""
+    code_names: bool = False
+    """Generated functions draw their local names (``x`` or ``n`` or ``value``, ``result`` or ``out``, ...) anew
+    each, instead of the house style's fixed ones: choices no header decides, where a drafter must guess."""
     min_docstring_chars: int = 80
     """Docstrings shorter than this are not prose documents (``Return self.`` teaches little)."""
     max_file_chars: int = 150_000
