@@ -71,12 +71,19 @@ def test_the_loop_stops_before_a_step_that_does_not_fit(tmp_path: Path) -> None:
     assert re.fullmatch(r"=== stop before build-target \([45]s left < 330s\): call again to go on", lines[0])
 
 
-def test_after_the_routed_benches_come_acceptance_temperature_1_and_the_budget_sweep(tmp_path: Path) -> None:
+def test_after_the_routed_benches_come_the_budget_sweep_temperature_1_and_acceptance(tmp_path: Path) -> None:
     tb, log = tmp_path / "tb", tmp_path / "log"
     finished_testbed(tb, log, stages=STAGES[:-1])
-    (log / "eval_df-e3_t1_results.md").unlink()
-    lines = loop(log, tb, 150)  # acceptance (200 s) does not fit; T = 1 (100 s) is not tried before it
-    assert lines[-2].startswith("=== stop before build-acceptance") and "eval-t1" not in "".join(lines)
+    for tag in ("t0", "t1"):
+        (log / f"eval_df-e3_{tag}_results.md").unlink()
+    lines = loop(log, tb, 150)  # the sweep (200 s) does not fit; T = 1 (100 s) and acceptance are not tried before it
+    assert lines[-2].startswith("=== stop before eval-t0") and "eval-t1" not in "".join(lines)
+    assert "acceptance" not in "".join(lines)
+    (log / "eval_df-e3_t0_results.md").write_text("|")
+    env = {**os.environ, "DRY_RUN": "1"}
+    out = subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(log), str(tb), "150"], capture_output=True,
+                         text=True, timeout=60, check=True, env=env).stdout
+    assert re.search(r"=== would run: gpu_budget\.sh \S+ \S+ 1[45]\d eval-t1@df-e3:100", out)
 
 
 def test_skipped_steps_are_neither_run_nor_waited_for(tmp_path: Path) -> None:
