@@ -11,7 +11,7 @@ from typing import Any
 
 __all__ = ["BACKLOGS", "BenchConfig", "ProfileConfig", "SweepConfig", "flag"]
 
-BACKLOGS = (1, 4, 16, 64)
+BACKLOGS = (1, 4, 16, 64, 256)
 """Default catch-up backlog lengths of `whiflash-eval profile`."""
 
 

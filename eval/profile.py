@@ -34,7 +34,7 @@ from whiflash.session import Session
 
 from .checks import check_profile_config
 from .config import BACKLOGS, ProfileConfig
-from whiflash.latency import LatencyProfile
+from whiflash.latency import AFTER_PASS, LatencyProfile
 from .methods import model_paths
 from .outputs import check_output_file, device_info, prepare_run_dir, write_manifest
 from .timing import copy_bandwidth, device_ms, sync, wall_ms
@@ -200,11 +200,16 @@ def _catch_up(drafter: Drafter, backlog: Commit) -> None:
     drafter.catch_up()
 
 
+AFTER_PASS_HISTORY = 2
+"""The history of the router whose after-pass decision the profile times (`whiflash-train`'s `hN` variants)."""
+
+
 def _router_ms(target: Any, neural: NeuralRouter | None, timed: Any, ids: Tensor, context: int,
                taps: tuple[int, ...]) -> dict[str, float]:
-    """One decision of the entropy router and of a neural router (random weights cost the same), as the
-    routed loop pays it: a policy that decides inside the verify pass costs what it adds to a verify of `ids`
-    (and picking the path's last row; never below 0); one that reads the previous round, its own call."""
+    """One decision of the entropy router, of a neural router (random weights cost the same) and of one that
+    decides after the pass (`AFTER_PASS`), as the routed loop pays it: a policy that decides inside the verify
+    pass costs what it adds to a verify of `ids` (and picking the path's last row; never below 0); one that
+    reads the previous round or earlier positions, its own calls."""
     cfg, device = target.config, target.device
     neural = neural if neural is not None else NeuralRouter(cfg.hidden_size).to(device).eval()
     plain = timed(lambda: target(ids, context, None, None, taps, logits="all"))
@@ -218,6 +223,20 @@ def _router_ms(target: Any, neural: NeuralRouter | None, timed: Any, ids: Tensor
             continue
         routed = timed(lambda p=policy: row(target(ids, context, None, None, taps, logits="all", route=p).routes, last))
         out[name] = max(0.0, routed - plain)
+    # a router that reads earlier positions decides after the pass: what `RoutedDrafter.route` runs each round
+    # (keep the verified path's states, then score), launched from the host between two captured passes
+    after = NeuralPolicy(NeuralRouter(cfg.hidden_size, history=AFTER_PASS_HISTORY).to(device).eval())
+    rows = torch.randn(ids.shape[0], cfg.hidden_size, device=device, dtype=target.dtype)
+    keep = torch.arange(ids.shape[0], device=device)
+    count = torch.ones((), dtype=torch.long, device=device)
+    after(hidden, logits)  # the sequence's first decision starts its history
+
+    def decide() -> Tensor:
+        after.observe(rows, keep, count)
+        after.after_round(0, count)
+        return after(hidden, logits)
+
+    out[AFTER_PASS] = timed(decide)
     return out
 
 

@@ -28,6 +28,7 @@ import torch
 from whiflash.calibration import METHODS, best_threshold, picks_slot0, pinned_slot
 from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.router_context import context_from_rows, history_rows
+from whiflash.routers import decides_in_pass
 from whiflash.speed_oracle import simulate, stick  # the cost model, shared with the speed oracle and whiflash-train
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,8 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
     if method == "whiflash-entropy":
         score, router_ms = cols["entropy"].astype(np.float64), profile.router_ms("entropy")
     else:
-        score, router_ms = _neural_scores(neural_router, manifest, cols), profile.router_ms("neural")
+        score, in_pass = _neural_scores(neural_router, manifest, cols)
+        router_ms = profile.decision_ms(in_pass)  # a router reading earlier positions decides after the pass
     ar = profile.ar_ms()
     from whiflash.speed_oracle import DEFINITION, speed_oracle
 
@@ -161,9 +163,10 @@ def _oracle_columns(oracle: dict[str, Any], router_tps: float, ar_ms: float) -> 
             "share_of_speed_oracle_gain": oracle_gain_share(router_tps, best, oracle["tokens_per_second"])}
 
 
-def _neural_scores(path: str | None, manifest: Any, cols: dict[str, np.ndarray]) -> np.ndarray:
-    """The router's predicted gain for every row (the router must match the data's pair and width); its
-    context features, if it reads any, along the logged path (`whiflash.router_context`)."""
+def _neural_scores(path: str | None, manifest: Any, cols: dict[str, np.ndarray]) -> tuple[np.ndarray, bool]:
+    """The router's predicted gain for every row (the router must match the data's pair and width), its
+    context features, if it reads any, along the logged path (`whiflash.router_context`); and whether it
+    decides inside the verify pass (`whiflash.routers.decides_in_pass`), which sets what a decision costs."""
     import whiflash
 
     if not path:
@@ -182,6 +185,7 @@ def _neural_scores(path: str | None, manifest: Any, cols: dict[str, np.ndarray])
     context = torch.from_numpy(context_from_rows(router.context, cols["prompt_id"], cols["round"], cols["entropy"],
                                                  cols["tau_0"], cols["tau_1"], cols["active"]))
     with torch.no_grad():
-        return np.concatenate([router(torch.from_numpy(hidden[i : i + 8192]).float(),
-                                      context[i : i + 8192] if router.context else None).numpy()
-                               for i in range(0, len(hidden), 8192)]).astype(np.float64)
+        gains = np.concatenate([router(torch.from_numpy(hidden[i : i + 8192]).float(),
+                                       context[i : i + 8192] if router.context else None).numpy()
+                                for i in range(0, len(hidden), 8192)]).astype(np.float64)
+    return gains, decides_in_pass(router)

@@ -17,7 +17,7 @@
 #           datagen flags) + whiflash-train fit for the pair PAIR (default df-e3; ROUTER_TRAIN_FLAGS more fit flags;
 #           with the latency profile it reports the share of the speed oracle's gain, and ROUTER_VARIANTS, e.g.
 #           "tau,speed,speed/decision,speed+entropy", fits one router per variant with whiflash.train.compare, prints
-#           the ablation table and keeps the variant of the fastest replayed tokens/s with a threshold per category),
+#           the ablation table and keeps the first variant unless a later one replays > 1% faster, a threshold per category),
 #           router into TESTBED_DIR/router (df-e3) or
 #           TESTBED_DIR/router_PAIR; router-data and router-train are its two halves, for two device commands
 #           (ROUTER_DATA: the folder router-data writes, default TESTBED_DIR/router_data_PAIR)
@@ -166,7 +166,7 @@ import sys
 from pathlib import Path
 
 from whiflash.train.cli import run
-from whiflash.train.compare import compare_variants, variants_table
+from whiflash.train.compare import KEEP_MARGIN, compare_variants, kept_variant, variants_table
 
 tb, pair, router, variants, flags = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4], sys.argv[5:]
 sys.argv = ["whiflash-train"]  # LightningCLI reads sys.argv alongside args
@@ -175,10 +175,11 @@ if variants and profile.is_file():  # the ablation: one fit per variant, keep th
     result = compare_variants(str(data), str(profile), str(runs), flags, variants.split(","))
     print(variants_table(result))
     # thresholds are calibrated per category downstream, so the variant is chosen as it will run
-    best = max(result["variants"].items(), key=lambda kv: kv[1]["calibrated_tokens_per_second"])
-    print(f"kept variant {best[0]} (fastest replayed tokens/s on validation, a threshold per category)")
+    kept = kept_variant(result)
+    print(f"kept variant {kept} (the first listed unless a later one replays > {KEEP_MARGIN:.0%} faster on "
+          "validation, a threshold per category)")
     shutil.copy(runs / "variants.json", tb / f"variants_{pair}.json")
-    src = Path(best[1]["run"]) / "router"
+    src = Path(result["variants"][kept]["run"]) / "router"
 else:
     extra = ["--data.latency_profile", str(profile)] if profile.is_file() else []
     run(["fit", "--data.path", str(data), "--trainer.default_root_dir", str(runs), *extra, *flags])

@@ -126,8 +126,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {name} | {n} | {eq} ({eq / max(n, 1):.0%}) | {lo} | {hi} |")
 
     scores = {"whiflash-entropy": cols["entropy"].astype(np.float64)}
+    decision = {"whiflash-entropy": profile.router_ms("entropy")}
     if args.router:
-        scores["whiflash-neural"] = _neural_scores(args.router, manifest, cols)
+        scores["whiflash-neural"], in_pass = _neural_scores(args.router, manifest, cols)
+        decision["whiflash-neural"] = profile.decision_ms(in_pass)
     alone = tuple(profile.round_ms(k, manifest.tree_budget) for k in slots)
     routed = tuple(profile.round_ms(k, manifest.tree_budget, routed=True) for k in slots)
     print("\n## Speed against the better drafter alone: replay / walk estimates from the rows, bench\n")
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
                     pinned = pinned_slot(m, thr) is not None
                     rows.append((m, thr, estimates(c, picks_slot0(m, scores[m][sel], thr), slots,
                                                    alone if pinned else routed, profile,
-                                                   0.0 if pinned else profile.router_ms(m.removeprefix("whiflash-")))))
+                                                   0.0 if pinned else decision[m])))
         best = [max(e[k] for e in est.values()) for k in (0, 1)]
         best_bench = max(bench.get(k, 0.0) for k in slots)
         for m, thr, (rep, walk) in rows:

@@ -96,7 +96,7 @@ def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytes
     prof = LatencyProfile.read(out)
     assert set(prof.round) == {"eagle3", "dflash", "ddtree-b4"} and set(prof.verify) == {7, 16}
     assert set(prof.tree_verify) == {5} and set(prof.catchup["eagle3"]) == {1, 8} and set(prof.router) == {
-        "entropy", "neural"}
+        "entropy", "neural", "neural-after-pass"} and prof.router["neural-after-pass"] > 0
     assert prof.round["dflash"] == pytest.approx(prof.draft["dflash"] + prof.verify[16])
     assert prof.meta["models"]["random_weights"] == "qwen3-8b" and prof.meta["context"] == 40 and prof.floor > 0
     (run,) = tmp_path.glob("*_profile-qwen3-8b")

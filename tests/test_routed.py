@@ -11,7 +11,7 @@ from whiflash.decoding.routed import OracleDrafter, RoutedDrafter
 from whiflash.router import NeuralRouter
 from whiflash.router_context import CONTEXT_FEATURES, NO_SLOT, context_from_rows
 from whiflash.routers import (AlternatingRouter, EntropyRouter, FixedRouter, NeuralPolicy,
-                              ScriptedRouter, entropy)
+                              ScriptedRouter, decides_in_pass, entropy)
 
 PROMPTS = [[7, 8, 9, 10, 11, 12], [40, 3, 3, 17, 29, 30, 31, 2, 5, 5, 6]]
 
@@ -424,6 +424,9 @@ def test_a_row_policy_decides_every_verify_row_as_it_decides_one(world):
         target(ids, 0, logits="last", route=policies[0])
     reads_back = NeuralPolicy(NeuralRouter(h, context=["entropy", "prev_tau"]))
     assert reads_back.rows_key is None
+    # what the latency profile prices a decision by: inside the pass, or after it (the previous round, history)
+    assert [decides_in_pass(NeuralRouter(h, **kw)) for kw in ({}, {"context": ["entropy"]}, {"context": ["prev_slot"]},
+                                                               {"history": 2})] == [True, True, False, False]
     assert RoutedDrafter("df-e3", reads_back, eagle3=eagle, dflash=ddtree).row_policy is None
     assert RoutedDrafter("df-e3", policies[2], eagle3=eagle, dflash=ddtree).row_policy is policies[2]
     # a captured pass is keyed by rows_key: a policy whose threshold moves must key a new pass

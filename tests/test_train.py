@@ -471,6 +471,28 @@ def test_speed_label_needs_a_profile_with_the_slots(dataset: Path, tmp_path: Pat
     assert np.mean(np.sign(speed) == np.sign(plain)) > 0.5  # the same decision most of the time
 
 
+def test_speed_report_prices_a_router_deciding_after_the_pass(dataset: Path, tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    from whiflash.train.export import score_split
+    from whiflash.train.speed import speed_report
+
+    dm = _dm(dataset, tmp_path, latency_profile=str(_profile(tmp_path / "p.json", dflash=1.0)))
+    dm.setup("fit")
+    scores = score_split(NeuralRouter(hidden_size=H, mlp_dim=8), dm, "val")
+    prof = _profile(dflash=1.0)
+    prof.router.update({"neural": 0.0, "neural-after-pass": 0.2})
+    report = lambda in_pass: speed_report(scores, 0.0, [0.0], dm.categories, ("dflash", "eagle3"), prof,  # noqa: E731
+                                          in_pass=in_pass)["overall"]
+    inside, after = report(True), report(False)
+    assert after["router_tokens_per_second"] < inside["router_tokens_per_second"]
+    assert after["speed_oracle_tokens_per_second"] == inside["speed_oracle_tokens_per_second"]  # decides nothing
+    # a profile from before the after-pass decision was timed prices it as one inside the pass, and says so
+    del prof.router["neural-after-pass"]
+    with caplog.at_level("WARNING", logger="whiflash.latency"):
+        assert report(False)["router_tokens_per_second"] == pytest.approx(inside["router_tokens_per_second"])
+    assert "neural-after-pass" in caplog.text and "whiflash-eval profile" in caplog.text
+
+
 def test_speed_report_standalone_router_has_share_zero(dataset: Path, tmp_path: Path) -> None:
     from whiflash.train.export import score_split
     from whiflash.train.speed import speed_report

@@ -280,3 +280,18 @@ def test_variant_comparison_fits_each_label_and_context(env, tmp_path: Path, cap
     replay = replay_thresholds(data, prof, "whiflash-neural", [-1.0, 0.0, 1.0],
                                str(Path(saved["speed+entropy+prev_tau"]["run"]) / "router"))
     assert replay["overall"]["threshold"] in (-1.0, 0.0, 1.0)
+
+
+def test_a_later_variant_is_kept_only_where_it_replays_clearly_faster() -> None:
+    from whiflash.train.compare import KEEP_MARGIN, kept_variant
+
+    def result(*rates: float) -> dict:
+        return {"variants": {f"v{i}": {"calibrated_tokens_per_second": r} for i, r in enumerate(rates)}}
+
+    assert kept_variant(result(100.0, 100.0 * (1 + KEEP_MARGIN / 2))) == "v0"  # within the margin: the plainer one
+    assert kept_variant(result(100.0, 95.0, 100.0 * (1 + 2 * KEEP_MARGIN))) == "v2"
+    # each later variant is held against the one kept so far, not only against the first
+    assert kept_variant(result(100.0, 103.0, 103.5)) == "v1"
+    assert kept_variant(result(100.0, 103.0, 103.5), margin=0.0) == "v2"
+    with pytest.raises(ValueError, match="no variants"):
+        kept_variant({"variants": {}})

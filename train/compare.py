@@ -15,7 +15,8 @@ replayed tokens/s at the exported threshold, at the fastest threshold of the gri
 category (each category's fastest, or a drafter alone, as `whiflash-eval calibrate` picks them), the share
 of the speed oracle's gain over the better standalone drafter at each, and per category the share at its
 own threshold (docs/train.md, "Tokens per second"): an ablation table. Keep a feature only where it raises
-the share.
+the share: `kept_variant` takes the first variant (list them plainest first) and moves to a later one only
+where that one's replayed tokens/s, a threshold per category, are higher by more than `KEEP_MARGIN`.
 """
 from __future__ import annotations
 
@@ -33,9 +34,13 @@ from whiflash.router_context import check_context
 from .speed import LABELS
 from .task import LOSSES
 
-__all__ = ["DEFAULT_VARIANTS", "compare_variants", "parse_variant", "variants_table"]
+__all__ = ["DEFAULT_VARIANTS", "KEEP_MARGIN", "compare_variants", "kept_variant", "parse_variant", "variants_table"]
 
 DEFAULT_VARIANTS = ("tau", "speed")
+KEEP_MARGIN = 0.01
+"""How much faster (relative replayed tokens/s) a later variant must be to be kept over an earlier one: a
+feature costs a decision after the verify pass on every round (`whiflash.routers.decides_in_pass`), and a
+replay on a validation split of a few hundred prompts does not tell apart gains much smaller than this."""
 _HISTORY = re.compile(r"h[1-9][0-9]*")
 """A variant feature `hN`: the router reads N positions of history (`--data.history N`)."""
 
@@ -97,6 +102,19 @@ def compare_variants(data: str, latency_profile: str, out: str, fit_args: Sequen
     return result
 
 
+def kept_variant(result: dict[str, Any], margin: float = KEEP_MARGIN) -> str:
+    """The variant of `compare_variants`' result to keep: the first one listed, replaced by each later one whose
+    replayed tokens/s with a threshold per category (as it will run) beat the kept one's by more than `margin`."""
+    rows = result["variants"]
+    if not rows:
+        raise ValueError("no variants to keep from: compare at least one")
+    kept = next(iter(rows))
+    for name, row in rows.items():
+        if row["calibrated_tokens_per_second"] > rows[kept]["calibrated_tokens_per_second"] * (1 + margin):
+            kept = name
+    return kept
+
+
 def variants_table(result: dict[str, Any]) -> str:
     """The comparison as a Markdown table (shares as fractions; — where the oracle gains nothing)."""
     f = lambda x, d=3: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
@@ -134,7 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
     variants = [v for v in args.variants.split(",") if v.strip()]
-    print(variants_table(compare_variants(args.data, args.latency_profile, args.out, argv[cut + 1 :], variants)))
+    result = compare_variants(args.data, args.latency_profile, args.out, argv[cut + 1 :], variants)
+    print(variants_table(result))
+    print(f"\nkept: {kept_variant(result)} (the first listed, unless a later one replays more than "
+          f"{KEEP_MARGIN:.0%} faster with a threshold per category)")
 
 
 if __name__ == "__main__":

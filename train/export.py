@@ -173,12 +173,14 @@ def export_run(task: RouterTask, dm: RouterDataModule, run_dir: str | Path, ckpt
     results = evaluate_scores(scores, task.thresholds, dm.categories)
     results["trained_for"] = {"label": dm.hparams.label, "loss": task.hparams.loss}
     if dm.profile is not None:  # tokens/s terms: the router against the speed oracle and the better drafter
+        from whiflash.routers import decides_in_pass
+
         from .speed import speed_report
 
         # the recommended threshold is then the grid's fastest in tokens/s, not the one of the highest tau
         results["speed"] = speed_report(scores, None, task.thresholds, dm.categories,
                                         tuple(dm.manifest.pair.slots), dm.profile, dm.manifest.tree_budget,
-                                        dm.manifest.every_position)
+                                        dm.manifest.every_position, decides_in_pass(router))
     # the exports are shared: name the target by Hub id or folder name, never by a local path
     threshold = results["speed"]["overall"]["threshold"] if "speed" in results else results["routing"]["best_threshold"]
     final = NeuralRouter(**{**router.config(), "threshold": threshold,

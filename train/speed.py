@@ -60,13 +60,15 @@ def speed_gain(prompt: np.ndarray, rnd: np.ndarray, position: np.ndarray, tau_0:
 
 def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresholds: Sequence[float],
                  categories: list[str], kinds: tuple[str, str], profile: LatencyProfile,
-                 tree_budget: int | None = None, every_position: bool = False) -> dict[str, Any]:
+                 tree_budget: int | None = None, every_position: bool = False, in_pass: bool = True) -> dict[str, Any]:
     """The router's replayed tokens/s beside the speed oracle and the better standalone drafter, per category
     and overall, at ``threshold`` (None: the fastest of ``thresholds``, overall); overall also the fastest
     threshold of ``thresholds`` and its figures. ``calibrated_*``: each category at its own fastest threshold of
     ``thresholds`` and +-inf (each drafter alone), as ``whiflash-eval calibrate`` picks them; overall, those
     categories pooled. ``every_position``: the rows are one per position
-    (``whiflash-datagen --path every``), and each replay walks its own path over them.
+    (``whiflash-datagen --path every``), and each replay walks its own path over them. ``in_pass``: the router
+    decides inside the verify pass (``whiflash.routers.decides_in_pass``); one that does not pays the profile's
+    after-pass decision every routed round (``LatencyProfile.decision_ms``).
 
     ``scores`` holds ``pred``, ``prompt``, ``round``, ``position``, ``tau_0``, ``tau_1`` and ``category`` codes."""
     order = _order(scores["prompt"], scores["round"])
@@ -75,7 +77,7 @@ def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresho
     cols["category"] = np.asarray(categories, dtype=object)[cols["category"]] if len(categories) else cols["category"]
     routed = tuple(profile.round_ms(k, tree_budget, routed=True) for k in kinds)  # a deciding router's rounds;
     plain = tuple(profile.round_ms(k, tree_budget) for k in kinds)  # a pinned slot's, like the standalone drafters'
-    router_ms = profile.router_ms("neural")  # and the oracle's, which decide nothing
+    router_ms = profile.decision_ms(in_pass)  # and the oracle's, which decide nothing
     oracle = speed_oracle(cols, kinds, profile, tree_budget, every=every_position)["categories"]
 
     def replay(part: dict[str, np.ndarray], theta: float) -> tuple[int, float]:

@@ -12,7 +12,8 @@ All times are milliseconds of one call. Slot kinds are `eagle3`, `dflash` and `d
     draft[kind]        the drafter's proposal with an empty backlog
     round[kind]        draft[kind] + verify at that kind's width: one round, catch-up excluded
     catchup[model][n]  KV-only catch-up of a backlog of n committed rows (model: eagle3 or dflash)
-    router[name]       one routing decision (entropy, neural)
+    router[name]       one routing decision: entropy and neural decide inside the verify pass; neural-after-pass
+                       is a neural router that reads the previous round or earlier positions, so decides after it
     floor              (weight + KV bytes) / copy bandwidth: the memory floor of an AR step
 
 Beside the components, `meta` holds `loop_round_wall_ms` (wall time of a round of the real loop, AR and
@@ -30,6 +31,7 @@ rounds are priced. Drafters alone, and the speed oracle (routing that costs noth
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +39,12 @@ from typing import Any
 
 from whiflash.io import atomic_write_json
 
-__all__ = ["PROFILE_KIND", "LatencyProfile", "catchup_model", "slot_kind"]
+log = logging.getLogger(__name__)
 
+__all__ = ["AFTER_PASS", "PROFILE_KIND", "LatencyProfile", "catchup_model", "slot_kind"]
+
+AFTER_PASS = "neural-after-pass"
+"""The `router` key of a neural decision made after the verify pass (`LatencyProfile.decision_ms`)."""
 PROFILE_KIND = "whiflash-latency-profile"
 """The `kind` field of a profile JSON."""
 VERSION = 1
@@ -126,6 +132,16 @@ class LatencyProfile:
     def router_ms(self, name: str) -> float:
         """One decision of router `name` (0 when not profiled: a router costs one small kernel chain)."""
         return self.router.get(name, 0.0)
+
+    def decision_ms(self, in_pass: bool = True) -> float:
+        """One decision of a neural router as the loop pays it: `neural` when it decides inside the verify pass,
+        `neural-after-pass` when not (`whiflash.routers.decides_in_pass`). A profile written before the latter
+        was timed gives `neural` for both, with a warning: it underprices a router that decides after the pass."""
+        if not in_pass and AFTER_PASS not in self.router:
+            log.warning("latency profile %s has no %r time: a router that decides after the verify pass is priced "
+                        "as one that decides inside it (profile again with whiflash-eval profile)", self.source,
+                        AFTER_PASS)
+        return self.router_ms("neural" if in_pass or AFTER_PASS not in self.router else AFTER_PASS)
 
     def ratios(self) -> dict[str, float]:
         """Every component over one AR step (the table that transfers between devices of a kind)."""

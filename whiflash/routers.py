@@ -135,9 +135,7 @@ class NeuralPolicy:
     def rows_key(self) -> tuple[Any, ...] | None:
         """What a captured verify pass deciding with `rows` depends on; None when the router reads the
         previous round (its decision needs the round's tau, known only after the pass) or earlier positions."""
-        if self.history or any(name != "entropy" for name in self.context):
-            return None
-        return (self, self.threshold)
+        return (self, self.threshold) if decides_in_pass(self.router) else None
 
 
 class FixedRouter:
@@ -171,6 +169,14 @@ class ScriptedRouter:
 
     def __call__(self, hidden: Tensor, logits: Tensor) -> Tensor:
         return slot_tensor(hidden, next(self._it))
+
+
+def decides_in_pass(router: nn.Module) -> bool:
+    """Whether `NeuralPolicy` decides with `router` inside the verify pass: it reads the hidden state and at most
+    the entropy. A router that reads the previous round or earlier positions decides after the pass, with kernels
+    of its own launched on every round's critical path: the latency profile times the two apart
+    (`LatencyProfile.decision_ms`), because on a small target that difference is a few percent of a round."""
+    return not int(getattr(router, "history", 0)) and all(n == "entropy" for n in getattr(router, "context", ()))
 
 
 def slot_tensor(like: Tensor, slot: int) -> Tensor:
