@@ -143,7 +143,8 @@ def datagen(
         out: dataset folder (Parquet shards + manifest.json), new or empty, or one this command wrote: a killed
             run resumed with the same arguments and prompts reuses finished shards; anything else is refused.
         prompts: sources, each `testbed:SPLIT`, `testbed:heldout` (per category the split the drafters did not
-            learn from: router data) or a JSONL file (FastChat `turns`, `prompt` or `input_ids`);
+            learn from: router data), `testbed:dev` (test-split prompts from documents the benchmark's pool of 80
+            a category does not cut) or a JSONL file (FastChat `turns`, `prompt` or `input_ids`);
             a list, or one string (several sources separated by commas).
         target: target model (Hub id or folder); default `<testbed>/target`.
         eagle3: EAGLE-3 drafter (Hub id or folder); default `<testbed>/eagle3`.

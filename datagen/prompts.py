@@ -2,7 +2,8 @@
 
 A source is `testbed:SPLIT` (prefixes of the testbed corpus split, every category), `testbed:heldout` (per
 category, prefixes of the split the drafters did not learn from: `whiflash.testbed.prompts.heldout_split`; what
-router data should come from) or a UTF-8 JSONL file:
+router data should come from), `testbed:dev` (per category, test-split prefixes from documents the benchmark's
+pool does not cut: `whiflash.testbed.prompts.dev_prompts`) or a UTF-8 JSONL file:
 FastChat-style records (`question_id`, `category`, `turns`: a list of strings, the first turn is used) or
 records with `prompt` (text) or `input_ids` (token ids), each optionally with `id` and `category`. Ids
 are unique: a record repeating another's id (or a source listed twice) is refused.
@@ -59,17 +60,24 @@ def read_source(source: str, testbed: Path | None, per_category: int) -> list[Pr
     """Prompts of one source, in a fixed order (resumption relies on it)."""
     if source.startswith("testbed:"):
         from whiflash.testbed import CATEGORIES, held_out_prompts
-        from whiflash.testbed.prompts import HELDOUT, heldout_split, testbed_split
+        from whiflash.testbed.prompts import DEV, HELDOUT, dev_prompts, heldout_split, testbed_split
 
-        if source == HELDOUT and testbed is None:
-            raise ValueError(f"--prompts {HELDOUT} needs --testbed DIR (a built testbed folder)")
+        if source in (HELDOUT, DEV) and testbed is None:
+            raise ValueError(f"--prompts {source} needs --testbed DIR (a built testbed folder)")
         out = []
         for cat in CATEGORIES:  # testbed:heldout: each category from the split its drafters did not learn from
-            split = testbed_split(f"testbed:{heldout_split(testbed, cat)}" if source == HELDOUT else source,
-                                  testbed, "--prompts")
+            if source == DEV:  # the test split's documents outside the benchmark's pool
+                split = testbed_split("testbed:test", testbed, "--prompts")
+                try:
+                    prompts = dev_prompts(testbed, cat, per_category)
+                except ValueError as err:
+                    raise ValueError(f"--prompts {err}") from None
+            else:
+                split = testbed_split(f"testbed:{heldout_split(testbed, cat)}" if source == HELDOUT else source,
+                                      testbed, "--prompts")
+                prompts = held_out_prompts(testbed, cat, per_category, split=split)
             # the id whiflash-eval gives the same prompt (`testbed-SPLIT-DOC@CUT`), so rows and bench samples pair up
-            out += [PromptItem(f"testbed-{split}-{p.id}", cat, p.prompt, source=source)
-                    for p in held_out_prompts(testbed, cat, per_category, split=split)]
+            out += [PromptItem(f"testbed-{split}-{p.id}", cat, p.prompt, source=source) for p in prompts]
         return out
     path = Path(source)
     if not path.is_file():

@@ -12,7 +12,7 @@
 #   latency whiflash-eval profile of the testbed's models at LATENCY_CONTEXT positions (1024) -> TESTBED_DIR/profile.json (round, verify and catch-up
 #           times; the router and calibrate steps use it when it is there);
 #   router  whiflash-datagen on testbed:heldout prompts (per category the split the drafters did not learn from;
-#           ROUTER_SOURCE to change it; ROUTER_PROMPTS per category, default 48, ROUTER_TOKENS new
+#           ROUTER_SOURCE to change it, e.g. testbed:dev; ROUTER_PROMPTS per category, default 48, ROUTER_TOKENS new
 #           tokens, default 96; ROUTER_PROCS processes sharing the GPU under torchrun, default 1; ROUTER_FLAGS more
 #           datagen flags) + whiflash-train fit for the pair PAIR (default df-e3; ROUTER_TRAIN_FLAGS more fit flags;
 #           with the latency profile it reports the share of the speed oracle's gain, and ROUTER_VARIANTS, e.g.

@@ -442,6 +442,27 @@ def test_heldout_prompts_come_from_the_split_the_drafters_did_not_learn_from(mic
         read_source("testbed:heldout", fake, 1)
 
 
+def test_dev_prompts_are_test_prompts_from_documents_the_benchmark_pool_leaves(micro):
+    """`testbed:dev`: test-split prompts whose documents none of the benchmark's pool is cut from; a category whose
+    test documents the pool takes whole is refused with a message that names the source and the category."""
+    from whiflash.datagen.prompts import read_source
+    from whiflash.testbed import held_out_prompts
+    from whiflash.testbed.prompts import DEV_POOL, dev_prompts
+
+    doc = lambda p: p.id.rsplit("@", 1)[0]  # noqa: E731
+    for cat in ("math", "prose"):
+        pool = held_out_prompts(micro, cat, 3)
+        dev = dev_prompts(micro, cat, 5, pool=3)
+        assert len(dev) == 5 and not {doc(p) for p in dev} & {doc(p) for p in pool}
+        assert {doc(p) for p in dev} <= {doc(p) for p in held_out_prompts(micro, cat, 500)}  # the test split's
+        assert dev == dev_prompts(micro, cat, 5, pool=3)  # seeded: the same prompts every time
+    codes = len(held_out_prompts(micro, "code", 10_000, max_passes=1))  # one cut a document: the documents
+    assert codes <= DEV_POOL
+    with pytest.raises(ValueError, match=rf"--prompts testbed:dev: the test split's {codes} code documents are all "
+                                         rf"cut by the benchmark's pool of {DEV_POOL} prompts"):
+        read_source("testbed:dev", micro, 2)
+
+
 def test_a_testbed_prompt_has_the_id_the_bench_gives_it(micro):
     """Rows and bench samples of one testbed prompt pair up by id (`whiflash-eval report --replay` relies on it)."""
     from whiflash.datagen.prompts import read_source

@@ -39,8 +39,8 @@ __all__ = ["DEFAULT_VARIANTS", "KEEP_MARGIN", "compare_variants", "kept_variant"
 DEFAULT_VARIANTS = ("tau", "speed")
 KEEP_MARGIN = 0.01
 """How much faster (relative replayed tokens/s) a later variant must be to be kept over an earlier one: a
-feature costs a decision after the verify pass on every round (`whiflash.routers.decides_in_pass`), and a
-replay on a validation split of a few hundred prompts does not tell apart gains much smaller than this."""
+feature other than the entropy moves the decision after the verify pass (`whiflash.routers.decides_in_pass`),
+and a replay on a validation split of a few hundred prompts does not tell apart gains much smaller than this."""
 _HISTORY = re.compile(r"h[1-9][0-9]*")
 """A variant feature `hN`: the router reads N positions of history (`--data.history N`)."""
 

@@ -137,11 +137,14 @@ class LatencyProfile:
         """One decision of a neural router as the loop pays it: `neural` when it decides inside the verify pass,
         `neural-after-pass` when not (`whiflash.routers.decides_in_pass`). A profile written before the latter
         was timed gives `neural` for both, with a warning: it underprices a router that decides after the pass."""
-        if not in_pass and AFTER_PASS not in self.router:
+        if in_pass:
+            return self.router_ms("neural")
+        if AFTER_PASS not in self.router:
             log.warning("latency profile %s has no %r time: a router that decides after the verify pass is priced "
                         "as one that decides inside it (profile again with whiflash-eval profile)", self.source,
                         AFTER_PASS)
-        return self.router_ms("neural" if in_pass or AFTER_PASS not in self.router else AFTER_PASS)
+            return self.router_ms("neural")
+        return self.router_ms(AFTER_PASS)
 
     def ratios(self) -> dict[str, float]:
         """Every component over one AR step (the table that transfers between devices of a kind)."""

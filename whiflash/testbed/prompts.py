@@ -28,10 +28,17 @@ from .chatgen import ASSISTANT
 from .corpus import SPLITS, read_corpus
 from .presets import CATEGORIES
 
-__all__ = ["HELDOUT", "Prompt", "cut_prompt", "held_out_prompts", "eval_prompts", "heldout_split", "testbed_split"]
+__all__ = ["DEV", "DEV_POOL", "HELDOUT", "Prompt", "cut_prompt", "dev_prompts", "held_out_prompts", "eval_prompts",
+           "heldout_split", "testbed_split"]
 
 HELDOUT = "testbed:heldout"
 """A prompt source of its own: per category, prompts the drafters never learned from (`heldout_split`)."""
+DEV = "testbed:dev"
+"""A prompt source of its own: per category, test-split prompts from documents the benchmark's pool does not
+cut (`dev_prompts`)."""
+DEV_POOL = 80
+"""Test prompts a category whose documents `testbed:dev` leaves to the benchmark: `whiflash-eval bench --dataset
+testbed:test --max-samples N` draws from a pool of N prompts a category, so any N up to 80 stays disjoint."""
 
 _HEADER = re.compile(r"^[ \t]*(?:async\s+)?(?:def|class)\s+\w+.*:[ \t]*$")
 
@@ -114,17 +121,20 @@ def cut_prompt(category: str, text: str, rng: random.Random, max_chars: int = 60
 
 
 def held_out_prompts(testbed_dir: str | Path, category: str, n: int, split: str = "test", seed: int = 0,
-                     max_chars: int = 600, max_passes: int = 8) -> list[Prompt]:
+                     max_chars: int = 600, max_passes: int = 8, exclude_docs: frozenset[str] = frozenset()
+                     ) -> list[Prompt]:
     """Up to ``n`` distinct prompts of one category from one corpus split of a built testbed.
 
     Documents are visited in a seeded order, one cut each; while fewer than ``n`` prompts exist the
-    documents are visited again (at most ``max_passes`` times) for cuts not taken yet.
+    documents are visited again (at most ``max_passes`` times) for cuts not taken yet. Documents whose id is
+    in ``exclude_docs`` are left out.
     """
     if category not in CATEGORIES:
         raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
     docs = list(read_corpus(Path(testbed_dir) / "corpus", split, category))
     rng = random.Random(f"{seed}:{split}:{category}")
     rng.shuffle(docs)
+    docs = [d for d in docs if d["id"] not in exclude_docs]
     out: list[Prompt] = []
     seen: set[str] = set()
     for n_pass in range(max_passes):
@@ -143,6 +153,20 @@ def held_out_prompts(testbed_dir: str | Path, category: str, n: int, split: str 
                 out.append(Prompt(pid, category, prompt, reference))
         if len(out) == grown:  # no document has a cut left that was not taken
             break
+    return out
+
+
+def dev_prompts(testbed_dir: str | Path, category: str, n: int, seed: int = 0, pool: int = DEV_POOL) -> list[Prompt]:
+    """Up to ``n`` prompts of one category (``testbed:dev``) from the test split's documents that none of its
+    first ``pool`` prompts (the benchmark's pool, `DEV_POOL`) is cut from. Like the benchmark's prompts they are
+    new to the target and both drafters, which no other split is for every category (`heldout_split`), and they
+    share no document with them: what router data is tuned on where it should resemble the benchmark.
+    ``ValueError`` when no such document is left."""
+    taken = frozenset(p.id.rsplit("@", 1)[0] for p in held_out_prompts(testbed_dir, category, pool, seed=seed))
+    out = held_out_prompts(testbed_dir, category, n, seed=seed, exclude_docs=taken)
+    if n > 0 and not out:
+        raise ValueError(f"{DEV}: the test split's {len(taken)} {category} documents are all cut by the benchmark's "
+                         f"pool of {pool} prompts a category; use {HELDOUT} or a preset with a larger corpus")
     return out
 
 
