@@ -449,12 +449,11 @@ def test_dev_prompts_are_test_prompts_from_documents_the_benchmark_pool_leaves(m
     from whiflash.testbed import held_out_prompts
     from whiflash.testbed.prompts import DEV_POOL, dev_prompts
 
-    doc = lambda p: p.id.rsplit("@", 1)[0]  # noqa: E731
     for cat in ("math", "prose"):
         pool = held_out_prompts(micro, cat, 3)
         dev = dev_prompts(micro, cat, 5, pool=3)
-        assert len(dev) == 5 and not {doc(p) for p in dev} & {doc(p) for p in pool}
-        assert {doc(p) for p in dev} <= {doc(p) for p in held_out_prompts(micro, cat, 500)}  # the test split's
+        assert len(dev) == 5 and not {p.document for p in dev} & {p.document for p in pool}
+        assert {p.document for p in dev} <= {p.document for p in held_out_prompts(micro, cat, 500)}  # the test split's
         assert dev == dev_prompts(micro, cat, 5, pool=3)  # seeded: the same prompts every time
     codes = len(held_out_prompts(micro, "code", 10_000, max_passes=1))  # one cut a document: the documents
     assert codes <= DEV_POOL

@@ -56,6 +56,11 @@ class Prompt:
     reference: str
     """What followed in the document (for inspection; never used by acceptance measurements)."""
 
+    @property
+    def document(self) -> str:
+        """The id of the document the prompt is cut from."""
+        return self.id.rsplit("@", 1)[0]
+
 
 def cut_prompt(category: str, text: str, rng: random.Random, max_chars: int = 600,
                varied: bool = False) -> tuple[str, str] | None:
@@ -162,7 +167,7 @@ def dev_prompts(testbed_dir: str | Path, category: str, n: int, seed: int = 0, p
     new to the target and both drafters, which no other split is for every category (`heldout_split`), and they
     share no document with them: what router data is tuned on where it should resemble the benchmark.
     ``ValueError`` when no such document is left."""
-    taken = frozenset(p.id.rsplit("@", 1)[0] for p in held_out_prompts(testbed_dir, category, pool, seed=seed))
+    taken = frozenset(p.document for p in held_out_prompts(testbed_dir, category, pool, seed=seed))
     out = held_out_prompts(testbed_dir, category, n, seed=seed, exclude_docs=taken)
     if n > 0 and not out:
         raise ValueError(f"{DEV}: the test split's {len(taken)} {category} documents are all cut by the benchmark's "
