@@ -270,6 +270,20 @@ def test_whiflash_train_fits_on_datagen_output(worlds, tmp_path, prompt_file, mo
     if path == "every":  # the validation rows replayed along walks: no router beats the speed oracle
         report = json.loads((folders[0].parent / "results.json").read_text())["speed"]["overall"]
         assert report["router_tokens_per_second"] <= report["speed_oracle_tokens_per_second"] * (1 + 1e-12)
+    # --data.balance starts: rows at every position drawn as often as decodes start a round there
+    from whiflash.speed_oracle import round_starts
+    from whiflash.train.data import RouterDataModule
+    if path != "every":
+        with pytest.raises(UsageError, match="--data.balance starts: .* rows on one decoding path"):
+            RouterDataModule(str(data), balance="starts")
+    else:
+        dm = RouterDataModule(str(data), balance="starts", cache_dir=str(tmp_path / "hf"))
+        dm.setup("fit")
+        s, idx = dm.data.scalars, dm.split_indices["train"]
+        assert s["weight"] == pytest.approx(round_starts(s["prompt"], s["position"], s["tau_0"], s["tau_1"]))
+        first = np.r_[True, s["prompt"][1:] != s["prompt"][:-1]]  # rows in prompt and position order
+        assert np.all(s["weight"][first] == 1) and s["weight"].min() < 0.5
+        assert dm._weights(idx) == pytest.approx(s["weight"][idx] / s["weight"][idx].sum())
     router = load_router(folders[0], hidden_size=32, pair="df-e3")
     assert router(torch.randn(4, 32)).shape == (4,)
     rows = read_manifest(data).num_rows

@@ -9,7 +9,7 @@ import pytest
 
 from whiflash.latency import LatencyProfile
 from whiflash.eval.replay import simulate
-from whiflash.speed_oracle import oracle_gain_share, speed_oracle
+from whiflash.speed_oracle import oracle_gain_share, round_starts, speed_oracle
 
 KINDS = ("dflash", "eagle3")
 
@@ -106,6 +106,35 @@ def test_every_position_programme_matches_brute_force(lazy: bool, case: str) -> 
                     for tok, ms, _ in [simulate(np.array(choice), cols, KINDS, rounds, prof, 0.0, lazy, every=True)])
         assert res["tokens_per_second"] == pytest.approx(brute, rel=1e-12)
         assert res["oracle_gain"] >= -1e-12 and res["rounds"] <= rows
+
+
+def test_round_starts_are_the_chance_a_fair_coin_decode_starts_a_round_there() -> None:
+    """Against enumerating every coin sequence; the rows' order does not matter, and a prompt's first row is 1."""
+    rng = np.random.default_rng(5)
+    pid, pos, t0, t1, expected = [], [], [], [], []
+    for p in range(3):
+        rows = int(rng.integers(6, 11))
+        a, b = rng.integers(1, 5, rows), rng.integers(1, 4, rows)
+        visits = np.zeros(rows)
+
+        def walk(i: int, prob: float) -> None:
+            if i < rows:
+                visits[i] += prob
+                walk(i + int(a[i]), prob / 2)
+                walk(i + int(b[i]), prob / 2)
+
+        walk(0, 1.0)
+        pid += [f"p{p}"] * rows
+        pos += list(10 * p + np.arange(rows))
+        t0 += list(a)
+        t1 += list(b)
+        expected += list(visits)
+    cols = [np.array(c) for c in (pid, pos, t0, t1)]
+    assert round_starts(*cols) == pytest.approx(np.array(expected), abs=1e-12)
+    shuffle = rng.permutation(len(pid))
+    assert round_starts(*(c[shuffle] for c in cols)) == pytest.approx(np.array(expected)[shuffle], abs=1e-12)
+    with pytest.raises(ValueError, match="prompt p0: its rows are not one per position"):
+        round_starts(np.array(["p0", "p0"]), np.array([3, 5]), np.array([1, 1]), np.array([1, 1]))
 
 
 def test_categories_are_separate_and_pooled() -> None:

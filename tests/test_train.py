@@ -145,6 +145,15 @@ def test_routing_summary_by_hand() -> None:
     assert perfect["tau_best"] == 3.5 and perfect["share"] == 1.0
     wrong = routing_summary(-(tau_0 - tau_1).float(), tau_0, tau_1, thresholds=[0.0])
     assert wrong["tau_best"] == 2.0 and wrong["share"] == pytest.approx((2.0 - 3.0) / 0.5)
+    # weighted rows (decision points of rows at every position) count as often as their weight
+    pred = -(tau_0 - tau_1).float()
+    weighed = routing_summary(pred, tau_0, tau_1, thresholds=[0.0], weight=torch.tensor([2.0, 0.0, 1.0, 0.5]))
+    assert weighed["tau_slot0"] == pytest.approx((2 * 5 + 4 + 0.5 * 2) / 3.5)
+    assert weighed["tau_best"] == pytest.approx((2 * 2 + 4 + 0.5 * 1) / 3.5)  # slot 1 in rows 0, 2, 3
+    rows = [0, 0, 2]
+    repeated = routing_summary(pred[rows], tau_0[rows], tau_1[rows], thresholds=[0.0])
+    whole = routing_summary(pred, tau_0, tau_1, thresholds=[0.0], weight=torch.tensor([2.0, 0.0, 1.0, 0.0]))
+    assert all(torch.allclose(whole[k], repeated[k]) for k in ("tau_slot0", "tau_slot1", "tau_oracle", "tau_best"))
 
 
 def _copy(dataset: Path, tmp_path: Path) -> Path:

@@ -258,8 +258,9 @@ def test_variant_comparison_fits_each_label_and_context(env, tmp_path: Path, cap
            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     with pytest.raises(UsageError, match="--variants 'speed\+novelty'"):
         compare_main([str(data), "--latency-profile", str(prof), "--variants", "tau,speed+novelty", *fit])
-    assert parse_variant("speed/decision+entropy+h2") == ("speed", "decision", ["entropy"], 2)
-    assert parse_variant("tau") == ("tau", None, [], 0)
+    assert parse_variant("speed/decision+entropy+h2") == ("speed", "decision", ["entropy"], 2, False)
+    assert parse_variant("speed/decision+starts") == ("speed", "decision", [], 0, True)
+    assert parse_variant("tau") == ("tau", None, [], 0, False)
     with pytest.raises(UsageError, match="names a history \\(hN\\) more than once"):
         parse_variant("speed+h1+h2")
     with pytest.raises(UsageError, match="--variants: 'speed/hinge' names the loss 'hinge'"):

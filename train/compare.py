@@ -8,7 +8,8 @@ A variant is a training label (`--data.label`: `tau` or `speed`), optionally a l
 the hidden state (`--model.context`; `whiflash.router_context`): `speed+entropy+prev_tau` is the speed
 label with two features, `speed/decision` the speed label fitted with the decision loss. A feature `hN` is
 the hidden states of the N positions before the decision point (`--data.history N`; rows at every position
-only): `speed/decision+h2`. Every fit gets the same data, split, seed and flags (anything after `--` goes to
+only): `speed/decision+h2`. The feature `starts` (rows at every position only) draws each row as often as
+decodes start a round there (`--data.balance starts`): `speed/decision+starts`. Every fit gets the same data, split, seed and flags (anything after `--` goes to
 each fit), plus `--data.latency_profile FILE`. The table
 (Markdown on stdout, `variants.json` in `--out`) gives per variant the validation τ share, the
 replayed tokens/s at the exported threshold, at the fastest threshold of the grid and with a threshold per
@@ -43,13 +44,17 @@ feature other than the entropy moves the decision after the verify pass (`whifla
 and a replay on a validation split of a few hundred prompts does not tell apart gains much smaller than this."""
 _HISTORY = re.compile(r"h[1-9][0-9]*")
 """A variant feature `hN`: the router reads N positions of history (`--data.history N`)."""
+STARTS = "starts"
+"""A variant feature: rows drawn as often as decodes start a round there (`--data.balance starts`)."""
 
 
-def parse_variant(text: str) -> tuple[str, str | None, list[str], int]:
-    """`LABEL[/LOSS][+FEATURE...]` as (label, loss or None for the fit's default, context features, history);
-    `UsageError` naming `--variants` otherwise."""
+def parse_variant(text: str) -> tuple[str, str | None, list[str], int, bool]:
+    """`LABEL[/LOSS][+FEATURE...]` as (label, loss or None for the fit's default, context features, history,
+    whether `starts` is named); `UsageError` naming `--variants` otherwise."""
     head, *features = text.strip().split("+")
     label, _, loss = head.partition("/")
+    starts = STARTS in features
+    features = [f for f in features if f != STARTS]
     history = [int(f[1:]) for f in features if _HISTORY.fullmatch(f)]
     context = [f for f in features if not _HISTORY.fullmatch(f)]
     if len(history) > 1:
@@ -59,7 +64,8 @@ def parse_variant(text: str) -> tuple[str, str | None, list[str], int]:
     if loss and loss not in LOSSES:
         raise UsageError(f"--variants: {text!r} names the loss {loss!r}; expected one of {', '.join(LOSSES)}")
     try:
-        return label, loss or None, list(check_context(context, f"--variants {text!r}")), history[0] if history else 0
+        return (label, loss or None, list(check_context(context, f"--variants {text!r}")),
+                history[0] if history else 0, starts)
     except ValueError as err:
         raise UsageError(str(err)) from None
 
@@ -71,10 +77,11 @@ def compare_variants(data: str, latency_profile: str, out: str, fit_args: Sequen
 
     parsed = {v: parse_variant(v) for v in variants}  # every variant checked before the first fit
     rows: dict[str, Any] = {}
-    for variant, (label, loss, context, history) in parsed.items():
+    for variant, (label, loss, context, history, starts) in parsed.items():
         flags = ["--model.context", json.dumps(context)] if context else []
         flags += ["--model.loss", loss] if loss else []
         flags += ["--data.history", str(history)] if history else []
+        flags += ["--data.balance", STARTS] if starts else []
         name = "variant-" + variant.replace("+", "-").replace("/", "-")
         cli = run(["fit", "--data.path", data, "--data.latency_profile", latency_profile, "--data.label", label,
                    *flags, "--trainer.default_root_dir", out, "--run_name", name, *fit_args])
@@ -82,6 +89,7 @@ def compare_variants(data: str, latency_profile: str, out: str, fit_args: Sequen
         res = json.loads((run_dir / "results.json").read_text())
         o = res["speed"]["overall"]
         rows[variant] = {"run": str(run_dir), "label": label, "loss": loss, "context": context, "history": history,
+                         "balance": STARTS if starts else "none",
                          "tau_share": res["routing"]["share"],
                          "threshold": o["threshold"], "router_tokens_per_second": o["router_tokens_per_second"],
                          "share_of_speed_oracle_gain": o["share_of_speed_oracle_gain"],

@@ -21,6 +21,7 @@ from whiflash.data import DatasetFormatError, check_row_values, check_shards, ma
 from whiflash.errors import UsageError
 from whiflash.flags import check_int
 from whiflash.router_context import CONTEXT_FEATURES, context_from_rows, history_rows
+from whiflash.speed_oracle import round_starts
 
 from .speed import LABELS
 
@@ -136,7 +137,9 @@ class RouterDataModule(L.LightningDataModule):
         split_seed: seed of the prompt permutation that assigns prompts to splits.
         categories: keep only rounds of these categories (e.g. ``[code, math]``); all when unset.
         balance: training-set balancing: ``none``; ``label`` re-weights rows so that ``gain > 0`` and
-            ``gain <= 0`` are drawn equally often; ``category`` so that every category is.
+            ``gain <= 0`` are drawn equally often; ``category`` so that every category is; ``starts`` (rows at
+            every position) draws each row as often as decodes start a round there (``round_starts``: the
+            router decides only there, after a rejection, while most positions lie inside accepted runs).
         num_workers: DataLoader worker processes (each re-opens the memory map).
         norm_max_rows: rows of the training split (random, seeded) used to estimate the input mean/std.
         verify_hashes: check every shard's sha256 against the manifest before training.
@@ -166,7 +169,7 @@ class RouterDataModule(L.LightningDataModule):
         test_fraction: float = 0.1,
         split_seed: int = 0,
         categories: list[str] | None = None,
-        balance: Literal["none", "label", "category"] = "none",
+        balance: Literal["none", "label", "category", "starts"] = "none",
         num_workers: int = 0,
         norm_max_rows: int = 200_000,
         verify_hashes: bool = True,
@@ -198,6 +201,12 @@ class RouterDataModule(L.LightningDataModule):
             raise UsageError(f"--data.history {history}: {self.path} has rows on one decoding path, which hold the "
                              "decision points' states only; the states of the positions before them are in rows at "
                              "every position (whiflash-datagen --parallel --path every)")
+        if balance == "starts" and (not self.manifest.every_position or extra_paths):
+            raise UsageError(f"--data.balance starts: weighs rows at every position (whiflash-datagen --parallel --path "
+                             f"every) by how often decodes start a round there; {self.path} has rows on one decoding "
+                             "path" if not self.manifest.every_position else
+                             "--data.balance starts: --data.extra_paths rows lie on one decoding path, not at every "
+                             "position; train on --data.path alone")
         self.extra_paths = [Path(e) for e in extra_paths or []]
         self.extra_manifests = [self._read_extra(e) for e in self.extra_paths]
         self.profile = self._read_profile(latency_profile, label)
@@ -329,6 +338,11 @@ class RouterDataModule(L.LightningDataModule):
             "round": table.column("round").to_numpy().astype(np.int64),
             "position": table.column("position").to_numpy().astype(np.int64),
         }
+        # how much each row counts as a decision point: at every position, the chance a decode starts a round
+        # there (most positions lie inside an accepted run, where no decode decides); a path's rows are all one
+        scalars["weight"] = (round_starts(scalars["prompt"], scalars["position"], scalars["tau_0"], scalars["tau_1"])
+                             if self.manifest.every_position and not self.extra_paths
+                             else np.ones(table.num_rows)).astype(np.float32)
         # every context feature a router may read (whiflash.router_context); the task picks its own columns
         scalars["context"] = context_from_rows(CONTEXT_FEATURES, scalars["prompt"], scalars["round"],
                                                table.column("entropy").to_numpy().astype(np.float32),
@@ -370,6 +384,9 @@ class RouterDataModule(L.LightningDataModule):
         mode = self.hparams.balance
         if mode == "none":
             return None
+        if mode == "starts":
+            w = self.data.scalars["weight"][idx].astype(np.float64)
+            return w / w.sum()
         key = (self.data.scalars["gain"][idx] > 0).astype(np.int64) if mode == "label" else self.data.scalars["category"][idx]
         counts = np.bincount(key)
         w = 1.0 / counts[key]

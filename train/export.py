@@ -34,7 +34,7 @@ def score_split(router: NeuralRouter, dm: RouterDataModule, split: str = "val") 
     """Predicted gains plus the logged gain/taus/category of every row of ``split``."""
     cols = context_columns(router.context)
     router.eval()
-    logged = ("gain", "tau_0", "tau_1", "category", "prompt", "round", "position")
+    logged = ("gain", "tau_0", "tau_1", "category", "prompt", "round", "position", "weight")
     out: dict[str, list[np.ndarray]] = {k: [] for k in ("pred", *logged)}
     loader = dm.loader(split)
     for batch in loader:
@@ -50,8 +50,9 @@ def evaluate_scores(scores: dict[str, np.ndarray], thresholds: list[float], cate
     from sklearn.metrics import roc_auc_score
 
     pred, gain = scores["pred"], scores["gain"]
-    t = {k: torch.from_numpy(np.asarray(scores[k])) for k in ("pred", "tau_0", "tau_1")}
-    routing = {k: v.tolist() for k, v in routing_summary(t["pred"], t["tau_0"], t["tau_1"], thresholds).items()}
+    t = {k: torch.from_numpy(np.asarray(scores[k])) for k in ("pred", "tau_0", "tau_1", "weight")}
+    routing = {k: v.tolist() for k, v in routing_summary(t["pred"], t["tau_0"], t["tau_1"], thresholds,
+                                                         t["weight"]).items()}
     label = gain > 0
     res: dict[str, Any] = {
         "rows": int(len(gain)),
@@ -66,10 +67,12 @@ def evaluate_scores(scores: dict[str, np.ndarray], thresholds: list[float], cate
     for code, name in enumerate(categories):
         m = scores["category"] == code
         if m.any():
-            pick = np.where(pred[m] > theta, scores["tau_0"][m], scores["tau_1"][m])
-            per_cat[name] = {"rows": int(m.sum()), "tau_slot0": float(scores["tau_0"][m].mean()),
-                             "tau_slot1": float(scores["tau_1"][m].mean()), "tau_router": float(pick.mean()),
-                             "tau_oracle": float(np.maximum(scores["tau_0"][m], scores["tau_1"][m]).mean())}
+            t0, t1, w = scores["tau_0"][m], scores["tau_1"][m], scores["weight"][m]  # w: as `routing_summary`
+            pick = np.where(pred[m] > theta, t0, t1)
+            per_cat[name] = {"rows": int(m.sum()), "tau_slot0": float(np.average(t0, weights=w)),
+                             "tau_slot1": float(np.average(t1, weights=w)),
+                             "tau_router": float(np.average(pick, weights=w)),
+                             "tau_oracle": float(np.average(np.maximum(t0, t1), weights=w))}
     res["per_category"] = per_cat
     return res
 
@@ -122,7 +125,9 @@ def model_card(router: NeuralRouter, dm: RouterDataModule, results: dict[str, An
         f"{[_prompt_set_name(p) for p in m.prompt_sets]}, seed {m.seed} |",
         f"| checkpoint | `{Path(ckpt).name if ckpt else 'last weights'}` |", "",
         f"## Validation ({results['rows']} rounds, prompts disjoint from training)", "",
-        f"{m.tau_definition}; taus are pooled means over rounds, replaying the logged rounds.", "",
+        f"{m.tau_definition}; taus are pooled means over rounds, replaying the logged rounds"
+        f"{' (rows at every position weighed by the chance that a decode starts a round there)' if m.every_position else ''}.",
+        "",
         "| metric | value |", "|---|---|",
         f"| MSE / MAE of the gain | {results['mse']:.4f} / {results['mae']:.4f} |",
         f"| Spearman / AUROC (gain > 0) | {results['spearman']:.4f} / {results['auroc']:.4f} |",

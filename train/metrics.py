@@ -7,7 +7,8 @@ is ``tau_0`` then, else ``tau_1``. All taus here are pooled means over rounds. T
     share = (tau_router(best theta) - max(tau_slot0, tau_slot1)) / (tau_oracle - max(tau_slot0, tau_slot1)),
 
 the part of the oracle's gain over the best fixed slot that the router recovers (1 = oracle, 0 = no better
-than always using the best single drafter, negative = worse).
+than always using the best single drafter, negative = worse). Rows at every position count as often as decodes
+start a round there (the data module's ``weight``), so the pooled taus are those of decision points.
 """
 
 from __future__ import annotations
@@ -36,13 +37,16 @@ class RoutingTau(Metric):
         self.add_state("oracle", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(self, pred: Tensor, tau_0: Tensor, tau_1: Tensor) -> None:
-        t0, t1 = tau_0.double(), tau_1.double()
+    def update(self, pred: Tensor, tau_0: Tensor, tau_1: Tensor, weight: Tensor | None = None) -> None:
+        """``weight``: how much each row counts (a row at every position: the chance a decode decides there);
+        None: every row once."""
+        w = torch.ones_like(tau_0, dtype=torch.float64) if weight is None else weight.double()
+        t0, t1 = tau_0.double() * w, tau_1.double() * w
         pick0 = pred.float().unsqueeze(0) > self.thresholds.unsqueeze(1)  # [T, N]
         self.router += torch.where(pick0, t0, t1).sum(1)
         self.slots += torch.stack([t0.sum(), t1.sum()])
         self.oracle += torch.maximum(t0, t1).sum()
-        self.count += t0.numel()
+        self.count += w.sum()
 
     def compute(self) -> dict[str, Tensor]:
         return summarize(self.router, self.slots, self.oracle, self.count, self.thresholds)
@@ -93,8 +97,8 @@ def summarize(router: Tensor, slots: Tensor, oracle: Tensor, count: Tensor, thre
 
 
 def routing_summary(pred: Tensor, tau_0: Tensor, tau_1: Tensor,
-                    thresholds: Sequence[float] = DEFAULT_THRESHOLDS) -> dict[str, Tensor]:
+                    thresholds: Sequence[float] = DEFAULT_THRESHOLDS, weight: Tensor | None = None) -> dict[str, Tensor]:
     """One-shot version of :class:`RoutingTau` (used for exports, plots and per-category tables)."""
     metric = RoutingTau(thresholds, sync_on_compute=False)  # local rows: under DDP, rank 0 alone calls this
-    metric.update(pred, tau_0, tau_1)
+    metric.update(pred, tau_0, tau_1, weight)
     return metric.compute()

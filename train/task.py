@@ -154,7 +154,7 @@ class RouterTask(L.LightningModule):
         self.log_dict(self.regression[f"{stage}_m"], on_step=False, on_epoch=True, batch_size=n)
         self.log(f"{stage}/auroc", self.auroc[f"{stage}_m"], on_step=False, on_epoch=True, batch_size=n)
         if f"{stage}_m" in self.routing:
-            self.routing[f"{stage}_m"].update(p, batch["tau_0"], batch["tau_1"])
+            self.routing[f"{stage}_m"].update(p, batch["tau_0"], batch["tau_1"], batch.get("weight"))
         return loss
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:

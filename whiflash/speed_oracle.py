@@ -33,7 +33,7 @@ import numpy as np
 
 from .latency import LatencyProfile, catchup_model, slot_kind
 
-__all__ = ["DEFINITION", "oracle_gain_share", "prompt_spans", "simulate", "speed_oracle", "stick"]
+__all__ = ["DEFINITION", "oracle_gain_share", "prompt_spans", "round_starts", "simulate", "speed_oracle", "stick"]
 
 DEFINITION = ("speed oracle: the slot sequence maximising pooled sum tau / sum time over the category's logged rounds "
               "(exact dynamic programme per prompt + Dinkelbach over the ratio), costed like the replay but with no "
@@ -60,6 +60,32 @@ def walked(slot0: np.ndarray, cols: dict[str, np.ndarray]) -> np.ndarray:
             out.append(i)
             i += int(taus[i])
     return np.array(out, dtype=np.int64)
+
+
+def round_starts(prompt_id: np.ndarray, position: np.ndarray, tau_0: np.ndarray, tau_1: np.ndarray) -> np.ndarray:
+    """Per row of a dataset with a row at every position (any row order), the probability that a decode starts
+    a round there when a fair coin picks each round's slot: 1 at a prompt's first row, and each row passes its
+    probability on, half to the row `tau_0` ahead and half to the row `tau_1` ahead.
+
+    A decode only decides where a round starts, right after the target rejected a draft, and most positions
+    are inside a run of accepted tokens that no decode decides at: rows weighted by this are the decision
+    points of routed decoding, whatever mix of slots the router takes (both standalone walks are among them)."""
+    order = np.lexsort((position, prompt_id))
+    pid, pos = np.asarray(prompt_id)[order], np.asarray(position, dtype=np.int64)[order]
+    t0, t1 = np.asarray(tau_0, dtype=np.int64)[order], np.asarray(tau_1, dtype=np.int64)[order]
+    p = np.zeros(len(order))
+    for lo, hi in prompt_spans(pid):
+        if np.any(np.diff(pos[lo:hi]) != 1):
+            raise ValueError(f"prompt {pid[lo]}: its rows are not one per position (a path's rows, not those of "
+                             "whiflash-datagen --path every)")
+        p[lo] = 1.0
+        for i in range(lo, hi):  # forward in position order: every row's inflow is complete when it is reached
+            for ahead in (t0[i], t1[i]):
+                if i + ahead < hi:
+                    p[i + ahead] += 0.5 * p[i]
+    out = np.empty_like(p)
+    out[order] = p
+    return out
 
 
 def simulate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, str], rounds: tuple[float, float],
