@@ -83,7 +83,7 @@ for p in "${pairs[@]}"; do
   steps+=("gs-router-data@$p:${DATAGEN_MIN_S:-60}" "gs-router-train@$p:60" "gs-calibrate@$p:210")
   [ "${DAGGER:-0}" = 1 ] && steps+=("dagger@$p:420")
   steps+=("eval-routed@$p:180")
-  [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:90" "prompts-calibrate@$p:70" "eval-prompts@$p:90")
+  [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:160" "prompts-calibrate@$p:70" "eval-prompts@$p:90")
 done
 steps+=(eval-t0:200 eval-t1:100 build-acceptance:200)
 IFS=, read -r -a skip <<< "${SKIP:-}"
