@@ -29,7 +29,7 @@ from whiflash.locks import owning_folders
 from whiflash.session import Session
 
 from .benchmarks import TESTBED_CATEGORY
-from .checks import check_bench_config
+from .checks import check_bench_config, tau_rule
 from .config import BenchConfig
 from .datasets import Sample, load_selection
 from .families import parse_values
@@ -84,7 +84,7 @@ class Runner:
             entropy_threshold=cfg.whiflash_entropy_threshold, neural_router_path=cfg.whiflash_neural_router_path,
             neural_threshold=cfg.whiflash_neural_router_threshold, lazy_catchup=not cfg.whiflash_no_lazy_catchup,
             time_catchup=cfg.whiflash_time_catchup, latency_profile=cfg.whiflash_latency_profile,
-            stick_tau=cfg.whiflash_stick_tau)
+            stick_tau=cfg.whiflash_stick_tau, tau_rule=tau_rule(cfg))
         self.thresholds = read_thresholds(cfg.whiflash_thresholds) if cfg.whiflash_thresholds else {}
         self._methods: dict[tuple[str, float | None], Method] = {}
         # category -> the methods its samples run (calibrate's per-category grid); unset: every method

@@ -31,7 +31,7 @@ from whiflash.inputs import samples_sha256
 from whiflash.io import atomic_write_json, checkpoint_stamp
 from whiflash.locks import owning_folders
 
-from .checks import check_bench_config
+from .checks import check_bench_config, tau_rule
 from .config import BenchConfig
 from .datasets import load_samples
 from .metrics import aggregate, summarize_rows
@@ -176,15 +176,17 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
         raise ValueError("--replay needs --latency-profile FILE (from `whiflash-eval profile` on this device)")
     values = values or list(DEFAULT_THRESHOLDS)
     check_int(cfg.whiflash_stick_tau, "--whiflash-stick-tau", optional=True)
+    rule = tau_rule(cfg)
     check_folder(Path(cfg.out), None, "--out")
     check_output_file(output)
     samples = run_sample_ids(replay_run, "--replay-run") if replay_run else None
     result = replay_thresholds(data, latency_profile, method, values, cfg.whiflash_neural_router_path,
-                               lazy=not cfg.whiflash_no_lazy_catchup, stick_tau=cfg.whiflash_stick_tau, samples=samples)
+                               lazy=not cfg.whiflash_no_lazy_catchup, stick_tau=cfg.whiflash_stick_tau, samples=samples,
+                               tau_rule=rule)
     config = {"calibrate_method": method, "values": values, "replay": str(data), "replay_run": replay_run,
               "latency_profile": latency_profile,
               "neural_router": cfg.whiflash_neural_router_path, "lazy_catchup": not cfg.whiflash_no_lazy_catchup,
-              "stick_tau": cfg.whiflash_stick_tau}
+              "stick_tau": cfg.whiflash_stick_tau, "tau_rule": cfg.whiflash_tau_rule}
     run, _ = prepare_run_dir(cfg.out, cfg.name or f"calibrate-replay-{method}", config, resume=False)
     write_manifest(run, argv=sys.argv, seed=cfg.seed, device="cpu", models={"data": str(data)}, samples=[],
                    extra={"calibrate_method": method, "values": values, "latency_profile": latency_profile,

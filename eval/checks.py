@@ -17,7 +17,7 @@ from whiflash.pairs import Pair
 from .config import BenchConfig, ProfileConfig
 from .methods import ORACLES, method_names
 
-__all__ = ["DTYPES", "ROUTERS", "check_bench_config", "check_profile_config", "parse_thresholds"]
+__all__ = ["DTYPES", "ROUTERS", "check_bench_config", "check_profile_config", "parse_thresholds", "tau_rule"]
 
 DTYPES = ("float32", "bfloat16", "float16")
 ROUTERS = ("entropy", "neural", "oracle", "utility-oracle")
@@ -43,6 +43,7 @@ def check_bench_config(cfg: BenchConfig, *, methods: bool = True) -> None:
     check_int(cfg.bootstrap, "--bootstrap")
     check_int(cfg.ddtree_tree_budget, "--ddtree-tree-budget", optional=True)
     check_int(cfg.whiflash_stick_tau, "--whiflash-stick-tau", optional=True)
+    tau_rule(cfg)
     check_number(cfg.temperature, "--temperature", 0)
     check_number(cfg.whiflash_entropy_threshold, "--whiflash-entropy-threshold", 0,
                  what=" (nats: entropy is never negative, so a negative threshold never picks slot 0)")
@@ -61,9 +62,26 @@ def check_bench_config(cfg: BenchConfig, *, methods: bool = True) -> None:
     if cfg.eagle_num_steps is not None and "eagle3" not in names and not (routed and pair.needs_eagle3):
         raise UsageError(f"--eagle-num-steps {cfg.eagle_num_steps}: no method of this run uses EAGLE-3 ({shown}); "
                          "expected it only with the eagle3 method or a pair with an EAGLE-3 slot")
+    if cfg.whiflash_tau_rule is not None and not any(m.startswith("whiflash-") for m in names):
+        raise UsageError(f"--whiflash-tau-rule {cfg.whiflash_tau_rule}: only the routed methods (whiflash-entropy, "
+                         f"whiflash-neural) follow it, and this run has {', '.join(names)}")
     if cfg.whiflash_latency_profile is not None and "utility-oracle" not in names:
         raise UsageError(f"--whiflash-latency-profile {cfg.whiflash_latency_profile}: only the utility-oracle "
                          f"method reads it, and this run has {', '.join(names)}")
+
+
+def tau_rule(cfg: BenchConfig) -> tuple[int, int] | None:
+    """`--whiflash-tau-rule` as (ENTER, LEAVE), or None; refused out of range or beside `--whiflash-stick-tau`."""
+    from whiflash.decoding.routed import check_tau_rule
+
+    try:
+        rule = check_tau_rule(cfg.whiflash_tau_rule, "--whiflash-tau-rule")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if rule is not None and cfg.whiflash_stick_tau is not None:
+        raise UsageError("--whiflash-tau-rule and --whiflash-stick-tau both decide from earlier rounds' tau; "
+                         "give one of them")
+    return rule
 
 
 def check_profile_config(cfg: ProfileConfig) -> None:

@@ -109,14 +109,15 @@ class MethodFactory:
                  eagle_num_steps: int | None = None, router: str = "entropy",
                  entropy_threshold: float = 0.2, neural_router_path: str | None = None,
                  neural_threshold: float | None = None, lazy_catchup: bool = True,
-                 time_catchup: bool = False, latency_profile: str | None = None, stick_tau: int | None = None) -> None:
+                 time_catchup: bool = False, latency_profile: str | None = None, stick_tau: int | None = None,
+                 tau_rule: tuple[int, int] | None = None) -> None:
         self.target, self.paths = target, paths
         self.pair = Pair.parse(pair)
         self.tree_budget, self.block_size, self.eagle_num_steps = tree_budget, block_size, eagle_num_steps
         self.router, self.entropy_threshold = router, entropy_threshold
         self.neural_router_path, self.neural_threshold = neural_router_path, neural_threshold
         self.lazy_catchup, self.time_catchup = lazy_catchup, time_catchup
-        self.latency_profile, self.stick_tau = latency_profile, stick_tau
+        self.latency_profile, self.stick_tau, self.tau_rule = latency_profile, stick_tau, tau_rule
         self._drafters: dict[tuple[str, int | None], Any] = {}
         self._neural: Any = None
 
@@ -182,7 +183,8 @@ class MethodFactory:
 
     def routed(self, policy: Any) -> Any:
         """A RoutedDrafter over this run's pair around `policy`."""
-        return whiflash.RoutedDrafter(str(self.pair), policy, stick_tau=self.stick_tau, **self._members())
+        return whiflash.RoutedDrafter(str(self.pair), policy, stick_tau=self.stick_tau, tau_rule=self.tau_rule,
+                                      **self._members())
 
     def oracle(self, name: str) -> Any:
         """The OracleDrafter of `oracle` or (latency-weighted) `utility-oracle` over this run's pair."""

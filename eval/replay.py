@@ -29,7 +29,7 @@ from whiflash.calibration import METHODS, best_threshold, picks_slot0, pinned_sl
 from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.router_context import context_from_rows, history_rows
 from whiflash.routers import decides_in_pass
-from whiflash.speed_oracle import simulate, stick  # the cost model, shared with the speed oracle and whiflash-train
+from whiflash.speed_oracle import ruled, simulate, stick  # the cost model, shared with the speed oracle and whiflash-train
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,11 @@ def rows_of_prompts(cols: dict[str, np.ndarray], prompt_ids: Collection[str]) ->
 
 def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: str, values: list[float],
                       neural_router: str | None = None, lazy: bool = True,
-                      stick_tau: int | None = None, samples: Collection[str] | None = None) -> dict[str, Any]:
+                      stick_tau: int | None = None, samples: Collection[str] | None = None,
+                      tau_rule: tuple[int, int] | None = None) -> dict[str, Any]:
     """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
-    thresholds.json (without the run bookkeeping). `stick_tau`: as `--whiflash-stick-tau` (`stick`).
+    thresholds.json (without the run bookkeeping). `stick_tau`: as `--whiflash-stick-tau` (`stick`); `tau_rule`:
+    as `--whiflash-tau-rule` (`ruled`: each routing threshold's rounds follow the rule where it overrides).
     `samples`: replay only these prompts' rows (a bench run's sample ids, `--replay-run`). A neural router's
     replay leaves out the rows of the prompts it was trained on, where its export lists them."""
     if method not in METHODS:
@@ -111,6 +113,8 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
 
         def speedup(slot0: np.ndarray, decide: bool = True) -> tuple[float, float]:
             slot0, routed = stick(slot0, part["tau_0"], part["prompt_id"], stick_tau)
+            if decide:  # (a drafter alone follows no rule)
+                slot0 = ruled(slot0, part, tau_rule, every)
             tokens, ms, n = simulate(slot0, part, kinds, routed_rounds if decide else rounds, profile,
                                      router_ms if decide else 0.0, lazy, routed, every)
             return tokens * ar / ms, tokens / n
@@ -130,7 +134,8 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
             "data": str(data_dir),
             "latency_profile": str(profile_path), "pair": str(manifest.pair), "tree_budget": manifest.tree_budget,
             "slots": [slot_kind(k, budget) for k in kinds], "rounds": int(len(score)),
-            "device": profile.meta.get("device"), "lazy_catchup": lazy, "stick_tau": stick_tau, "estimate": ESTIMATE,
+            "device": profile.meta.get("device"), "lazy_catchup": lazy, "stick_tau": stick_tau,
+            "tau_rule": list(tau_rule) if tau_rule else None, "estimate": ESTIMATE,
             "speed_oracle_definition": DEFINITION}
 
 

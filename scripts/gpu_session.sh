@@ -26,7 +26,9 @@
 #   calibrate  per-category WhiFlash-Entropy thresholds, and WhiFlash-Neural's when the router is there, by
 #           replaying the router data with the latency profile (whiflash-eval calibrate --replay) ->
 #           TESTBED_DIR/thresholds_PAIR.json and thresholds_neural_PAIR.json, which `eval` then passes
-#           (STICK_TAU=K: both replay and bench the routers with --whiflash-stick-tau K; CALIBRATE_DECODE=1: the
+#           (STICK_TAU=K: both replay and bench the routers with --whiflash-stick-tau K; TAU_RULE=ENTER,LEAVE: with
+#           --whiflash-tau-rule ENTER,LEAVE, TAU_RULE=auto: the rule of a grid (or none) whose entropy replay is
+#           fastest on average over the categories, kept in TESTBED_DIR/tau_rule.txt; CALIBRATE_DECODE=1: the
 #           neural thresholds by decoding EVAL_SAMPLES other test prompts, as `eval` will, each category at its
 #           own -inf, T-0.5, T, T+0.5, inf around its replayed threshold T (--thresholds-around), or every category
 #           at CALIBRATE_THRESHOLDS when set;
@@ -195,10 +197,38 @@ PY
         --name "${PRESET}_latency" --output "$TB/profile.json" 2>&1 | tee "$LOG/latency.log" | quiet | tail -12
       cp "$TB/profile.json" "$LOG/profile_${PRESET}.json" 2>/dev/null ;;
     calibrate)
+      ent=(--latency-profile "$TB/profile.json" --calibrate-method whiflash-entropy
+           --thresholds=-inf,0.05,0.1,0.2,0.3,0.5,0.75,1,1.5,2,3,inf)
+      if [ "${TAU_RULE:-}" = auto ]; then  # each rule of a grid replayed (in parallel) with the entropy router
+        rm -f "$TB"/tau_rule_*.json "$TB/tau_rule.txt"
+        for r in none 4,1 4,2 5,1 5,2 5,3 6,1 6,2 6,3 7,2 8,2; do
+          rule=(); [ "$r" = none ] || rule=(--whiflash-tau-rule "$r")
+          timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" "${ent[@]}" \
+            "${rule[@]}" --out "$LOG/eval/tau_rule_${r/,/-}" --output "$TB/tau_rule_${r/,/-}.json" \
+            > "$LOG/tau_rule_${r/,/-}.log" 2>&1 &  # one --out each: a tool locks the folder it writes
+        done
+        wait
+        # the rule whose per-category replayed speedups are highest on average (each category at its fastest
+        # threshold, a drafter alone among them): tau_rule.txt holds it, empty for none
+        python3 - "$TB" <<'PY' | tee "$LOG/tau_rule.log"
+import json, sys
+from pathlib import Path
+
+tb = Path(sys.argv[1])
+mean = {f.stem[len("tau_rule_"):]: sum(d["speedup"] for d in json.loads(f.read_text())["details"].values())
+        / len(json.loads(f.read_text())["details"]) for f in sorted(tb.glob("tau_rule_*.json"))}
+if not mean:
+    sys.exit("tau rule: no replay of the grid finished (see LOG_DIR/tau_rule_*.log)")
+best = max(mean, key=lambda r: (mean[r], r == "none"))  # a tie keeps no rule
+print("tau rule, mean replayed speedup over categories:", {r: round(v, 3) for r, v in mean.items()}, "->", best)
+(tb / "tau_rule.txt").write_text("" if best == "none" else best.replace("-", ","))
+PY
+      fi
+      [ -f "$TB/tau_rule.txt" ] && [ "${TAU_RULE:-}" = auto ] && TAU_RULE=$(cat "$TB/tau_rule.txt")
       stick=(); [ -n "${STICK_TAU:-}" ] && stick=(--whiflash-stick-tau "$STICK_TAU")
+      [ -n "${TAU_RULE:-}" ] && stick+=(--whiflash-tau-rule "$TAU_RULE")
       [ "${NEURAL_ONLY:-0}" = 1 ] || timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" "${stick[@]}" \
-        --latency-profile "$TB/profile.json" --calibrate-method whiflash-entropy \
-        --thresholds=-inf,0.05,0.1,0.2,0.3,0.5,0.75,1,1.5,2,3,inf --out "$LOG/eval" --output "$TB/thresholds_$PAIR.json" 2>&1 \
+        "${ent[@]}" --out "$LOG/eval" --output "$TB/thresholds_$PAIR.json" 2>&1 \
         | tee "$LOG/calibrate_$PAIR.log" | quiet | tail -12
       # the neural router's thresholds per category, replayed on the rows of the prompts it was not trained on
       # (its export's training_prompts.json); +-inf are its two drafters alone. CALIBRATE_DECODE=1: then decode
@@ -232,6 +262,8 @@ PY
       thr=(); for f in "$TB/thresholds_$PAIR.json" "${NEURAL_THRESHOLDS:-$TB/thresholds_neural_$PAIR.json}"; do [ -f "$f" ] && thr+=("$f"); done
       [ ${#thr[@]} -gt 0 ] && router+=(--whiflash-thresholds "$(IFS=,; echo "${thr[*]}")")
       [ -n "${STICK_TAU:-}" ] && router+=(--whiflash-stick-tau "$STICK_TAU")
+      [ "${TAU_RULE:-}" = auto ] && TAU_RULE=$(cat "$TB/tau_rule.txt" 2>/dev/null)
+      [ -n "${TAU_RULE:-}" ] && router+=(--whiflash-tau-rule "$TAU_RULE")
       gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
       timeout "${EVAL_TIMEOUT:-420}" python3 -m whiflash.eval bench --testbed "$TB" --dataset "${EVAL_DATASET:-testbed:test}" \
         --max-samples "${EVAL_SAMPLES:-30}" --max-new-tokens "${EVAL_TOKENS:-96}" --whiflash-drafters "$PAIR" \

@@ -591,7 +591,7 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file):
     the rows of the oracle's path and each drafter's own path, and the replay's cost model charges such a walk what
     it charges the path's own dataset. `--path every` without `--parallel` is refused."""
     from whiflash.latency import LatencyProfile
-    from whiflash.speed_oracle import simulate, speed_oracle, walked
+    from whiflash.speed_oracle import ruled, simulate, speed_oracle, walked
 
     world = worlds["qwen3-mixed"]
     read = lambda out: pq.read_table(check_shards(out, read_manifest(out))).to_pandas().sort_values(["prompt_id", "round"])
@@ -629,6 +629,19 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file):
     assert fixed[0]["slot1"] == pytest.approx(fixed[2]["slot1"], rel=1e-12)
     with pytest.raises(ValueError, match="--whiflash-stick-tau: .* has a row at every position"):
         replay_thresholds(tmp_path / "every", tmp_path / "profile.json", "whiflash-entropy", [0.5], stick_tau=4)
+    # a tau rule: each routed threshold walks the rule's path (`ruled`); a drafter alone follows none
+    entropy = every["entropy"].to_numpy()
+    mid = float(np.median(entropy))
+    plain, rule = (replay_thresholds(tmp_path / "every", tmp_path / "profile.json", "whiflash-entropy",
+                                     [mid, float("inf")], tau_rule=r) for r in (None, (3, 1)))
+    assert rule["tau_rule"] == [3, 1] and plain["tau_rule"] is None
+    assert rule["overall"]["fixed"] == plain["overall"]["fixed"]
+    assert rule["overall"]["sweep"]["inf"] == plain["overall"]["sweep"]["inf"]  # pinned: that drafter alone
+    slot0 = ruled(entropy < mid, cols, (3, 1), every=True)
+    tok, ms, _ = simulate(slot0, cols, ("dflash", "eagle3"), tuple(profile.round_ms(k, routed=True) for k in
+                          ("dflash", "eagle3")), profile, profile.router_ms("entropy"), every=True)
+    assert rule["overall"]["sweep"][str(mid)] == pytest.approx(tok / ms * profile.ar_ms(), rel=1e-12)
+    assert rule["overall"]["sweep"][str(mid)] != plain["overall"]["sweep"][str(mid)]  # the rule took other rounds
     with pytest.raises(ValueError, match="--path every: needs --parallel"):
         _run(world, tmp_path / "bad", prompt_file, path="every")
 
@@ -654,29 +667,31 @@ def test_bench_datagen_script_times_the_three_ways_and_checks_the_passes(micro):
 def test_a_walk_over_every_position_is_the_routed_decode(worlds, world_name):
     """The reason rows at every position exist: a router's walk over them (its slot from each row's features, the
     next row that slot's tau later) is what its routed decode does, round for round (float32): the same positions,
-    slots and taus, for WhiFlash-Entropy at thresholds that use both slots."""
+    slots and taus, for WhiFlash-Entropy at thresholds that use both slots, alone and under a tau rule (`ruled`)."""
     from whiflash.datagen.parallel import record_prompt_parallel
     from whiflash.decoding.routed import RoutedDrafter
     from whiflash.routers import EntropyRouter
-    from whiflash.speed_oracle import walked
+    from whiflash.speed_oracle import ruled, walked
 
     target, drafters = worlds[world_name].load()
     oracle = OracleDrafter("df-e3", eagle3=drafters["eagle3"], dflash=drafters["dflash"])
     rows = [record_prompt_parallel(target, oracle, prompt, 30, every=True) for prompt in PROMPTS]
     entropies = np.concatenate([r["entropy"] for r in rows])
-    switches = 0
-    for threshold in np.quantile(entropies, [0.3, 0.6]).tolist():
-        routed = RoutedDrafter("df-e3", EntropyRouter(threshold), eagle3=drafters["eagle3"], dflash=drafters["dflash"])
+    switches = overridden = 0
+    for threshold, rule in [(t, r) for t in np.quantile(entropies, [0.3, 0.6]).tolist() for r in (None, (3, 1))]:
+        routed = RoutedDrafter("df-e3", EntropyRouter(threshold), eagle3=drafters["eagle3"], dflash=drafters["dflash"],
+                               tau_rule=rule)
         for prompt, cols in zip(PROMPTS, rows):
             _, stats = whiflash.generate(target, routed, prompt, 30)
             cols = {**cols, "prompt_id": np.zeros(len(cols["round"]))}
-            slot0 = cols["entropy"] < threshold
+            slot0 = ruled(cols["entropy"] < threshold, cols, rule, every=True)
             path = walked(slot0, cols)
+            overridden += int(np.count_nonzero(slot0[path] != (cols["entropy"] < threshold)[path]))
             assert cols["position"][path].tolist() == (len(prompt) + np.cumsum([0, *stats.taus[:-1]])).tolist()
             assert np.where(slot0[path], 0, 1).tolist() == stats.slots
             assert np.where(slot0, cols["tau_0"], cols["tau_1"])[path].tolist() == stats.taus
             switches += int(np.count_nonzero(np.diff(stats.slots)))
-    assert switches > 10
+    assert switches > 10 and overridden > 0
 
 
 @pytest.mark.parametrize("world_name, pair", [("qwen3-mixed", "df-e3"), ("llama-mixed", "ddt-e3")])

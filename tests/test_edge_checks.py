@@ -37,6 +37,11 @@ def _datagen(world, out: Path, prompts: list[str], **kw):
     (["--whiflash-entropy-threshold", "-1"], r"--whiflash-entropy-threshold: expected a finite number >= 0 \(nats"),
     (["--warmup-tokens", "-1"], r"--warmup-tokens: expected an integer >= 0, got -1"),
     (["--whiflash-stick-tau", "0"], r"--whiflash-stick-tau: expected an integer >= 1 \(or unset\), got 0"),
+    (["--whiflash-tau-rule", "2,5"], r"--whiflash-tau-rule: expected ENTER,LEAVE, two integers >= 1 with LEAVE < "
+                                     r"ENTER \(taus, bonus token included\), got '2,5'"),
+    (["--whiflash-tau-rule", "5"], r"--whiflash-tau-rule: expected ENTER,LEAVE"),
+    (["--whiflash-tau-rule", "5,2", "--whiflash-stick-tau", "4"], r"give one of them"),
+    (["--whiflash-tau-rule", "5,2", "--methods", "dflash"], r"--whiflash-tau-rule 5,2: only the routed methods"),
     (["--max-new-tokens", "0"], r"--max-new-tokens: expected an integer >= 1, got 0"),
     (["--bootstrap", "0"], r"--bootstrap: expected an integer >= 1, got 0"),
     (["--temperature", "-0.5"], r"--temperature: expected a finite number >= 0, got -0.5"),

@@ -372,6 +372,49 @@ def test_stick_tau_keeps_slot_0_without_asking_the_router(world):
         assert replayed.tolist() == asked.tolist() and (~routed).nonzero()[0].tolist() == stuck
 
 
+def test_tau_rule_picks_every_round_after_the_first_from_the_round_before(world):
+    """`RoutedDrafter(tau_rule=(ENTER, LEAVE))`: the policy picks the first round's slot (it is asked once a
+    sequence); after a slot-1 round of tau >= ENTER the next drafts with slot 0, after a slot-0 round of tau <= LEAVE
+    with slot 1, else with the same slot; the output stays AR's; the replay's `ruled` makes the same choices from
+    the same taus."""
+    import numpy as np
+
+    from whiflash.speed_oracle import ruled
+
+    target, eagle, ddtree = world
+    for bad in ((2, 2), (0, -1), "5", (3.0, 1)):
+        with pytest.raises(ValueError, match="tau_rule: expected ENTER,LEAVE"):
+            RoutedDrafter("df-e3", FixedRouter(0), tau_rule=bad, eagle3=eagle, dflash=ddtree)
+    with pytest.raises(ValueError, match="give one of them"):
+        RoutedDrafter("df-e3", FixedRouter(0), tau_rule=(3, 1), stick_tau=2, eagle3=eagle, dflash=ddtree)
+    calls = []
+
+    class Counting(ScriptedRouter):
+        def __call__(self, hidden, logits):
+            calls.append(1)
+            return super().__call__(hidden, logits)
+
+    switches = 0
+    for prompt in PROMPTS:
+        ref, _ = whiflash.generate(target, None, prompt, 40)
+        for first, (enter, leave) in ((1, (2, 1)), (0, (4, 2))):
+            drafter = RoutedDrafter("df-e3", Counting([first]), tau_rule=f"{enter},{leave}", eagle3=eagle,
+                                    dflash=ddtree)
+            assert drafter.row_policy is None  # no decisions inside the verify passes
+            calls.clear()
+            out, stats = whiflash.generate(target, drafter, prompt, 40)
+            assert out == ref and len(calls) == 1
+            slots, taus = stats.slots, stats.taus
+            assert slots[0] == first
+            for r in range(1, stats.rounds):
+                assert slots[r] == (int(taus[r - 1] < enter) if slots[r - 1] == 1 else int(taus[r - 1] <= leave))
+            switches += int(np.count_nonzero(np.diff(slots)))
+            cols = {"prompt_id": np.zeros(len(taus)), "tau_0": np.array(taus), "tau_1": np.array(taus)}
+            policy = np.full(len(taus), first == 0) ^ (np.arange(len(taus)) % 2 == 1)  # only row 0 is read
+            assert ruled(policy, cols, (enter, leave)).tolist() == [s == 0 for s in slots]
+    assert switches > 0
+
+
 def test_the_policy_scores_a_router_as_its_forward_does():
     """`NeuralPolicy.score` (standardisation folded into the first layer) equals `NeuralRouter.forward` to float
     rounding, for every activation and with context features; another module is called as it is."""

@@ -33,7 +33,8 @@ import numpy as np
 
 from .latency import LatencyProfile, catchup_model, slot_kind
 
-__all__ = ["DEFINITION", "oracle_gain_share", "prompt_spans", "round_starts", "simulate", "speed_oracle", "stick"]
+__all__ = ["DEFINITION", "oracle_gain_share", "prompt_spans", "round_starts", "ruled", "simulate", "speed_oracle",
+           "stick"]
 
 DEFINITION = ("speed oracle: the slot sequence maximising pooled sum tau / sum time over the category's logged rounds "
               "(exact dynamic programme per prompt + Dinkelbach over the ratio), costed like the replay but with no "
@@ -133,6 +134,29 @@ def stick(slot0: np.ndarray, tau_0: np.ndarray, prompt_id: np.ndarray,
         if (prompt_id[i] == prompt_id[i - 2] and out[i - 1] and out[i - 2] and tau_0[i - 2] >= stick_tau):
             out[i], routed[i] = True, False
     return out, routed
+
+
+def ruled(slot0: np.ndarray, cols: dict[str, np.ndarray], tau_rule: tuple[int, int] | None,
+          every: bool = False) -> np.ndarray:
+    """Slot choices of `RoutedDrafter(tau_rule=(ENTER, LEAVE))` over a policy's `slot0` (True: slot 0, one per row,
+    rows ordered by prompt and round): the policy's choice at a prompt's first round, then after a round of slot 1
+    with tau >= ENTER slot 0, after one of slot 0 with tau <= LEAVE slot 1, else the same slot. The next round is
+    the next row of the prompt, or with `every` (a row at every position) the row the round's tau leads to; rows no
+    round reaches keep the policy's choice. None: `slot0` as it is."""
+    slot0 = np.asarray(slot0, dtype=bool)
+    if tau_rule is None:
+        return slot0
+    enter, leave = tau_rule
+    out, t0, t1 = slot0.copy(), np.asarray(cols["tau_0"]), np.asarray(cols["tau_1"])
+    for lo, hi in prompt_spans(np.asarray(cols["prompt_id"])):
+        i = lo
+        while i < hi:
+            tau = int(t0[i] if out[i] else t1[i])
+            nxt = i + (tau if every else 1)
+            if nxt < hi:
+                out[nxt] = tau > leave if out[i] else tau >= enter
+            i = nxt
+    return out
 
 
 def oracle_gain_share(router_tps: float, best_standalone_tps: float, oracle_tps: float) -> float | None:

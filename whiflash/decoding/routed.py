@@ -140,7 +140,15 @@ class RoutedDrafter(DrafterPair):
     verified and the one before it both drafted with slot 0 and that earlier round (the last one whose
     tau the host has read) accepted at least K tokens, the next round stays with slot 0 and the policy's
     kernels are not launched. On a small target a routing decision costs a few percent of a round,
-    which is all the headroom routing has where the parallel drafter accepts long blocks."""
+    which is all the headroom routing has where the parallel drafter accepts long blocks.
+
+    With `tau_rule` (ENTER, LEAVE) the policy picks the first round's slot only, and the round just verified
+    picks every later one: after a slot-1 round that accepted at least ENTER tokens (bonus included) the next
+    drafts with slot 0, after a slot-0 round that accepted at most LEAVE with slot 1, else with the same slot. A run
+    of accepted tokens tends to go on where the text is predictable, which the parallel drafter turns into long
+    blocks, and a short block says the run is over. The round's tau is on the device when the decision is made, so
+    the rule costs one comparison and no host read, and the verify pass computes no decisions.
+    `whiflash.speed_oracle.ruled` replays it."""
 
     kind = "whiflash"
     routes = True
@@ -149,13 +157,17 @@ class RoutedDrafter(DrafterPair):
     the policy's verify graph at that slot's width among them, are captured before anything is timed); None:
     the policy's slot."""
 
-    def __init__(self, pair: str | Pair, router: Any, stick_tau: int | None = None, **options: Any) -> None:
-        """router: a policy `(hidden [H], logits [V]) -> 0-dim long slot` (whiflash.routers); stick_tau:
-        see the class doc (None: ask the policy every round); the other options as `DrafterPair`."""
+    def __init__(self, pair: str | Pair, router: Any, stick_tau: int | None = None,
+                 tau_rule: tuple[int, int] | None = None, **options: Any) -> None:
+        """router: a policy `(hidden [H], logits [V]) -> 0-dim long slot` (whiflash.routers); stick_tau and
+        tau_rule: see the class doc (None: the policy decides every round); the other options as `DrafterPair`."""
         if stick_tau is not None and (isinstance(stick_tau, bool) or not isinstance(stick_tau, int) or stick_tau < 1):
             raise ValueError(f"stick_tau: expected an integer >= 1 (or None), got {stick_tau!r}")
+        tau_rule = check_tau_rule(tau_rule)
+        if tau_rule is not None and stick_tau is not None:
+            raise ValueError("tau_rule and stick_tau both decide from earlier rounds' tau; give one of them")
         super().__init__(pair, **options)
-        self.router, self.stick_tau = router, stick_tau
+        self.router, self.stick_tau, self.tau_rule = router, stick_tau, tau_rule
         if isinstance(router, NeuralPolicy):  # a router trained for another pair or budget is refused
             check_compatible(router.router, "(given)", None, str(self.pair), self.tree_budget)
 
@@ -179,10 +191,20 @@ class RoutedDrafter(DrafterPair):
 
     @property
     def row_policy(self) -> Any:
+        if self.tau_rule is not None:  # the policy decides after the prefill only: no decisions in the passes
+            return None
         return self.router if getattr(self.router, "rows_key", None) is not None else None
 
     def route(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None = None,
               decided: Tensor | None = None, path: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        if self.tau_rule is None or tau is None:  # (the prefill's decision has no round before it)
+            return self._asked(hidden, logits, tau, decided, path)
+        enter, leave = self.tau_rule
+        return (tau < enter).long() if self._seq.slot == 1 else (tau <= leave).long()
+
+    def _asked(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None, decided: Tensor | None,
+               path: tuple[Tensor, Tensor] | None) -> Tensor:
+        """The policy's slot for the next round (or stick_tau's)."""
         state = self._seq
         if path is not None and tau is not None and getattr(self.router, "history", 0):
             self.router.observe(*path, tau)  # every round, also those the policy is not asked about
@@ -300,6 +322,23 @@ class OracleDrafter(DrafterPair):
         return (taus[0] * t1 <= taus[1] * t0).long()
 
 
+def check_tau_rule(rule: Any, flag: str = "tau_rule") -> tuple[int, int] | None:
+    """`rule` as (ENTER, LEAVE), two integers >= 1 with LEAVE < ENTER (else a slot-1 round could send the next to
+    slot 0 and a slot-0 round of the same tau straight back), or None; `ValueError` naming `flag` otherwise.
+    A string "ENTER,LEAVE" is read as the two numbers."""
+    if rule is None:
+        return None
+    parts = rule.split(",") if isinstance(rule, str) else rule
+    try:
+        enter, leave = (int(p) if isinstance(p, str) else p for p in parts)
+    except (TypeError, ValueError):
+        enter = leave = None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (enter, leave)) or leave >= enter:
+        raise ValueError(f"{flag}: expected ENTER,LEAVE, two integers >= 1 with LEAVE < ENTER (taus, bonus token "
+                         f"included), got {rule!r}")
+    return enter, leave
+
+
 def _as_tree(p: Proposal) -> tuple[Tensor, Tensor, Tensor]:
     """(parents, depths, [m+1, m+1] mask) of a proposal, chains included."""
     if p.parents is not None:
@@ -322,4 +361,4 @@ def merge_proposals(a: Proposal, b: Proposal) -> Proposal:
     return Proposal(torch.cat([a.tokens, b.tokens]), torch.cat([pa, pb]), torch.cat([da, db]), mask, branch=na)
 
 
-__all__ = ["PAIRS", "DrafterPair", "OracleDrafter", "RoutedDrafter", "merge_proposals"]
+__all__ = ["PAIRS", "DrafterPair", "OracleDrafter", "RoutedDrafter", "check_tau_rule", "merge_proposals"]
