@@ -54,10 +54,10 @@ class BenchConfig:
                                         "slot-0 rounds the earlier of which accepted at least this many tokens "
                                         "(routing costs a few percent of a round on small targets). Default: ask "
                                         "every round.")
-    whiflash_tau_rule: str | None = _h(None, "ENTER,LEAVE: the round just verified overrides the router: after an "
-                                       "accepted length (bonus included) >= ENTER of slot 1 draft the next round with "
-                                       "slot 0, after <= LEAVE of slot 0 with slot 1 (a run of accepted tokens tends to "
-                                       "go on). Default: the router alone.")
+    whiflash_tau_rule: str | None = _h(None, "ENTER,LEAVE: the router picks the first round's slot, the round before "
+                                       "every later one: slot 0 after a slot-1 round that accepted >= ENTER tokens "
+                                       "(bonus included), slot 1 after a slot-0 round of <= LEAVE, else the same slot "
+                                       "(a run of accepted tokens tends to go on). Default: the router every round.")
     whiflash_thresholds: str | None = _h(None, "thresholds.json from `whiflash-eval calibrate`, comma-separated, one "
                                          "per routed method: per-category thresholds of the method each was "
                                          "calibrated for (overrides the flag values).")

@@ -29,7 +29,8 @@ from whiflash.calibration import METHODS, best_threshold, picks_slot0, pinned_sl
 from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.router_context import context_from_rows, history_rows
 from whiflash.routers import decides_in_pass
-from whiflash.speed_oracle import ruled, simulate, stick  # the cost model, shared with the speed oracle and whiflash-train
+# the cost model, shared with the speed oracle and whiflash-train
+from whiflash.speed_oracle import ruled, simulate, stick
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
                       tau_rule: tuple[int, int] | None = None) -> dict[str, Any]:
     """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
     thresholds.json (without the run bookkeeping). `stick_tau`: as `--whiflash-stick-tau` (`stick`); `tau_rule`:
-    as `--whiflash-tau-rule` (`ruled`: each routing threshold's rounds follow the rule where it overrides).
+    as `--whiflash-tau-rule` (`ruled`: a routing threshold picks each prompt's first slot, the rule every later one).
     `samples`: replay only these prompts' rows (a bench run's sample ids, `--replay-run`). A neural router's
     replay leaves out the rows of the prompts it was trained on, where its export lists them."""
     if method not in METHODS:

@@ -9,8 +9,8 @@ the hidden state (`--model.context`; `whiflash.router_context`): `speed+entropy+
 label with two features, `speed/decision` the speed label fitted with the decision loss. A feature `hN` is
 the hidden states of the N positions before the decision point (`--data.history N`; rows at every position
 only): `speed/decision+h2`. The feature `starts` (rows at every position only) draws each row as often as
-decodes start a round there (`--data.balance starts`): `speed/decision+starts`. Every fit gets the same data, split, seed and flags (anything after `--` goes to
-each fit), plus `--data.latency_profile FILE`. The table
+decodes start a round there (`--data.balance starts`): `speed/decision+starts`. Every fit gets the same data,
+split, seed and flags (anything after `--` goes to each fit), plus `--data.latency_profile FILE`. The table
 (Markdown on stdout, `variants.json` in `--out`) gives per variant the validation τ share, the
 replayed tokens/s at the exported threshold, at the fastest threshold of the grid and with a threshold per
 category (each category's fastest, or a drafter alone, as `whiflash-eval calibrate` picks them), the share
