@@ -29,6 +29,8 @@
 #                 knobs, CALIBRATE_DECODE included) -> TESTBED_DIR/thresholds_neural_dagger_PAIR.json
 #   eval-routed[@PAIR]  the routed bench: AR, EAGLE-3, DFlash, DDTree, WhiFlash-Entropy (calibrated thresholds when
 #                 the calibrate step left them), WhiFlash-Neural and the oracle; E0_SAMPLES prompts, E_TOKENS tokens
+#   eval-rule[@PAIR]  with TAU_RULE=auto: the tau rule calibrate chose (--whiflash-tau-rule, WhiFlash-Entropy at the
+#                 rule's thresholds) beside AR, EAGLE-3 and DFlash on the same prompts; nothing when it chose none
 # The router loop on a built testbed: gs-latency:90 gs-router:300 gs-calibrate:60 eval-routed:300
 #   (ROUTER_PROMPTS / ROUTER_TOKENS size the router data; gs-router@ddt-e3 eval-routed@ddt-e3 for the other pair).
 # Usage: scripts/gpu_budget.sh LOG_DIR TESTBED_DIR BUDGET_S STEP:ESTIMATE_S ...
@@ -97,8 +99,13 @@ for item in "$@"; do
                  [ -f "$thr" ] && cp "$thr" "$TB/thresholds_neural_dagger_$pair.json" && cp "$TB"/thresholds_neural_*"$pair".json "$L/" ;;
     eval-routed) methods=()  # df-e3: the eval step's default list (+ WhiFlash-Neural when the router is there)
                [ "$pair" != df-e3 ] && methods=(METHODS=ar,eagle3,ddtree,whiflash-neural)
+               rule=${TAU_RULE:-}; [ "$rule" = auto ] && rule=  # auto: the chosen rule has a bench of its own
                env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
-                 "${methods[@]}" EVAL_TAG=_routed bash scripts/gpu_session.sh "$L" "$TB" eval ;;
+                 "${methods[@]}" TAU_RULE="$rule" EVAL_TAG=_routed bash scripts/gpu_session.sh "$L" "$TB" eval ;;
+    eval-rule) # the tau rule calibrate chose (TAU_RULE=auto), WhiFlash-Entropy at its thresholds, beside the drafters
+               env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
+                 METHODS=ar,eagle3,dflash,whiflash-entropy TAU_RULE=auto EVAL_TAG=_rule \
+                 bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     prompts-calibrate) files=("${PROMPTS_DIR:-.prompts}"/*.jsonl); heldout=$TB/prompts_heldout_$pair
                # rows of each prompt file outside the ones eval-prompts draws -> router data -> the neural router
                # replayed on them: thresholds per benchmark category (chat, coding, math) for eval-prompts
@@ -122,7 +129,7 @@ for item in "$@"; do
                  --prompts "${ROUTING_PROMPTS:-8}" --new-tokens "${E_TOKENS:-256}" --repeats 3 --json "$L/bench_routing.json" \
                  --profile "$L/routing_profile" 2>&1 | grep -v -E 'USDT|profiler_st' | tee "$L/bench_routing.log" | tail -32 ;;
     gputest) timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k batched_generation 2>&1 | tail -3 ;;
-    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, dagger, prompts-calibrate, eval-prompts, router-test, bench-routing, gs-STEP, gputest)"; exit 2 ;;
+    *) echo "unknown step $name (build-STAGE, eval-t0, eval-t1, eval-routed, eval-rule, dagger, prompts-calibrate, eval-prompts, router-test, bench-routing, gs-STEP, gputest)"; exit 2 ;;
   esac
   echo "=== $name done, ${left}s were left before it; $(( $(date +%s) - start ))s in all"
 done

@@ -25,6 +25,8 @@
 # router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most, 8 files and 64 MiB in all:
 # rows at every position of 640 prompts x 256 tokens do not fit), so router modelling can go on elsewhere:
 # `cat router_data_NAME.tar.* | tar xf - -C DEST` gives the dataset folder.
+# TAU_RULE=auto: calibrate also replays a grid of tau rules (--whiflash-tau-rule) and keeps the fastest, or none; an
+# eval-rule step after the routed bench then benches it (WhiFlash-Entropy under the rule beside AR and the drafters).
 # ROUTER_FLAGS="--parallel --path every": router data with a row at every position
 # (docs/design.md, "The router dataset"); calibration, the speed oracle and the speed report then walk each
 # policy's own path.
@@ -63,6 +65,7 @@ done_() {  # is step $1 done for pair $2?
     gs-router-train) [ -d "${router}_round0" ] || { [ -f "$router/config.json" ] && [ "$router/config.json" -nt "$TB/router_data_$2/manifest.json" ]; } ;;
     gs-calibrate) [ -d "${router}_round0" ] || { [ -f "$TB/thresholds_$2.json" ] && { [ ! -d "$router" ] || [ -f "$TB/thresholds_neural_$2.json" ]; }; } ;;
     eval-routed) [ -f "$L/eval_$2_routed_results.md" ] ;;
+    eval-rule) [ -f "$L/eval_$2_rule_results.md" ] || [ ! -s "$TB/tau_rule.txt" ] ;;  # none chosen: nothing to run
     prompts-calibrate) [ -f "$TB/thresholds_neural_prompts_$2.json" ] ;;
     dagger) [ -f "$TB/thresholds_neural_dagger_$2.json" ] ;;
     eval-prompts) [ -f "$L/eval_$2_prompts_results.md" ] ;;
@@ -83,6 +86,7 @@ for p in "${pairs[@]}"; do
   steps+=("gs-router-data@$p:${DATAGEN_MIN_S:-60}" "gs-router-train@$p:60" "gs-calibrate@$p:210")
   [ "${DAGGER:-0}" = 1 ] && steps+=("dagger@$p:420")
   steps+=("eval-routed@$p:180")
+  [ "${TAU_RULE:-}" = auto ] && steps+=("eval-rule@$p:120")
   [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:160" "prompts-calibrate@$p:70" "eval-prompts@$p:90")
 done
 steps+=(eval-t0:200 eval-t1:100 build-acceptance:200)

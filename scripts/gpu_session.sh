@@ -27,8 +27,10 @@
 #           replaying the router data with the latency profile (whiflash-eval calibrate --replay) ->
 #           TESTBED_DIR/thresholds_PAIR.json and thresholds_neural_PAIR.json, which `eval` then passes
 #           (STICK_TAU=K: both replay and bench the routers with --whiflash-stick-tau K; TAU_RULE=ENTER,LEAVE: with
-#           --whiflash-tau-rule ENTER,LEAVE, TAU_RULE=auto: the rule of a grid (or none) whose entropy replay is
-#           fastest on average over the categories, kept in TESTBED_DIR/tau_rule.txt; CALIBRATE_DECODE=1: the
+#           --whiflash-tau-rule ENTER,LEAVE; TAU_RULE=auto: calibrate replays a grid of rules (and none) with the
+#           entropy router, keeps the fastest on average over the categories in TESTBED_DIR/tau_rule.txt and its
+#           thresholds in thresholds_rule_PAIR.json, and calibrates the routers without it; `eval` with TAU_RULE=auto
+#           then benches the chosen rule (WhiFlash-Entropy at those thresholds); CALIBRATE_DECODE=1: the
 #           neural thresholds by decoding EVAL_SAMPLES other test prompts, as `eval` will, each category at its
 #           own -inf, T-0.5, T, T+0.5, inf around its replayed threshold T (--thresholds-around), or every category
 #           at CALIBRATE_THRESHOLDS when set;
@@ -223,8 +225,10 @@ best = max(mean, key=lambda r: (mean[r], r == "none"))  # a tie keeps no rule
 print("tau rule, mean replayed speedup over categories:", {r: round(v, 3) for r, v in mean.items()}, "->", best)
 (tb / "tau_rule.txt").write_text("" if best == "none" else best.replace("-", ","))
 PY
+        rule=$(cat "$TB/tau_rule.txt" 2>/dev/null)  # its thresholds, for the rule's own bench (eval with TAU_RULE=auto)
+        [ -n "$rule" ] && cp "$TB/tau_rule_${rule/,/-}.json" "$TB/thresholds_rule_$PAIR.json"
+        TAU_RULE=  # the routers' own calibration below stays without the rule
       fi
-      [ -f "$TB/tau_rule.txt" ] && [ "${TAU_RULE:-}" = auto ] && TAU_RULE=$(cat "$TB/tau_rule.txt")
       stick=(); [ -n "${STICK_TAU:-}" ] && stick=(--whiflash-stick-tau "$STICK_TAU")
       [ -n "${TAU_RULE:-}" ] && stick+=(--whiflash-tau-rule "$TAU_RULE")
       [ "${NEURAL_ONLY:-0}" = 1 ] || timeout "${CALIBRATE_TIMEOUT:-240}" python3 -m whiflash.eval calibrate --replay "$TB/router_data_$PAIR" "${stick[@]}" \
@@ -259,10 +263,15 @@ PY
     eval)
       neural=""; router=(); [ -d "$ROUTER" ] && neural=",whiflash-neural" router=(--whiflash-neural-router-path "$ROUTER")
       # NEURAL_THRESHOLDS: another thresholds.json for the neural router (the prompt files' own, from gpu_budget.sh)
-      thr=(); for f in "$TB/thresholds_$PAIR.json" "${NEURAL_THRESHOLDS:-$TB/thresholds_neural_$PAIR.json}"; do [ -f "$f" ] && thr+=("$f"); done
+      entropy_thr=$TB/thresholds_$PAIR.json
+      if [ "${TAU_RULE:-}" = auto ]; then  # the rule calibrate chose, with WhiFlash-Entropy at its thresholds
+        TAU_RULE=$(cat "$TB/tau_rule.txt" 2>/dev/null)
+        [ -n "$TAU_RULE" ] || { echo "eval: calibrate chose no tau rule (TESTBED_DIR/tau_rule.txt): nothing to bench"; continue; }
+        entropy_thr=$TB/thresholds_rule_$PAIR.json
+      fi
+      thr=(); for f in "$entropy_thr" "${NEURAL_THRESHOLDS:-$TB/thresholds_neural_$PAIR.json}"; do [ -f "$f" ] && thr+=("$f"); done
       [ ${#thr[@]} -gt 0 ] && router+=(--whiflash-thresholds "$(IFS=,; echo "${thr[*]}")")
       [ -n "${STICK_TAU:-}" ] && router+=(--whiflash-stick-tau "$STICK_TAU")
-      [ "${TAU_RULE:-}" = auto ] && TAU_RULE=$(cat "$TB/tau_rule.txt" 2>/dev/null)
       [ -n "${TAU_RULE:-}" ] && router+=(--whiflash-tau-rule "$TAU_RULE")
       gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16 --cuda-graphs)
       timeout "${EVAL_TIMEOUT:-420}" python3 -m whiflash.eval bench --testbed "$TB" --dataset "${EVAL_DATASET:-testbed:test}" \
