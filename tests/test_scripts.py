@@ -164,3 +164,22 @@ def test_build_stages_that_fit_together_run_in_one_build_process(tmp_path: Path)
     lines = dry(tb, 400)
     assert "=== build-eagle3 to dflash in one build process (360s estimate)" in lines
     assert dry(tb, 300)[-3].endswith(" build-eagle3@df-e3:170")  # alone where the two do not fit
+
+
+def test_a_chosen_tau_rule_gets_a_bench_of_its_own_after_the_routed_one(tmp_path: Path) -> None:
+    """TAU_RULE=auto: eval-rule follows eval-routed, runs once calibrate chose a rule (TESTBED_DIR/tau_rule.txt) and
+    is done when it chose none; without TAU_RULE=auto there is no such step."""
+    tb, log = tmp_path / "tb", tmp_path / "log"
+    finished_testbed(tb, log)
+    assert not any("eval-rule" in line for line in loop(log, tb, 600))
+    env = {**os.environ, "TAU_RULE": "auto", "PAIRS": "df-e3"}
+    run = lambda: subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(log), str(tb), "600"],  # noqa: E731
+                                 capture_output=True, text=True, timeout=60, check=True, env={**env, "DRY_RUN": "1"}).stdout
+    (tb / "tau_rule.txt").write_text("")
+    assert "=== eval-rule@df-e3: done before" in run()
+    (tb / "tau_rule.txt").write_text("5,2")
+    out = run()
+    assert re.search(r"=== would run: gpu_budget\.sh \S+ \S+ \d+ eval-rule@df-e3:120", out)
+    assert out.index("eval-routed@df-e3: done before") < out.index("eval-rule@df-e3")
+    (log / "eval_df-e3_rule_results.md").write_text("|")
+    assert "=== eval-rule@df-e3: done before" in run()
