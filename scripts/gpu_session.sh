@@ -217,8 +217,8 @@ import json, sys
 from pathlib import Path
 
 tb = Path(sys.argv[1])
-mean = {f.stem[len("tau_rule_"):]: sum(d["speedup"] for d in json.loads(f.read_text())["details"].values())
-        / len(json.loads(f.read_text())["details"]) for f in sorted(tb.glob("tau_rule_*.json"))}
+details = {f.stem[len("tau_rule_"):]: json.loads(f.read_text())["details"] for f in sorted(tb.glob("tau_rule_*.json"))}
+mean = {r: sum(d["speedup"] for d in cats.values()) / len(cats) for r, cats in details.items()}
 if not mean:
     sys.exit("tau rule: no replay of the grid finished (see LOG_DIR/tau_rule_*.log)")
 best = max(mean, key=lambda r: (mean[r], r == "none"))  # a tie keeps no rule
