@@ -315,18 +315,43 @@ def test_time_cap_stops_the_build_instead_of_training_less(micro: Path, tmp_path
 
 
 def test_two_builds_of_a_preset_are_identical(micro: Path, tmp_path: Path) -> None:
-    """A build is a function of its preset and seed: retraining every model stage gives the same bytes and taus."""
+    """A build is a function of its preset and seed: retraining every model stage gives the same bytes and taus,
+    also with the two drafter stages trained at once (`concurrent_drafters`, DFlash in a child process), where the
+    cores hold both."""
+    import os
     import shutil
+    from dataclasses import replace
 
     out = tmp_path / "again"
     shutil.copytree(micro, out)
     for stage in ("target", "responses", "eagle3", "dflash", "acceptance"):
         shutil.rmtree(out / stage)
-    m = build(out, get_preset("micro"))
+    cfg = replace(get_preset("micro"), concurrent_drafters=True)
+    m = build(out, cfg)
     first = _manifest(micro)
+    assert "concurrent_with" not in first["stages"]["dflash"]
     for stage in ("target", "responses", "eagle3", "dflash"):
         assert m["stages"][stage]["output_sha256"] == first["stages"][stage]["output_sha256"], stage
     assert m["stages"]["acceptance"]["tau"] == first["stages"]["acceptance"]["tau"]
+    if 2 * cfg.num_threads <= (os.cpu_count() or 1):
+        assert m["stages"]["dflash"]["concurrent_with"] == "eagle3" and not (out / ".concurrent-dflash").exists()
+        assert set(m["stages"]["dflash"]) - set(first["stages"]["dflash"]) == {"concurrent_with"}
+
+
+def test_a_failed_dflash_child_is_trained_in_the_build_after_all(tmp_path: Path, caplog) -> None:
+    """`concurrent_drafters`: a DFlash child process that fails costs time, not the build."""
+    import multiprocessing
+    import sys
+
+    from whiflash.testbed.build import _join_dflash
+
+    folder = tmp_path / ".concurrent-dflash"
+    folder.mkdir()
+    proc = multiprocessing.get_context("spawn").Process(target=sys.exit, args=(3,))
+    proc.start()
+    with caplog.at_level("WARNING"):
+        assert _join_dflash((proc, folder), tmp_path / "stage", lambda: {"steps": 7}) == {"steps": 7}
+    assert "exit code 3: training it here instead" in caplog.text and not folder.exists()
 
 
 def test_tap_layers_follow_the_released_rules_at_real_depth() -> None:

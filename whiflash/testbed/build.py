@@ -17,8 +17,13 @@ Every stage is resumable (see ``manifest``): re-running a build reuses finished 
 
 from __future__ import annotations
 
+import json
 import logging
+import multiprocessing
+import os
+import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -149,10 +154,21 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
                                         seed=config.corpus.seed)) is None:
         return _finish(man, t_start)
     drafter_code = (TAP_CONVENTION, DRAFTER_TRAINING_VERSION)
-    run("eagle3", (config.eagle3, dev, *cpu, sha["responses"], sha["target"], *drafter_code),
-        lambda d: train_eagle3(out, config.eagle3, d, seed=seed, **dev))
-    run("dflash", (config.dflash, dev, *cpu, sha["responses"], sha["target"], *drafter_code),
-        lambda d: train_dflash(out, config.dflash, d, seed=seed, **dev))
+    parts = {name: (getattr(config, name), dev, *cpu, sha["responses"], sha["target"], *drafter_code)
+             for name in ("eagle3", "dflash")}
+    dflash_here = lambda d: train_dflash(out, config.dflash, d, seed=seed, **dev)  # noqa: E731
+    child = None
+    if (config.concurrent_drafters and _cores_hold_two(config.device) and last >= STAGES.index("dflash")
+            and not any(man.is_done(name, fingerprint(FORMAT_VERSION, name, *p)) for name, p in parts.items())):
+        child = _start_dflash(out, config, seed, dev)
+    try:
+        run("eagle3", parts["eagle3"], lambda d: train_eagle3(out, config.eagle3, d, seed=seed, **dev))
+        run("dflash", parts["dflash"], dflash_here if child is None else
+            lambda d: _join_dflash(child, d, lambda: dflash_here(d)))
+    finally:
+        if child is not None and child[0].is_alive():  # eagle3 failed: the DFlash child goes with the build
+            child[0].terminate()
+            child[0].join()
 
     from .acceptance import measure_acceptance
 
@@ -165,6 +181,56 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
                                   "switching": rec.get("switching"), "training_curve": rec.get("training_curve"),
                                   "tau_definition": rec["tau_definition"]}
     return _finish(man, t_start)
+
+
+def _cores_hold_two(device: str) -> bool:
+    """Whether two trainings at once gain here: on a GPU, or on a CPU whose cores hold both stages' threads (two
+    OpenMP pools on too few cores thrash)."""
+    return device != "cpu" or 2 * torch.get_num_threads() <= (os.cpu_count() or 1)
+
+
+def _start_dflash(out: Path, config: TestbedConfig, seed: int, dev: dict[str, Any]) -> tuple[Any, Path]:
+    """Start the DFlash stage's training in a child process, into ``OUT/.concurrent-dflash``."""
+    folder = out / ".concurrent-dflash"
+    if folder.exists():
+        shutil.rmtree(folder)  # leftovers of a killed build
+    folder.mkdir()
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_train_dflash_child, args=(str(out), asdict(config.dflash), str(folder), seed, dev,
+                                          torch.get_num_threads()), name="dflash-stage")
+    proc.start()
+    log.info("stage dflash    training in a child process (pid %s) beside eagle3", proc.pid)
+    return proc, folder
+
+
+def _train_dflash_child(out: str, dflash: dict[str, Any], folder: str, seed: int, dev: dict[str, Any],
+                        threads: int) -> None:
+    """The child's DFlash training, as the build runs it (same threads, seed and precision); its figures go beside
+    the checkpoint folder, not into it, so the stage's output hash is that of the training alone."""
+    from .dflash_train import train_dflash
+    from .presets import DFlashConfig
+
+    torch.set_num_threads(threads)  # CPU reductions follow the thread count: the build's, not the child's default
+    stage = Path(folder) / "stage"
+    stage.mkdir()
+    figures = train_dflash(Path(out), DFlashConfig(**dflash), stage, seed=seed, **dev)
+    (Path(folder) / "figures.json").write_text(json.dumps(figures))
+
+
+def _join_dflash(child: tuple[Any, Path], d: Path, retrain: Any) -> dict[str, Any]:
+    """The DFlash stage's ``fn``: wait for the child, move its checkpoint into the stage folder ``d`` and return its
+    figures; when the child failed, train here after all (``retrain``), so a build never ends on it."""
+    proc, folder = child
+    proc.join()
+    if proc.exitcode != 0 or not (folder / "figures.json").is_file():
+        log.warning("stage dflash    child process ended with exit code %s: training it here instead", proc.exitcode)
+        shutil.rmtree(folder, ignore_errors=True)
+        return retrain()
+    for item in (folder / "stage").iterdir():
+        os.replace(item, d / item.name)
+    figures = json.loads((folder / "figures.json").read_text())
+    shutil.rmtree(folder)
+    return {**figures, "concurrent_with": "eagle3"}
 
 
 def _finish(man: Manifest, t_start: float) -> dict[str, Any]:

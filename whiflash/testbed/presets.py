@@ -266,6 +266,10 @@ class TestbedConfig:
     """CPU threads for torch during the build (None: torch's default). On a 2-core machine that
     other processes share, 2 OpenMP threads thrash (10-20x slower steps were measured), so the
     CPU presets use 1; set 2 on a dedicated machine for ~1.5x faster target training."""
+    concurrent_drafters: bool = False
+    """Train the EAGLE-3 and DFlash stages at once, DFlash in a child process, when both are to be built: on a
+    GPU the two small trainings leave it idle between their kernels; on a CPU only where the cores hold both
+    stages' threads. The stages' outputs are those of one after the other (the stage fingerprints leave it out)."""
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     """Corpus stage."""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -321,6 +325,7 @@ def _tiny() -> TestbedConfig:
         name="tiny",
         precision="auto",
         num_threads=2,
+        concurrent_drafters=True,
         corpus=CorpusConfig(agent_transcripts=6_000),
         tokenizer=TokenizerConfig(vocab_size=2048),
         target=TargetConfig(batch_size=8, max_steps=480, val_every=240),
@@ -361,6 +366,7 @@ def _small() -> TestbedConfig:
         device="cuda",
         precision="bf16-mixed",
         compile_layers=True,
+        concurrent_drafters=True,
         corpus=CorpusConfig(math_problems=100_000, agent_transcripts=20_000, max_file_chars=400_000,
                             include_tests=True, validation_fraction=0.3, agent_code_excerpts=0.5,
                             chat_prose=1.0, code_modules=10_000),
