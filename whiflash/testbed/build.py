@@ -23,7 +23,9 @@ import multiprocessing
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +191,7 @@ def _cores_hold_two(device: str) -> bool:
     return device != "cpu" or 2 * torch.get_num_threads() <= (os.cpu_count() or 1)
 
 
-def _start_dflash(out: Path, config: TestbedConfig, seed: int, dev: dict[str, Any]) -> tuple[Any, Path]:
+def _start_dflash(out: Path, config: TestbedConfig, seed: int, dev: dict[str, Any]) -> tuple[BaseProcess, Path]:
     """Start the DFlash stage's training in a child process, into ``OUT/.concurrent-dflash``."""
     folder = out / ".concurrent-dflash"
     if folder.exists():
@@ -197,7 +199,8 @@ def _start_dflash(out: Path, config: TestbedConfig, seed: int, dev: dict[str, An
     folder.mkdir()
     proc = multiprocessing.get_context("spawn").Process(
         target=_train_dflash_child, args=(str(out), asdict(config.dflash), str(folder), seed, dev,
-                                          torch.get_num_threads()), name="dflash-stage")
+                                          torch.get_num_threads()), name="dflash-stage",
+        daemon=True)  # ends with the build
     proc.start()
     log.info("stage dflash    training in a child process (pid %s) beside eagle3", proc.pid)
     return proc, folder
@@ -217,7 +220,7 @@ def _train_dflash_child(out: str, dflash: dict[str, Any], folder: str, seed: int
     (Path(folder) / "figures.json").write_text(json.dumps(figures))
 
 
-def _join_dflash(child: tuple[Any, Path], d: Path, retrain: Any) -> dict[str, Any]:
+def _join_dflash(child: tuple[BaseProcess, Path], d: Path, retrain: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """The DFlash stage's ``fn``: wait for the child, move its checkpoint into the stage folder ``d`` and return its
     figures; when the child failed, train here after all (``retrain``), so a build never ends on it."""
     proc, folder = child
