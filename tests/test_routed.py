@@ -400,7 +400,7 @@ def test_tau_rule_picks_every_round_after_the_first_from_the_round_before(world)
         for first, (enter, leave) in ((1, (2, 1)), (0, (4, 2))):
             drafter = RoutedDrafter("df-e3", Counting([first]), tau_rule=f"{enter},{leave}", eagle3=eagle,
                                     dflash=ddtree)
-            assert drafter.row_policy is None  # no decisions inside the verify passes
+            assert drafter.row_policy is None and not drafter.reads_state  # no decisions in the passes, no gathers
             calls.clear()
             out, stats = whiflash.generate(target, drafter, prompt, 40)
             assert out == ref and len(calls) == 1

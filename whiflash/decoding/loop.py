@@ -11,7 +11,7 @@ The loop talks to drafters only through the `Drafter` hooks: `propose`, `observe
 routing decision: the next round's slot, from the target's state at the last committed position; asked
 after prefill, and at the end of each round only of a drafter with `routes`; None for a single drafter;
 a drafter whose `row_policy` the verify pass runs for every row gets the path's last row of those
-decisions), `advance` (the branch a union proposal's round accepts) and `catchup_seconds`. Everything the
+decisions; one whose `reads_state` is False gets no hidden state or logits), `advance` (the branch a union proposal's round accepts) and `catchup_seconds`. Everything the
 host needs from a round travels in one read, unpacked into a `RoundRead`; nothing is gathered for a
 consumer that is not there (every kernel launched outside a captured pass is host time each round).
 """
@@ -143,6 +143,8 @@ def _accept(target: Target, drafter: Drafter | None, proposal: Proposal, verify_
     if drafter is not None and drafter.routes:  # (the rows are not gathered for a drafter that never routes)
         if out.routes is not None:  # decided inside the pass: pick the path's last row
             decision = drafter.route(None, None, count, row(out.routes, at))
+        elif not drafter.reads_state:  # e.g. a tau rule: the round's tau is all it reads
+            decision = drafter.route(None, None, count)
         else:
             decision = drafter.route(row(out.hidden, at), row(out.logits, at), count, path=(out.hidden, keep))
     return Verdict(count, keep, verify_ids[keep], picked.index_select(0, at), best, decision, slot_taus, advanced)

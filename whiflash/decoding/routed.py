@@ -190,6 +190,10 @@ class RoutedDrafter(DrafterPair):
         return self.slots[slot][0].backlog_len
 
     @property
+    def reads_state(self) -> bool:  # type: ignore[override]
+        return self.tau_rule is None  # a tau rule reads the round's tau alone
+
+    @property
     def row_policy(self) -> Any:
         if self.tau_rule is not None:  # the policy decides after the prefill only: no decisions in the passes
             return None

@@ -230,6 +230,10 @@ class Drafter(nn.Module, FixedShapePasses):
     """True for a drafter whose `route` decides: the loop asks it every round (and gathers the decision
     point's hidden state and logits for it); False: `route` is not called after a round."""
 
+    reads_state: bool = True
+    """Whether `route` after a round reads the decision point's hidden state and logits; False: the loop passes
+    None for them and gathers neither (two operations a round fewer)."""
+
     def route(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None = None,
               decided: Tensor | None = None, path: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
         """The routing decision: the next round's slot (0-dim long, on the device) from the target's final
