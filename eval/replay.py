@@ -78,6 +78,9 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
     replay leaves out the rows of the prompts it was trained on, where its export lists them."""
     if method not in METHODS:
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
+    if stick_tau is not None and tau_rule is not None:
+        raise ValueError("--whiflash-tau-rule and --whiflash-stick-tau both decide from earlier rounds' tau; "
+                         "give one of them")
     profile = LatencyProfile.read(profile_path, flag="--latency-profile")
     manifest, cols = read_rounds(data_dir, with_hidden=method == "whiflash-neural")
     if samples is not None:

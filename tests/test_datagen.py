@@ -635,6 +635,9 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file):
     plain, rule = (replay_thresholds(tmp_path / "every", tmp_path / "profile.json", "whiflash-entropy",
                                      [mid, float("inf")], tau_rule=r) for r in (None, (3, 1)))
     assert rule["tau_rule"] == [3, 1] and plain["tau_rule"] is None
+    with pytest.raises(ValueError, match="give one of them"):
+        replay_thresholds(tmp_path / "every", tmp_path / "profile.json", "whiflash-entropy", [mid], stick_tau=4,
+                          tau_rule=(3, 1))
     assert rule["overall"]["fixed"] == plain["overall"]["fixed"]
     assert rule["overall"]["sweep"]["inf"] == plain["overall"]["sweep"]["inf"]  # pinned: that drafter alone
     slot0 = ruled(entropy < mid, cols, (3, 1), every=True)

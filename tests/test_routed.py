@@ -228,6 +228,7 @@ def test_one_host_read_per_round(world, monkeypatch):
     drafters = [None, eagle, ddtree, RoutedDrafter("ddt-e3", EntropyRouter(1.0), eagle3=eagle, dflash=ddtree),
                 RoutedDrafter("df-e3", context, eagle3=eagle, dflash=ddtree),
                 RoutedDrafter("ddt-e3", history, eagle3=eagle, dflash=ddtree),  # its states kept with no read
+                RoutedDrafter("df-e3", ScriptedRouter([1]), tau_rule=(3, 1), eagle3=eagle, dflash=ddtree),
                 OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree),
                 OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree, round_times=(2.0, 1.0))]
     for drafter in drafters:
@@ -271,6 +272,14 @@ def test_a_round_gathers_the_decision_row_only_for_a_drafter_that_routes_or_a_ca
     inside = RoutedDrafter("df-e3", FixedRouter(0), eagle3=eagle, dflash=ddtree)
     outside = RoutedDrafter("df-e3", NeuralPolicy(after.router, -1e9), eagle3=eagle, dflash=ddtree)  # slot 0
     assert per_round(outside) - per_round(inside) == 1.0
+    # a tau rule reads the round's tau alone: the same rounds with the decision row gathered cost two gathers more
+
+    class Reading(RoutedDrafter):
+        reads_state = True
+
+    ruled = RoutedDrafter("df-e3", ScriptedRouter([1]), tau_rule=(3, 1), eagle3=eagle, dflash=ddtree)
+    reading = Reading("df-e3", ScriptedRouter([1]), tau_rule=(3, 1), eagle3=eagle, dflash=ddtree)
+    assert per_round(reading) - per_round(ruled) == 2.0
 
 
 def test_pairs_refuse_members_and_options_that_do_not_apply(world):

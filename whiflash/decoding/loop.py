@@ -11,9 +11,10 @@ The loop talks to drafters only through the `Drafter` hooks: `propose`, `observe
 routing decision: the next round's slot, from the target's state at the last committed position; asked
 after prefill, and at the end of each round only of a drafter with `routes`; None for a single drafter;
 a drafter whose `row_policy` the verify pass runs for every row gets the path's last row of those
-decisions; one whose `reads_state` is False gets no hidden state or logits), `advance` (the branch a union proposal's round accepts) and `catchup_seconds`. Everything the
-host needs from a round travels in one read, unpacked into a `RoundRead`; nothing is gathered for a
-consumer that is not there (every kernel launched outside a captured pass is host time each round).
+decisions; one whose `reads_state` is False gets no hidden state or logits), `advance` (the branch a
+union proposal's round accepts) and `catchup_seconds`. Everything the host needs from a round travels in
+one read, unpacked into a `RoundRead`; nothing is gathered for a consumer that is not there (every kernel
+launched outside a captured pass is host time each round).
 """
 from __future__ import annotations
 
