@@ -33,7 +33,7 @@ import whiflash
 from whiflash import distributed, session
 from whiflash.data import (ADVANCE_RULE, EVERY_POSITION, RouterDatasetManifest, ShardEntry, shard_entry, write_manifest,
                            write_shard)
-from whiflash.datagen.parallel import record_prompt_parallel
+from whiflash.datagen.parallel import continuations, record_prompt_parallel
 from whiflash.datagen.prompts import PromptItem, parse_sources, prompts_sha256, read_source, resolve_source
 from whiflash.datagen.record import record_prompt
 from whiflash.decoding import prompt_room
@@ -419,11 +419,15 @@ def _record_chunk(run: Session, recorder: OracleDrafter, chunk: list[PromptItem]
     and the generation config's), as in whiflash-eval."""
     model = run.target
     keep = min(max_prompt_tokens, prompt_room(model, max_new_tokens, recorder.max_nodes))
+    prompts = [_encode(run, item, keep) for item in chunk]
+    given: list[dict[str, list[int]]] = [{} for _ in chunk]
+    if getattr(record, "func", record) is record_prompt_parallel:  # the shard's greedy sequences in one batch
+        given = [{"continuation": new} for new in continuations(model, recorder, prompts, max_new_tokens)]
     parts = []
-    for item, slot in zip(chunk, follow):
+    for item, slot, ids, extra in zip(chunk, follow, prompts, given):
         recorder.follow = slot
         recorder.policy = policy_for(item.category) if policy_for is not None else None
-        cols = record(model, recorder, _encode(run, item, keep), max_new_tokens, run.stops or None)
+        cols = record(model, recorder, ids, max_new_tokens, run.stops or None, **extra)
         on_prompt(cols)
         if cols:
             n = len(cols["round"])

@@ -2,13 +2,13 @@
 
 At T = 0 every lossless decode of a prompt emits the target's greedy sequence, and a chain drafter's tau at
 a round depends only on where the round starts: its state there is the committed rows, on which each member
-catches up whichever slot drafted before (the same assumption the replay and the speed oracle make). So one
-decode of the greedy sequence (with the DFlash slot alone), one causal target pass over it and a few
-teacher-forced passes per slot (`Drafter.taus`) give both slots' tau at every position of the sequence, and
-the path (`--path`) is walked over them: a round at position `n` advances by the tau of the slot it takes.
-The rows are those oracle decoding logs, computed with a few large passes instead of a round's small ones.
-They are equal in float32; in bf16 a near-tie may break the other way, the passes' shapes being other than
-the rounds'.
+catches up whichever slot drafted before (the same assumption the replay and the speed oracle make). So the
+greedy sequence (a shard's prompts continued in one batch, `whiflash.decoding.greedy`), one causal target pass
+over it and a few teacher-forced passes per slot (`Drafter.taus`) give both slots' tau at every position of the
+sequence, and the path (`--path`) is walked over them: a round at position `n` advances by the tau of the slot
+it takes. The rows are those oracle decoding logs, computed with a few large passes instead of a round's small
+ones. They are equal in float32; in bf16 a near-tie may break the other way, the passes' shapes being other
+than the rounds'.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import torch
 
 import whiflash
 from whiflash.datagen.record import columns
+from whiflash.decoding.greedy import greedy_batch
 from whiflash.decoding.routed import OracleDrafter
 from whiflash.drafters.base import Commit
 from whiflash.routers import entropy
@@ -45,17 +46,25 @@ def walk(taus: np.ndarray, sequence: list[int], first: int, max_new_tokens: int,
     return rounds
 
 
+def continuations(target: whiflash.runtime.model.Target, oracle: OracleDrafter, prompts: list[list[int]],
+                  max_new_tokens: int) -> list[list[int]]:
+    """Each prompt's greedy continuation as far as `record_prompt_parallel` reads it, in one batch: past
+    `max_new_tokens` by a draft and its bonus token (every draft of the last round meets the sequence), with
+    no stop token (the walk stops)."""
+    return greedy_batch(target, prompts, max_new_tokens + max(d.draft_length for d, _ in oracle.slots) + 1)
+
+
 @torch.no_grad()
 def record_prompt_parallel(target: whiflash.runtime.model.Target, oracle: OracleDrafter, ids: list[int],
                            max_new_tokens: int, stop_token_ids: list[int] | None = None, chunk: int = 64,
-                           every: bool = False) -> dict[str, np.ndarray]:
+                           every: bool = False, continuation: list[int] | None = None) -> dict[str, np.ndarray]:
     """`record_prompt`'s rows for one prompt, from parallel passes (module docstring); `chunk` rounds a pass.
-    `every`: a row at every position a round can start at (`walk`), not only those of the path."""
-    dflash = oracle.members[0]
-    reach = max(d.draft_length for d, _ in oracle.slots) + 1  # every draft of the last round meets the sequence
-    new, _ = whiflash.generate(target, dflash, ids, max_new_tokens + reach)  # no stop: the walk stops
+    `every`: a row at every position a round can start at (`walk`), not only those of the path. `continuation`:
+    the prompt's `continuations` when a batch already made them (else they are made here)."""
+    new = continuation if continuation is not None else continuations(target, oracle, [ids], max_new_tokens)[0]
     sequence = list(ids) + new
     first = len(ids)
+    target.setup_cache(len(sequence))
     seq = torch.tensor(sequence, dtype=torch.long, device=target.device)
     taps = oracle.tap_layers
     out = target.full_pass(seq, taps)

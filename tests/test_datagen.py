@@ -523,6 +523,23 @@ def test_flags_are_kebab_case_switches_and_old_spellings_run_with_a_warning(caps
     assert help_text == "[--max-new-tokens MAX_NEW_TOKENS] [--cuda-graphs|--no-cuda-graphs]"
 
 
+@pytest.mark.parametrize("world_name", ["qwen3-mixed", "llama-mixed"])
+def test_a_packed_batch_continues_each_prompt_as_its_own_greedy_decode(worlds, world_name):
+    """`greedy_batch` (the greedy sequences of `--parallel`): prompts of other lengths in one packed cache, each row
+    seeing its own segment only, give every prompt's own greedy decode (float32), and leave the target's cache
+    as it was."""
+    from whiflash.decoding.greedy import greedy_batch
+
+    target, _ = worlds[world_name].load()
+    alone = [whiflash.generate(target, None, p, 25)[0] for p in PROMPTS]
+    cache = target.cache.k.clone()
+    assert greedy_batch(target, PROMPTS, 25) == alone and len({tuple(a) for a in alone}) > 4
+    assert torch.equal(target.cache.k, cache)
+    assert greedy_batch(target, PROMPTS[:2], 1) == [a[:1] for a in alone[:2]] and greedy_batch(target, [], 5) == []
+    with pytest.raises(ValueError, match="at least one token"):
+        greedy_batch(target, [[1, 2], []], 5)
+
+
 @pytest.mark.parametrize("world_name,pair", [("qwen3-mixed", "df-e3"), ("llama-mixed", "df-e3"),
                                              ("qwen3-crafted", "df-e3"), ("llama-mixed", "ddt-e3"),
                                              ("qwen3-crafted", "df-ddt")])

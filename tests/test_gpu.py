@@ -189,6 +189,16 @@ def test_datagen_with_cuda_graphs_records_the_eager_rows(worlds, tmp_path):
     torch.testing.assert_close(hidden[0], hidden[1], rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("world", ["qwen3-mixed", "llama-mixed"])
+def test_a_batch_continued_under_a_graph_is_each_prompts_greedy_decode(worlds, world):
+    """float32 on CUDA: the packed batch, its step replayed as a CUDA graph, emits every prompt's own greedy tokens."""
+    from whiflash.decoding.greedy import greedy_batch
+
+    target, _ = worlds[world].load(device="cuda")
+    target.use_cuda_graphs(True)
+    assert greedy_batch(target, PROMPTS, 40) == [whiflash.generate(target, None, p, 40)[0] for p in PROMPTS]
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_batched_generation_graph_replays_the_eager_decode(bf16, caplog):
     """The testbed generator's captured decode step gives the eager step's tokens (greedy and sampled)."""
