@@ -9,7 +9,7 @@ compiled layers on a GPU; float32 and eager on a CPU):
 
 - `decode`: `record_prompt`, the oracle decodes (both drafters every round, their union verified): the oracle
   path's rows, as `whiflash-datagen` writes them;
-- `passes`: `record_prompt_parallel`, one DFlash decode of the greedy sequence and teacher-forced passes, then
+- `passes`: `record_prompt_parallel`, the greedy sequence (a batch of one here) and teacher-forced passes, then
   the walk: the same rows (`whiflash-datagen --parallel`);
 - `every`: the same passes, a row at every position (`--parallel --path every`).
 

@@ -42,6 +42,9 @@ cd "$(dirname "$0")/.."
 L=${1:?LOG_DIR}; TB=${2:?TESTBED_DIR}; budget=${3:?BUDGET_S}; shift 3
 start=$(date +%s)
 neural_grid=-inf,-6,-4,-3,-2,-1.5,-1,-0.5,-0.25,0,0.25,0.5,0.75,1,1.5,2,2.5,3,4,6,inf  # +-inf: a drafter alone
+# the routed benches follow TAU_RULE=ENTER,LEAVE; with TAU_RULE=auto the chosen rule has a bench of its own (eval-rule)
+# and the others run without it; runs of no routed method (eval-t0, eval-t1) never take one
+rule=${TAU_RULE:-}; [ "$rule" = auto ] && rule=
 for item in "$@"; do
   name=${item%%:*}; est=${item##*:}
   pair=df-e3; [[ $name == *@* ]] && pair=${name#*@} && name=${name%@*}
@@ -50,10 +53,10 @@ for item in "$@"; do
   echo "=== $name (${left}s left, estimate ${est}s) $(date +%T)"
   case $name in
     build-*) UNTIL=${name#build-} BUILD_TIMEOUT=$left bash scripts/gpu_session.sh "$L" "$TB" build ;;
-    eval-t0) EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
+    eval-t0) TAU_RULE= EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
                METHODS=ar,eagle3,dflash,ddtree,oracle EVAL_FLAGS="--tree-budget 16,32,64" EVAL_TAG=_t0 \
                bash scripts/gpu_session.sh "$L" "$TB" eval ;;
-    eval-t1) EVAL_TIMEOUT=$left EVAL_SAMPLES=${E1_SAMPLES:-40} EVAL_TOKENS=${E_TOKENS:-256} \
+    eval-t1) TAU_RULE= EVAL_TIMEOUT=$left EVAL_SAMPLES=${E1_SAMPLES:-40} EVAL_TOKENS=${E_TOKENS:-256} \
                METHODS=ar,eagle3,dflash,ddtree EVAL_FLAGS="--temperature 1" EVAL_TAG=_t1 \
                bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     router-test) PAIR=$pair ROUTER_TIMEOUT=$left ROUTER_SOURCE=testbed:test ROUTER_PROMPTS=${TEST_PROMPTS:-80} \
@@ -99,7 +102,6 @@ for item in "$@"; do
                  [ -f "$thr" ] && cp "$thr" "$TB/thresholds_neural_dagger_$pair.json" && cp "$TB"/thresholds_neural_*"$pair".json "$L/" ;;
     eval-routed) methods=()  # df-e3: the eval step's default list (+ WhiFlash-Neural when the router is there)
                [ "$pair" != df-e3 ] && methods=(METHODS=ar,eagle3,ddtree,whiflash-neural)
-               rule=${TAU_RULE:-}; [ "$rule" = auto ] && rule=  # auto: the chosen rule has a bench of its own
                env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
                  "${methods[@]}" TAU_RULE="$rule" EVAL_TAG=_routed bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     eval-rule) # the tau rule calibrate chose (TAU_RULE=auto), WhiFlash-Entropy at its thresholds, beside the drafters
@@ -123,7 +125,7 @@ for item in "$@"; do
     eval-prompts) files=("${PROMPTS_DIR:-.prompts}"/*.jsonl)  # benchmark prompt files
                data=$(IFS=,; echo "${files[*]}")
                thr=(); [ -f "$TB/thresholds_neural_prompts_$pair.json" ] && thr=(NEURAL_THRESHOLDS="$TB/thresholds_neural_prompts_$pair.json")
-               env PAIR=$pair "${thr[@]}" EVAL_TIMEOUT=$left EVAL_SAMPLES=${E2_SAMPLES:-10} EVAL_TOKENS=${E_TOKENS:-256} EVAL_DATASET="$data" \
+               env PAIR=$pair "${thr[@]}" TAU_RULE="$rule" EVAL_TIMEOUT=$left EVAL_SAMPLES=${E2_SAMPLES:-10} EVAL_TOKENS=${E_TOKENS:-256} EVAL_DATASET="$data" \
                  METHODS=ar,eagle3,dflash,ddtree,whiflash-neural EVAL_TAG=_prompts bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     bench-routing) timeout "$left" python3 scripts/bench_routing.py --testbed "$TB" --category "${ROUTING_CATEGORY:-code}" \
                  --prompts "${ROUTING_PROMPTS:-8}" --new-tokens "${E_TOKENS:-256}" --repeats 3 --json "$L/bench_routing.json" \

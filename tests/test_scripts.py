@@ -183,3 +183,22 @@ def test_a_chosen_tau_rule_gets_a_bench_of_its_own_after_the_routed_one(tmp_path
     assert out.index("eval-routed@df-e3: done before") < out.index("eval-rule@df-e3")
     (log / "eval_df-e3_rule_results.md").write_text("|")
     assert "=== eval-rule@df-e3: done before" in run()
+
+
+@pytest.mark.parametrize("tau_rule,routed", [("auto", ""), ("5,2", "5,2"), ("", "")])
+def test_only_routed_benches_take_a_tau_rule_and_only_eval_rule_the_chosen_one(tmp_path: Path, tau_rule: str,
+                                                                               routed: str) -> None:
+    """gpu_budget.sh hands TAU_RULE to the eval steps as each can take it: eval-t0 and eval-t1 (no routed method)
+    never get one, eval-routed and eval-prompts an explicit ENTER,LEAVE but not `auto`, eval-rule always `auto`
+    (the rule calibrate chose). Checked against a gpu_session.sh that prints what it was given."""
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    shutil.copy(ROOT / "scripts/gpu_budget.sh", scripts)
+    (scripts / "gpu_session.sh").write_text('echo "given $3 ${EVAL_TAG:-} rule=${TAU_RULE:-}"\n')
+    steps = ["eval-t0:1", "eval-t1:1", "eval-routed:1", "eval-prompts:1", "eval-rule:1"]
+    out = subprocess.run(["bash", str(scripts / "gpu_budget.sh"), str(tmp_path / "log"), str(tmp_path / "tb"), "60",
+                          *steps], capture_output=True, text=True, timeout=60, check=True,
+                         env={**os.environ, "TAU_RULE": tau_rule}).stdout
+    given = dict(line.split()[2:] for line in out.splitlines() if line.startswith("given eval"))
+    assert given == {"_t0": "rule=", "_t1": "rule=", "_routed": f"rule={routed}", "_prompts": f"rule={routed}",
+                     "_rule": "rule=auto"}
