@@ -97,6 +97,10 @@ def build_parser() -> ArgumentParser:
                           "rounds and --latency-profile instead of decoding")
     cal.add_argument("--latency-profile", type=str | None, default=None,
                      help="with --replay: the profile JSON of `whiflash-eval profile` for these models and device")
+    cal.add_argument("--min-gain", type=float, default=0.0,
+                     help="a category keeps a routing threshold only where it is at least this share faster than the "
+                          "faster drafter alone among the swept values (0.02: 2 percent), else it pins that drafter: a gain "
+                          "too small to survive other prompts is not worth a decision every round")
     cal.add_argument("--replay-run", type=str | None, default=None,
                      help="with --replay: a bench run folder; replay only the rows of its prompts, for estimates on "
                           "exactly the prompts it measured")
@@ -194,11 +198,11 @@ def main(argv: list[str] | None = None) -> int:
                              "--replay (which decodes nothing)")
         if args.replay:
             calibrate_replay(bench_config(args), args.replay, args.latency_profile, method=args.calibrate_method,
-                             values=values, output=args.output, replay_run=args.replay_run)
+                             values=values, output=args.output, replay_run=args.replay_run, min_gain=args.min_gain)
         else:
             calibrate(bench_config(args), method=args.calibrate_method, values=values,
                       exclude_run=args.exclude_run, output=args.output, around=args.thresholds_around,
-                      around_steps=tuple(parse_thresholds(args.around_steps, "--around-steps")))
+                      around_steps=tuple(parse_thresholds(args.around_steps, "--around-steps")), min_gain=args.min_gain)
         return 0
     if cmd == "profile":
         from .profile import run_profile

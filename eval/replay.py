@@ -70,11 +70,12 @@ def rows_of_prompts(cols: dict[str, np.ndarray], prompt_ids: Collection[str]) ->
 def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: str, values: list[float],
                       neural_router: str | None = None, lazy: bool = True,
                       stick_tau: int | None = None, samples: Collection[str] | None = None,
-                      tau_rule: tuple[int, int] | None = None) -> dict[str, Any]:
+                      tau_rule: tuple[int, int] | None = None, min_gain: float = 0.0) -> dict[str, Any]:
     """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
     thresholds.json (without the run bookkeeping). `stick_tau`: as `--whiflash-stick-tau` (`stick`); `tau_rule`:
     as `--whiflash-tau-rule` (`ruled`: a routing threshold picks each prompt's first slot, the rule every later one).
-    `samples`: replay only these prompts' rows (a bench run's sample ids, `--replay-run`). A neural router's
+    `samples`: replay only these prompts' rows (a bench run's sample ids, `--replay-run`). `min_gain`: a finite
+    threshold only where it beats a drafter alone by that share (`best_threshold`). A neural router's
     replay leaves out the rows of the prompts it was trained on, where its export lists them."""
     if method not in METHODS:
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
@@ -125,7 +126,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
 
         # an infinite threshold pins a slot: that drafter alone, no decision to pay
         sweep = {v: speedup(picks_slot0(method, score[sel], v), pinned_slot(method, v) is None) for v in sorted(values)}
-        best = best_threshold({v: s for v, (s, _) in sweep.items()})
+        best = best_threshold({v: s for v, (s, _) in sweep.items()}, min_gain)
         details[cat] = {"threshold": best, "speedup": sweep[best][0], "tokens_per_second": sweep[best][0] / ar * 1e3,
                         "tau": sweep[best][1], "sweep": {str(v): s for v, (s, _) in sweep.items()},
                         "tau_sweep": {str(v): t for v, (_, t) in sweep.items()},
@@ -139,7 +140,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
             "latency_profile": str(profile_path), "pair": str(manifest.pair), "tree_budget": manifest.tree_budget,
             "slots": [slot_kind(k, budget) for k in kinds], "rounds": int(len(score)),
             "device": profile.meta.get("device"), "lazy_catchup": lazy, "stick_tau": stick_tau,
-            "tau_rule": list(tau_rule) if tau_rule else None, "estimate": ESTIMATE,
+            "tau_rule": list(tau_rule) if tau_rule else None, "min_gain": min_gain, "estimate": ESTIMATE,
             "speed_oracle_definition": DEFINITION}
 
 

@@ -119,8 +119,8 @@ for item in "$@"; do
                [ -f "$TB/router_data_${pair}_prompts/manifest.json" ] && [ -d "$router" ] && \
                  python3 -m whiflash.eval calibrate --replay "$TB/router_data_${pair}_prompts" \
                    --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural \
-                   --whiflash-neural-router-path "$router" --thresholds="$neural_grid" --out "$L/eval" \
-                   --output "$TB/thresholds_neural_prompts_$pair.json" 2>&1 | tail -8 && \
+                   --whiflash-neural-router-path "$router" --thresholds="$neural_grid" --min-gain "${MIN_GAIN:-0.03}" \
+                   --out "$L/eval" --output "$TB/thresholds_neural_prompts_$pair.json" 2>&1 | tail -8 && \
                  cp "$TB/thresholds_neural_prompts_$pair.json" "$L/" ;;
     eval-prompts) files=("${PROMPTS_DIR:-.prompts}"/*.jsonl)  # benchmark prompt files
                data=$(IFS=,; echo "${files[*]}")

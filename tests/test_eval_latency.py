@@ -215,6 +215,35 @@ def test_calibrate_replay_writes_thresholds_bench_reads(router_data: Path, tmp_p
     assert manifest["kind"] == "whiflash.eval" and manifest["tool"] == "whiflash-eval calibrate --replay"
 
 
+def test_a_min_gain_pins_the_faster_drafter_where_routing_gains_less(router_data: Path, tmp_path: Path) -> None:
+    """`calibrate --replay --min-gain G`: a category keeps its fastest finite threshold only where that is at least
+    G faster than the faster drafter alone, else it pins that drafter; the sweep itself is unchanged."""
+    prof, grid = _profile(tmp_path / "p.json"), "1e-9,0.5,1,2,inf,-inf"
+    picks = {}
+    for gain in ("0", "0.5"):
+        out = tmp_path / f"thr_{gain}.json"
+        assert main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--thresholds", grid,
+                     "--min-gain", gain, "--output", str(out), "--out", str(tmp_path)]) == 0
+        picks[gain] = json.loads(out.read_text())
+    free, held = picks["0"], picks["0.5"]
+    assert held["min_gain"] == 0.5 and free["min_gain"] == 0.0
+    routed = [c for c, t in free["thresholds"].items() if not math.isinf(t)]
+    assert routed, "no category routes at min gain 0: pick a grid where one does"
+    assert held["thresholds"] != free["thresholds"], "no category's gain falls short of 50%: raise --min-gain"
+    for cat, d in free["details"].items():
+        alone = max(d["sweep"]["inf"], d["sweep"]["-inf"])
+        assert held["details"][cat]["sweep"] == d["sweep"]
+        if cat in routed and d["speedup"] < 1.5 * alone:  # a finite pick short of the margin: the drafter pinned
+            assert held["thresholds"][cat] == (math.inf if d["sweep"]["inf"] >= d["sweep"]["-inf"] else -math.inf)
+            assert held["details"][cat]["speedup"] == pytest.approx(alone)
+        else:
+            assert held["thresholds"][cat] == free["thresholds"][cat]
+    with pytest.raises(ValueError, match="--min-gain: expected a share >= 0"):
+        main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--min-gain", "-1",
+              "--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()  # refused before anything is written
+
+
 def test_a_replayed_policy_pays_the_routed_rounds_the_drafters_alone_do_not(router_data: Path,
                                                                           tmp_path: Path) -> None:
     plain, routed = _profile(tmp_path / "plain.json"), tmp_path / "routed.json"

@@ -1,6 +1,8 @@
 """One session for datagen and eval: the same paths, stop ids and threshold rule."""
 from __future__ import annotations
 
+import math
+
 import json
 from pathlib import Path
 
@@ -40,5 +42,13 @@ def test_one_threshold_rule() -> None:
     assert picks_slot0("whiflash-neural", entropy, 0.5).tolist() == [False, False, True]
     assert best_threshold({0.4: 2.0, 0.2: 2.0, 0.8: 1.0}) == 0.2  # ties: the smaller threshold
     assert best_threshold({0.1: float("nan")}) is None
+    # a finite threshold has to beat the faster drafter alone by min_gain, or that drafter is pinned
+    sweep = {-math.inf: 1.0, 0.5: 1.02, math.inf: 1.01}
+    assert best_threshold(sweep) == best_threshold(sweep, 0.009) == 0.5
+    assert best_threshold(sweep, 0.02) == math.inf and best_threshold({**sweep, -math.inf: 1.1}, 0.0) == -math.inf
+    assert best_threshold({0.5: 1.02, 1.0: 1.0}, 0.5) == 0.5  # no drafter alone swept: nothing to fall back on
+    for bad in (-0.1, math.inf, "2%", True):
+        with pytest.raises(ValueError, match="--min-gain: expected a share >= 0"):
+            best_threshold(sweep, bad)
     with pytest.raises(ValueError, match="--calibrate-method: expected one of"):
         picks_slot0("oracle", entropy, 0.5)

@@ -40,10 +40,20 @@ def pinned_slot(method: str, threshold: float | None) -> int | None:
     return 0 if bool(picks_slot0(method, np.zeros(1), threshold)[0]) else 1
 
 
-def best_threshold(sweep: Mapping[float, float]) -> float | None:
+def best_threshold(sweep: Mapping[float, float], min_gain: float = 0.0) -> float | None:
     """The threshold of the highest finite score in `sweep` (threshold -> score); ties: the smaller threshold.
-    None when no score is finite."""
+    None when no score is finite. `min_gain`: a finite threshold wins only when its score is at least
+    `1 + min_gain` times the best infinite one's (a drafter alone), else that infinite threshold does: a
+    gain smaller than what separates the calibration's prompts from others is not worth a decision a round."""
+    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not 0 <= min_gain < math.inf:
+        raise ValueError(f"--min-gain: expected a share >= 0 (0.02: 2% faster), got {min_gain!r}")
     valid = {t: s for t, s in sweep.items() if not math.isnan(s)}
     if not valid:
         return None
-    return max(sorted(valid), key=lambda t: valid[t])
+    best = max(sorted(valid), key=lambda t: valid[t])
+    alone = {t: s for t, s in valid.items() if math.isinf(t)}
+    if alone and not math.isinf(best):
+        pinned = max(sorted(alone), key=lambda t: alone[t])
+        if valid[best] < alone[pinned] * (1 + min_gain):
+            return pinned
+    return best
