@@ -354,6 +354,52 @@ def test_a_failed_dflash_child_is_trained_in_the_build_after_all(tmp_path: Path,
     assert "exit code 3: training it here instead" in caplog.text and not folder.exists()
 
 
+def test_a_dflash_child_ends_when_its_build_is_killed(tmp_path: Path) -> None:
+    """A build stopped by SIGKILL (a device command's limit) runs no exit handlers: its DFlash child notices that its
+    parent is gone (`exit_with_parent`) and ends, instead of training on beside the next build's."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file, script = tmp_path / "child.pid", tmp_path / "build.py"
+    script.write_text(f"""
+import multiprocessing, time
+from whiflash.testbed.build import exit_with_parent
+
+def child(path, parent):
+    import os
+    exit_with_parent(parent, every=0.05)
+    open(path, "w").write(str(os.getpid()))
+    time.sleep(60)
+
+if __name__ == "__main__":
+    import os
+    multiprocessing.get_context("spawn").Process(target=child, args=({str(pid_file)!r}, os.getpid()), daemon=True).start()
+    time.sleep(60)
+""")  # a file: a spawned child imports its target from the parent's main module
+    build = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.monotonic() + 60
+    while not pid_file.is_file() or not pid_file.read_text():
+        assert time.monotonic() < deadline and build.poll() is None, "the child never started"
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(child, 0)  # alive while the build is
+    build.send_signal(signal.SIGKILL)
+    build.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the child outlived its killed build by 10 s")
+
+
 def test_tap_layers_follow_the_released_rules_at_real_depth() -> None:
     from whiflash.testbed.drafter_data import tap_layers
 

@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -213,11 +214,25 @@ def _train_dflash_child(out: str, dflash: dict[str, Any], folder: str, seed: int
     from .dflash_train import train_dflash
     from .presets import DFlashConfig
 
+    exit_with_parent(os.getppid())
     torch.set_num_threads(threads)  # CPU reductions follow the thread count: the build's, not the child's default
     stage = Path(folder) / "stage"
     stage.mkdir()
     figures = train_dflash(Path(out), DFlashConfig(**dflash), stage, seed=seed, **dev)
     (Path(folder) / "figures.json").write_text(json.dumps(figures))
+
+
+def exit_with_parent(parent: int, every: float = 1.0) -> threading.Thread:
+    """End this process when `parent` is no longer its parent. A build stopped by a signal (a device command's time
+    limit) runs no exit handlers, so its daemon child would train on, orphaned, beside the next build's."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="exit-with-parent", daemon=True)
+    thread.start()
+    return thread
 
 
 def _join_dflash(child: tuple[BaseProcess, Path], d: Path, retrain: Callable[[], dict[str, Any]]) -> dict[str, Any]:
