@@ -186,8 +186,8 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
     result = replay_thresholds(data, latency_profile, method, values, cfg.whiflash_neural_router_path,
                                lazy=not cfg.whiflash_no_lazy_catchup, stick_tau=cfg.whiflash_stick_tau, samples=samples,
                                tau_rule=rule, min_gain=min_gain)
-    config = {"calibrate_method": method, "values": values, "min_gain": min_gain, "replay": str(data), "replay_run": replay_run,
-              "latency_profile": latency_profile,
+    config = {"calibrate_method": method, "values": values, "min_gain": min_gain, "replay": str(data),
+              "replay_run": replay_run, "latency_profile": latency_profile,
               "neural_router": cfg.whiflash_neural_router_path, "lazy_catchup": not cfg.whiflash_no_lazy_catchup,
               "stick_tau": cfg.whiflash_stick_tau, "tau_rule": cfg.whiflash_tau_rule}
     run, _ = prepare_run_dir(cfg.out, cfg.name or f"calibrate-replay-{method}", config, resume=False)

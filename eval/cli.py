@@ -98,9 +98,9 @@ def build_parser() -> ArgumentParser:
     cal.add_argument("--latency-profile", type=str | None, default=None,
                      help="with --replay: the profile JSON of `whiflash-eval profile` for these models and device")
     cal.add_argument("--min-gain", type=float, default=0.0,
-                     help="a category keeps a routing threshold only where it is at least this share faster than the "
-                          "faster drafter alone among the swept values (0.02: 2 percent), else it pins that drafter: a gain "
-                          "too small to survive other prompts is not worth a decision every round")
+                     help="a category keeps a routing threshold only where it is at least this share faster than "
+                          "the faster drafter alone among the swept values (0.02: 2 percent), else it pins that "
+                          "drafter: a gain too small to survive other prompts is not worth a decision every round")
     cal.add_argument("--replay-run", type=str | None, default=None,
                      help="with --replay: a bench run folder; replay only the rows of its prompts, for estimates on "
                           "exactly the prompts it measured")

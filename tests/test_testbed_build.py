@@ -376,7 +376,8 @@ def child(path, parent):
 
 if __name__ == "__main__":
     import os
-    multiprocessing.get_context("spawn").Process(target=child, args=({str(pid_file)!r}, os.getpid()), daemon=True).start()
+    args = ({str(pid_file)!r}, os.getpid())
+    multiprocessing.get_context("spawn").Process(target=child, args=args, daemon=True).start()
     time.sleep(60)
 """)  # a file: a spawned child imports its target from the parent's main module
     build = subprocess.Popen([sys.executable, str(script)])
