@@ -11,7 +11,7 @@ import torch
 import whiflash
 from whiflash.decoding.verify import accept, check_tree
 from whiflash.drafters.base import Proposal
-from whiflash.drafters.trees import ancestor_mask, build_tree, build_tree_device, tree_proposal
+from whiflash.drafters.trees import ancestor_mask, build_tree, build_tree_device, deepest_on_path, tree_proposal
 from whiflash.drafters.dflash import DFlashDrafter
 from whiflash.routers import ScriptedRouter
 
@@ -51,6 +51,31 @@ def test_device_builder_is_prefix_closed_and_equals_the_heap(kind, budget):
         n = len(tokens)
         assert n == min(budget, sum(k ** d for d in range(1, logits.shape[0] + 1)))
         assert (tree.tokens[:n].tolist(), tree.parents[:n].tolist(), tree.depths[:n].tolist()) == (tokens, parents, depths)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("budget", [1, 6, 15, 40])
+def test_the_deepest_node_on_a_path_of_a_batch_of_trees_is_each_trees(kind, budget):
+    """`deepest_on_path` (datagen's DDTree tau at every position at once) equals, row by row, the deepest node on
+    the path in the reference heap's tree of that row, ties included; paths follow top-1, top-2 or random tokens."""
+    g = torch.Generator().manual_seed(budget)
+    logits = torch.stack([_logits(kind, seed) for seed in range(16)])  # [R, depth, vocab]
+    ranked = logits.float().log_softmax(-1).topk(3, -1).indices
+    pick = torch.randint(0, 4, logits.shape[:2], generator=g)  # 0-2: that rank's token, 3: any token
+    truth = torch.where(pick < 3, ranked.gather(-1, pick.clamp_max(2)[..., None])[..., 0],
+                        torch.randint(0, logits.shape[-1], logits.shape[:2], generator=g))
+    expected = []
+    for row, path in zip(logits, truth.tolist()):
+        top_logp, top_ids = torch.log_softmax(row.float(), -1).topk(budget, -1)
+        tokens, parents, depths = build_tree(top_logp.tolist(), top_ids.tolist(), budget)
+        on = [True]
+        for token, parent, depth in zip(tokens, parents, depths):
+            on.append(on[parent] and token == path[depth - 1])
+        expected.append(max((d for d, ok in zip(depths, on[1:]) if ok), default=0))
+    assert deepest_on_path(logits, truth, budget).tolist() == expected
+    assert len(set(expected)) > 1 or budget == 1  # paths of several depths
+    with pytest.raises(ValueError, match="needs a vocabulary of at least"):
+        deepest_on_path(logits, truth, logits.shape[-1] + 1)
 
 
 def test_device_builder_stays_a_short_graph():

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from whiflash.drafters.base import Drafter, Proposal, pad_rows
-from whiflash.drafters.trees import tree_proposal
+from whiflash.drafters.trees import deepest_on_path, tree_proposal
 from whiflash.runtime import gemv
 from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import rope_from_config
@@ -189,6 +189,8 @@ class DFlashDrafter(Drafter):
         truth = ids[starts[:, None] + offsets[1:]]  # [R, b-1]: the tokens each depth should draft
         if tree_budget is None:
             return 1 + (logits.argmax(-1) == truth).long().cumprod(1).sum(1)
+        if tree_budget <= logits.shape[-1]:  # every position's tree at once
+            return 1 + deepest_on_path(logits, truth, tree_budget)
         taus, truth = [], truth.tolist()
         for i in range(r):  # one tree a position (the builder works on one block)
             tree = tree_proposal(logits[i].float(), tree_budget, self.engine.tree_kernel)

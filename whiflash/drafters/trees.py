@@ -196,3 +196,32 @@ def tree_proposal(logits: Tensor, budget: int, kernel: bool = True) -> Proposal:
     k = min(budget, logits.shape[-1])
     top_logp, top_ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)
     return build_tree_device(top_logp, top_ids, budget, kernel)
+
+
+def deepest_on_path(logits: Tensor, truth: Tensor, budget: int) -> Tensor:
+    """`[R]` depth of the deepest node on `truth [R, L]` (0: none) in each of `R` DDTree trees of `budget` nodes over
+    per-depth draft `logits [R, L, V]`: `tree_proposal` of every row at once, the datagen's teacher-forced tau of a
+    tree (`DFlash.taus`) without a tree a position. Each depth's beam grows as `build_tree_device`'s sort-based loop
+    grows it (same float64 scores, same stable sorts, so the same tie rule), batched over the rows; an entry is on
+    the path when its token is the depth's truth and its parent entry is on the path. Needs `budget` <= the
+    vocabulary (every beam slot a real prefix), as any real drafter has."""
+    r, depth_max, vocab = logits.shape
+    if budget > vocab:
+        raise ValueError(f"deepest_on_path: a budget of {budget} nodes needs a vocabulary of at least that many, "
+                         f"got {vocab}")
+    top_logp, top_ids = torch.log_softmax(logits.float(), -1).topk(budget, dim=-1)
+    logp = top_logp.double()
+    rows = torch.arange(r, device=logits.device)[:, None]
+    scores = [logp[:, 0]]  # [R, B] per depth, in rank-path order
+    on = [top_ids[:, 0] == truth[:, :1]]
+    for d in range(1, depth_max):
+        cand = (scores[-1][:, :, None] + logp[:, d, None, :]).flatten(1)  # [R, B*K], flat index = rank path
+        pick = torch.sort(cand, dim=1, descending=True, stable=True).indices[:, :budget].sort(dim=1).values
+        scores.append(cand[rows, pick])
+        parent, rank = pick // budget, pick % budget
+        on.append(on[-1][rows, parent] & (top_ids[:, d][rows, rank] == truth[:, d : d + 1]))
+    flat = torch.stack(scores, 1).flatten(1)  # [R, L*B]: depth-major, as build_tree_device's global pick
+    chosen = torch.sort(flat, dim=1, descending=True, stable=True).indices[:, :budget]
+    hit = torch.stack(on, 1).flatten(1)[rows, chosen]  # [R, B]: a chosen node on the path
+    return torch.where(hit, chosen // budget + 1, 0).amax(1)
+
