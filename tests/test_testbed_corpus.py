@@ -8,6 +8,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,6 +36,21 @@ def test_math_solutions_are_correct() -> None:
         assert p.answer >= 0
     # Varied numbers and names, not one problem repeated.
     assert len({p.question for p in problems}) > 1800, len({p.question for p in problems})
+
+
+def test_a_math_scale_draws_larger_magnitudes_and_the_solutions_still_check() -> None:
+    """`corpus.math_scale`: 1 is the default problems draw for draw; 10 draws prices, rates and counts up to ten
+    times as large, every template's worked solution still exact; a scale below 1 is refused."""
+    assert [p.text for p in generate_problems(200, seed=5, scale=1)] == [p.text for p in generate_problems(200, seed=5)]
+    plain, scaled = list(generate_problems(1000, seed=5)), list(generate_problems(1000, seed=5, scale=10))
+    assert {p.template for p in scaled} == set(TEMPLATES)
+    for p in scaled:
+        assert check_solution(p.text) == p.answer and p.answer >= 0
+    digits = lambda ps: np.mean([len(v) for p in ps for v in re.findall(r">>(\d+)", p.solution)])  # noqa: E731
+    assert digits(scaled) > digits(plain) + 0.7  # about one more digit a worked value
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="corpus.math_scale: expected an integer >= 1"):
+            next(generate_problems(1, seed=0, scale=bad))
 
 
 def test_math_checker_rejects_wrong_arithmetic() -> None:

@@ -164,7 +164,7 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[D
                         lambda rng, name=name, text=text: render_topic(name, text, rng))
     for i, module in enumerate(generate_modules(cfg.code_modules, cfg.seed, cfg.code_names)):
         yield Document(f"code:generated:{i}", "code", f"codegen/{i}", module)
-    for i, problem in enumerate(generate_problems(cfg.math_problems, cfg.seed)):
+    for i, problem in enumerate(generate_problems(cfg.math_problems, cfg.seed, cfg.math_scale)):
         yield Document(f"math:{i}", "math", f"math/{i}", problem.text)
     # A transcript quotes the prose of its own split: held-out transcripts never quote training prose and
     # training transcripts never leak held-out prose.

@@ -60,10 +60,10 @@ def _two_people(rng: random.Random) -> tuple[str, str]:
     return a, b
 
 
-def _shopping(rng: random.Random) -> tuple[str, list[str], int]:
+def _shopping(rng: random.Random, scale: int = 1) -> tuple[str, list[str], int]:
     name = rng.choice(NAMES)
     (s1, p1), (s2, p2) = rng.sample(ITEMS, 2)
-    n1, c1, n2, c2 = rng.randint(2, 9), rng.randint(2, 15), rng.randint(2, 9), rng.randint(2, 15)
+    n1, c1, n2, c2 = rng.randint(2, 9), rng.randint(2, 15 * scale), rng.randint(2, 9), rng.randint(2, 15 * scale)
     t1, t2 = n1 * c1, n2 * c2
     total = t1 + t2
     bill = (total // 50 + 1) * 50
@@ -79,13 +79,13 @@ def _shopping(rng: random.Random) -> tuple[str, list[str], int]:
     return q, steps, change
 
 
-def _sharing(rng: random.Random) -> tuple[str, list[str], int]:
+def _sharing(rng: random.Random, scale: int = 1) -> tuple[str, list[str], int]:
     name = rng.choice(NAMES)
     s, p = rng.choice(ITEMS)
-    friends, each = rng.randint(2, 8), rng.randint(2, 9)
+    friends, each = rng.randint(2, 8), rng.randint(2, 9 * scale)
     given = friends * each
-    start = given + rng.randint(3, 60)
-    bought = rng.randint(5, 40)
+    start = given + rng.randint(3, 60 * scale)
+    bought = rng.randint(5, 40 * scale)
     left = start - given
     end = left + bought
     q = (f"{name} has {start} {p}. {name} gives {each} {p} to each of {friends} friends and then buys "
@@ -98,12 +98,12 @@ def _sharing(rng: random.Random) -> tuple[str, list[str], int]:
     return q, steps, end
 
 
-def _reading(rng: random.Random) -> tuple[str, list[str], int]:
+def _reading(rng: random.Random, scale: int = 1) -> tuple[str, list[str], int]:
     name = rng.choice(NAMES)
-    per_day, days, weekend = rng.randint(5, 30), rng.randint(3, 12), rng.randint(10, 50)
+    per_day, days, weekend = rng.randint(5, 30 * scale), rng.randint(3, 12), rng.randint(10, 50 * scale)
     read = per_day * days
     total_read = read + weekend
-    pages = total_read + rng.randint(10, 300)
+    pages = total_read + rng.randint(10, 300 * scale)
     left = pages - total_read
     q = (f"A book has {pages} pages. {name} reads {per_day} pages every day for {days} days and then "
          f"{weekend} pages on the weekend. How many pages are left to read?")
@@ -115,9 +115,9 @@ def _reading(rng: random.Random) -> tuple[str, list[str], int]:
     return q, steps, left
 
 
-def _wages(rng: random.Random) -> tuple[str, list[str], int]:
+def _wages(rng: random.Random, scale: int = 1) -> tuple[str, list[str], int]:
     name = rng.choice(NAMES)
-    rate, hours, days = rng.randint(8, 30), rng.randint(2, 8), rng.randint(2, 6)
+    rate, hours, days = rng.randint(8, 30 * scale), rng.randint(2, 8), rng.randint(2, 6)
     daily = rate * hours
     earned = daily * days
     spent = rng.randint(1, earned - 1)
@@ -132,11 +132,11 @@ def _wages(rng: random.Random) -> tuple[str, list[str], int]:
     return q, steps, saved
 
 
-def _comparison(rng: random.Random) -> tuple[str, list[str], int]:
+def _comparison(rng: random.Random, scale: int = 1) -> tuple[str, list[str], int]:
     a, b = _two_people(rng)
     c = rng.choice([n for n in NAMES if n not in (a, b)])
     s, p = rng.choice(ITEMS)
-    x, k = rng.randint(3, 40), rng.randint(2, 5)
+    x, k = rng.randint(3, 40 * scale), rng.randint(2, 5)
     bx = k * x
     fewer = rng.randint(1, bx - 1)
     cx = bx - fewer
@@ -153,11 +153,11 @@ def _comparison(rng: random.Random) -> tuple[str, list[str], int]:
     return q, steps, total
 
 
-def _discount(rng: random.Random) -> tuple[str, list[str], int]:
+def _discount(rng: random.Random, scale: int = 1) -> tuple[str, list[str], int]:
     name = rng.choice(NAMES)
     s, p = rng.choice(ITEMS)
     pct = rng.choice((10, 20, 25, 50))
-    price = rng.randint(1, 40) * (100 // _gcd(pct, 100))
+    price = rng.randint(1, 40 * scale) * (100 // _gcd(pct, 100))
     off = price * pct // 100
     sale = price - off
     n = rng.randint(2, 9)
@@ -179,9 +179,9 @@ def _gcd(a: int, b: int) -> int:
     return a
 
 
-def _classroom(rng: random.Random) -> tuple[str, list[str], int]:
+def _classroom(rng: random.Random, scale: int = 1) -> tuple[str, list[str], int]:
     k = rng.choice((2, 3, 4, 5))
-    groups = rng.randint(2, 30)
+    groups = rng.randint(2, 30 * scale)
     students = k * 2 * groups
     club = students // k
     rest = students - club
@@ -196,9 +196,9 @@ def _classroom(rng: random.Random) -> tuple[str, list[str], int]:
     return q, steps, half
 
 
-def _travel(rng: random.Random) -> tuple[str, list[str], int]:
+def _travel(rng: random.Random, scale: int = 1) -> tuple[str, list[str], int]:
     name = rng.choice(NAMES)
-    v1, h1, v2, h2 = rng.randint(20, 90), rng.randint(2, 6), rng.randint(10, 60), rng.randint(2, 5)
+    v1, h1, v2, h2 = rng.randint(20, 90 * scale), rng.randint(2, 6), rng.randint(10, 60 * scale), rng.randint(2, 5)
     d1, d2 = v1 * h1, v2 * h2
     total = d1 + d2
     q = (f"{name} drives at {v1} miles per hour for {h1} hours, then at {v2} miles per hour for {h2} hours. "
@@ -211,7 +211,7 @@ def _travel(rng: random.Random) -> tuple[str, list[str], int]:
     return q, steps, total
 
 
-TEMPLATES: dict[str, Callable[[random.Random], tuple[str, list[str], int]]] = {
+TEMPLATES: dict[str, Callable[[random.Random, int], tuple[str, list[str], int]]] = {
     "shopping": _shopping,
     "sharing": _sharing,
     "reading": _reading,
@@ -221,22 +221,27 @@ TEMPLATES: dict[str, Callable[[random.Random], tuple[str, list[str], int]]] = {
     "classroom": _classroom,
     "travel": _travel,
 }
-"""Template name -> generator returning (question, solution step lines, answer)."""
+"""Template name -> generator `(rng, scale)` returning (question, solution step lines, answer); `scale` multiplies
+the upper bound of each independently drawn magnitude (prices, rates, speeds, page and item counts), so the
+worked products take more digits than a target recalls from a table."""
 
 
-def generate_problem(rng: random.Random) -> MathProblem:
-    """Draw one problem from a uniformly chosen template."""
+def generate_problem(rng: random.Random, scale: int = 1) -> MathProblem:
+    """Draw one problem from a uniformly chosen template, its magnitudes drawn up to `scale` times the default
+    bounds (1: the default problems, draw for draw)."""
+    if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
+        raise ValueError(f"corpus.math_scale: expected an integer >= 1, got {scale!r}")
     name = rng.choice(sorted(TEMPLATES))
-    question, steps, answer = TEMPLATES[name](rng)
+    question, steps, answer = TEMPLATES[name](rng, scale)
     solution = "\n".join(steps) + f"\n#### {answer}"
     return MathProblem(template=name, question=question, solution=solution, answer=answer)
 
 
-def generate_problems(n: int, seed: int) -> Iterator[MathProblem]:
-    """``n`` problems from one seeded stream (the same seed always gives the same problems)."""
+def generate_problems(n: int, seed: int, scale: int = 1) -> Iterator[MathProblem]:
+    """``n`` problems from one seeded stream (the same seed and scale always give the same problems)."""
     rng = random.Random(seed)
     for _ in range(n):
-        yield generate_problem(rng)
+        yield generate_problem(rng, scale)
 
 
 _ANNOT = re.compile(r"<<([0-9+\-*/ ]+)=(-?\d+)>>(-?\d+)")

@@ -51,6 +51,10 @@ class CorpusConfig:
     code_names: bool = False
     """Generated functions draw their local names (``x`` or ``n`` or ``value``, ``result`` or ``out``, ...) anew
     each, instead of the house style's fixed ones: choices no header decides, where a drafter must guess."""
+    math_scale: int = 1
+    """Math problems draw their magnitudes (prices, rates, speeds, page and item counts) up to this many times the
+    default bounds (``mathgen``): worked products of more digits, which a target computes rather than recalls and
+    a drafter, drafting past them, must compute too; 1: the default problems."""
     min_docstring_chars: int = 80
     """Docstrings shorter than this are not prose documents (``Return self.`` teaches little)."""
     max_file_chars: int = 150_000
