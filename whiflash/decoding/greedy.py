@@ -12,7 +12,8 @@ In float32 the tokens are each prompt's own greedy decode; in bf16 a near-tie ma
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -21,6 +22,8 @@ from whiflash.runtime.cache import write_slots
 from whiflash.runtime.graphs import Graphed
 from whiflash.runtime.layers import attention
 from whiflash.runtime.model import Target
+
+log = logging.getLogger(__name__)
 
 
 def _pass(target: Target, keys: Tensor, values: Tensor, ids: Tensor, positions: Tensor, slots: Tensor,
@@ -69,8 +72,12 @@ def greedy_batch(target: Target, prompts: Sequence[Sequence[int]], max_new_token
     out = torch.empty(len(prompts), max_new_tokens, dtype=torch.long, device=dev)
     out[:, 0] = token
     steps = torch.arange(max_new_tokens, device=dev)[:, None]
+    run: Callable[[Tensor, Tensor], Tensor] = step
     if max_new_tokens > 1 and target.graphs is not None and dev.type == "cuda":
-        step = Graphed(step, token, steps[0])  # its warm-up runs step 0 itself: the same writes as the replay
+        try:  # its warm-up runs step 0 itself: the same writes as the replay
+            run = Graphed(step, token, steps[0])
+        except RuntimeError as err:  # an op the graph cannot hold: this batch decodes eagerly
+            log.warning("greedy batch: CUDA graph capture failed (%s); decoding eagerly", err)
     for i in range(max_new_tokens - 1):
-        out[:, i + 1] = step(out[:, i], steps[i])
+        out[:, i + 1] = run(out[:, i], steps[i])
     return out.tolist()
