@@ -192,7 +192,7 @@ class DFlashDrafter(Drafter):
         if tree_budget <= logits.shape[-1]:  # every position's tree at once
             return 1 + deepest_on_path(logits, truth, tree_budget)
         taus, truth = [], truth.tolist()
-        for i in range(r):  # one tree a position (the builder works on one block)
+        for i in range(r):  # a budget above the vocabulary: one padded tree a position (`build_tree_device`)
             tree = tree_proposal(logits[i].float(), tree_budget, self.engine.tree_kernel)
             tokens, parents, depths = (t.tolist() for t in (tree.tokens, tree.parents, tree.depths))
             on_path = [True]  # the root, then each node in order (a parent comes before its children)

@@ -224,4 +224,3 @@ def deepest_on_path(logits: Tensor, truth: Tensor, budget: int) -> Tensor:
     chosen = torch.sort(flat, dim=1, descending=True, stable=True).indices[:, :budget]
     hit = torch.stack(on, 1).flatten(1)[rows, chosen]  # [R, B]: a chosen node on the path
     return torch.where(hit, chosen // budget + 1, 0).amax(1)
-
