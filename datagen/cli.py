@@ -278,7 +278,7 @@ def datagen(
         columns = _record_chunk(run, recorder, chunks[index], max_prompt_tokens, max_new_tokens,
                                 on_prompt=lambda cols: meter.add(cols, bar),
                                 follow=[_follow(path, index * shard_size + j) for j in range(len(chunks[index]))],
-                                policy_for=policy_for, record=rows_of)
+                                policy_for=policy_for, record=rows_of, batch=continuations if parallel else None)
         done[index] = write_shard(shard, columns, model.config.hidden_size)
         decoded += done[index].rows
     bar.close()
@@ -411,18 +411,19 @@ def _encode(run: Session, item: PromptItem, max_tokens: int) -> list[int]:
 def _record_chunk(run: Session, recorder: OracleDrafter, chunk: list[PromptItem], max_prompt_tokens: int,
                   max_new_tokens: int, on_prompt: Callable[[dict[str, np.ndarray]], None],
                   follow: list[int | None], policy_for: Callable[[str], Any] | None = None,
-                  record: Callable[..., dict[str, np.ndarray]] = record_prompt) -> dict[str, np.ndarray]:
+                  record: Callable[..., dict[str, np.ndarray]] = record_prompt,
+                  batch: Callable[..., list[list[int]]] | None = None) -> dict[str, np.ndarray]:
     """The rows of one shard's prompts, each advancing as `follow` says (`OracleDrafter.follow`), or as the policy
-    `policy_for(category)` decides (`OracleDrafter.policy`); `on_prompt` sees
-    each prompt's columns as it finishes (progress); `record` makes a prompt's rows (`record_prompt_parallel`: from
-    parallel passes). Decoding stops at the session's stop ids (the tokenizer's EOS
-    and the generation config's), as in whiflash-eval."""
+    `policy_for(category)` decides (`OracleDrafter.policy`); `on_prompt` sees each prompt's columns as it finishes
+    (progress); `record` makes a prompt's rows (`record_prompt_parallel`: from parallel passes, each prompt's
+    `continuation` made for the whole shard at once by `batch`). Decoding stops at the session's stop ids (the
+    tokenizer's EOS and the generation config's), as in whiflash-eval."""
     model = run.target
     keep = min(max_prompt_tokens, prompt_room(model, max_new_tokens, recorder.max_nodes))
     prompts = [_encode(run, item, keep) for item in chunk]
     given: list[dict[str, list[int]]] = [{} for _ in chunk]
-    if getattr(record, "func", record) is record_prompt_parallel:  # the shard's greedy sequences in one batch
-        given = [{"continuation": new} for new in continuations(model, recorder, prompts, max_new_tokens)]
+    if batch is not None:  # the shard's greedy sequences in one batch
+        given = [{"continuation": new} for new in batch(model, recorder, prompts, max_new_tokens)]
     parts = []
     for item, slot, ids, extra in zip(chunk, follow, prompts, given):
         recorder.follow = slot

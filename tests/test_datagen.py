@@ -602,17 +602,25 @@ def test_parallel_flag_writes_the_decoded_dataset(worlds, tmp_path, prompt_file)
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
 
 
-def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file):
+def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file, monkeypatch):
     """`--parallel --path every`: a row at every position a round can start at (consecutive positions from the first
     generated token, `active` the larger tau's slot); walking them by the taus of the slots taken (`walked`) gives
     the rows of the oracle's path and each drafter's own path, and the replay's cost model charges such a walk what
-    it charges the path's own dataset. `--path every` without `--parallel` is refused."""
+    it charges the path's own dataset. A shard's greedy sequences come from one batch. `--path every` without
+    `--parallel` is refused."""
+    import whiflash.datagen.parallel as parallel
     from whiflash.latency import LatencyProfile
     from whiflash.speed_oracle import ruled, simulate, speed_oracle, walked
 
     world = worlds["qwen3-mixed"]
     read = lambda out: pq.read_table(check_shards(out, read_manifest(out))).to_pandas().sort_values(["prompt_id", "round"])
+    batches: list[int] = []
+    batch = parallel.greedy_batch
+    monkeypatch.setattr(parallel, "greedy_batch", lambda target, prompts, n: batches.append(len(prompts))
+                        or batch(target, prompts, n))
     every = read(_run(world, tmp_path / "every", prompt_file, path="every", parallel=True))
+    assert batches == [3, 3, 2]  # shards of 3 prompts, each one batch
+    monkeypatch.undo()
     assert read_manifest(tmp_path / "every").every_position and "every position" in read_manifest(tmp_path / "every").advance_rule
     for pid, rows in every.groupby("prompt_id"):
         first = len(PROMPTS[int(pid.split("-")[-1])])
