@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from whiflash.data.manifest import EVERY_POSITION
 from whiflash.errors import UsageError
 from whiflash.router import load_router, training_prompts
 from whiflash.train.cli import run
@@ -265,6 +268,19 @@ def test_variant_comparison_fits_each_label_and_context(env, tmp_path: Path, cap
         parse_variant("speed+h1+h2")
     with pytest.raises(UsageError, match="--variants: 'speed/hinge' names the loss 'hinge'"):
         compare_main([str(data), "--latency-profile", str(prof), "--variants", "tau,speed/hinge", *fit])
+    for variant in ("speed+h2", "speed/decision+starts"):  # rows of rounds: refused before the first fit
+        with pytest.raises(UsageError, match=f"--variants '{re.escape(variant)}': hN and starts need rows at every"):
+            compare_main([str(data), "--latency-profile", str(prof), "--out", str(tmp_path / "refused"),
+                          "--variants", f"tau,{variant}", *fit])
+    assert not (tmp_path / "refused").exists()
+    every = tmp_path / "every"  # the same rows, claimed to be one per position: prev_* refused before the first fit
+    shutil.copytree(data, every)
+    manifest = json.loads((every / "manifest.json").read_text())
+    (every / "manifest.json").write_text(json.dumps({**manifest, "advance_rule": EVERY_POSITION}))
+    with pytest.raises(UsageError, match="--variants 'speed\\+entropy\\+prev_tau': prev_tau need rows of rounds"):
+        compare_main([str(every), "--latency-profile", str(prof), "--out", str(tmp_path / "refused"),
+                      "--variants", "tau,speed+entropy+prev_tau", *fit])
+    assert not (tmp_path / "refused").exists()
     compare_main([str(data), "--latency-profile", str(prof), "--out", str(tmp_path / "out"),
                   "--variants", "tau,speed,speed/decision,speed+entropy+prev_tau", *fit])
     table = capsys.readouterr().out

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from whiflash.data import read_manifest
 from whiflash.errors import UsageError
 from whiflash.io import atomic_write_json
 from whiflash.router_context import check_context
@@ -76,6 +77,15 @@ def compare_variants(data: str, latency_profile: str, out: str, fit_args: Sequen
     from .cli import run
 
     parsed = {v: parse_variant(v) for v in variants}  # every variant checked before the first fit
+    every = read_manifest(data, "DATA").every_position
+    for variant, (_, _, context, history, starts) in parsed.items():
+        previous = [f for f in context if f.startswith("prev_")]
+        if every and previous:  # a row at a position has no previous round (train/task.py refuses it in the fit)
+            raise UsageError(f"--variants {variant!r}: {', '.join(previous)} need rows of rounds, and {data} has a "
+                             "row at every position (whiflash-datagen --path every)")
+        if not every and (history or starts):
+            raise UsageError(f"--variants {variant!r}: hN and starts need rows at every position "
+                             f"(whiflash-datagen --path every); {data} has rows of rounds")
     rows: dict[str, Any] = {}
     for variant, (label, loss, context, history, starts) in parsed.items():
         flags = ["--model.context", json.dumps(context)] if context else []
