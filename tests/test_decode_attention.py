@@ -41,8 +41,9 @@ def test_kernel_computes_masked_attention_and_skips_unseen_tiles() -> None:
         torch.manual_seed(0)
         # (query heads, K/V heads, rows, head dim, slots): GQA groups 1/2/4, head dims below 16 and not
         # powers of two, more rows than one row block, caches of one tile and of many splits
+        # a tree verify of DDTree's budget 128 (129 queries, the most the kernel takes)
         shapes = [(4, 2, 1, 64, 300), (8, 2, 5, 8, 200), (4, 4, 17, 24, 130), (4, 1, 33, 64, 64),
-                  (8, 4, 16, 32, 5000)]
+                  (8, 4, 16, 32, 5000), (4, 2, da.MAX_QUERIES, 16, 400)]
         for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
             for hq, hkv, t, d, slots in shapes:
                 q = torch.randn(t, hq, d).to(dtype).transpose(0, 1)  # a strided query, as attention gets it
