@@ -41,7 +41,7 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
     missing). `samples`: the run's sample ids and their categories; where the rows hold any of them, only those
     prompts' rows are replayed."""
     from .replay import read_rounds, rows_of_prompts
-    from whiflash.speed_oracle import DEFINITION, oracle_gain_share, speed_oracle
+    from whiflash.speed_oracle import DEFINITION, oracle_gain_share, prompt_gains, speed_oracle
 
     profile = LatencyProfile.read(profile_path, flag="--latency-profile")
     manifest, cols = read_rounds(data, with_hidden=False)
@@ -50,6 +50,7 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
     kinds, budget = tuple(manifest.pair.slots), manifest.tree_budget
     every = manifest.every_position
     oracle = speed_oracle(cols, kinds, profile, budget, lazy, every)["categories"]
+    by_prompt = prompt_gains(cols, kinds, profile, budget, lazy, every)
     names = [n for k in kinds for n in _standalone_names(k, budget)]
     out: dict[str, Any] = {}
     for cat, per in (results.get("cells") or {}).items():
@@ -66,6 +67,7 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
                     "share_of_speed_oracle_gain": {m: oracle_gain_share(s, alone[best], alone[best] * (1 + gain))
                                                    for m, s in routed.items()},
                     "prompts": int(len(set(cols["prompt_id"][sel].tolist()))), "runs_own_prompts": own is not None,
+                    "gain_by_prompt": by_prompt.get(cat, []),
                     "run_prompts": sum(cat in ("all", c) for c in (samples or {}).values()) or None,
                     "tau_replayed": {slot_kind(k, budget): _tau_alone(cols, sel, i, every) for i, k in enumerate(kinds)},
                     "tau_measured": {slot_kind(k, budget): next((per[m].get("tau") for m in _standalone_names(k, budget)
@@ -96,6 +98,15 @@ def shares_markdown(shares: dict[str, Any]) -> str:
             lines.append(f"| {cat} | {m} | {c['best_standalone']} ({c['best_standalone_speedup']:.3f}×) | "
                          f"{100 * c['speed_oracle_gain']:+.1f}% | {'—' if share is None else f'{share:.3f}'} | "
                          f"{c.get('prompts', '—')} ({whose}) |")
+    lines += ["", "Where the speed oracle's gain lies (`whiflash.speed_oracle.prompt_gains`: each prompt's part of it, "
+              "and on that prompt alone the oracle's gain over the better drafter):", "",
+              "| category | prompts that carry half of it | the largest parts |", "|---|---|---|"]
+    for cat, c in shares["categories"].items():
+        parts = c.get("gain_by_prompt") or []
+        if parts:
+            half = next(i + 1 for i, v in enumerate(np.cumsum([e["share"] for e in parts])) if v >= 0.5 - 1e-9)
+            top = "; ".join(f"`{e['prompt_id']}` {e['share']:.2f} ({100 * e['gain']:+.1f}%)" for e in parts[:3])
+            lines.append(f"| {cat} | {half} of {len(parts)} | {top} |")
     lines += ["", "| category | drafter | τ replayed from the rows (their path's rounds, or rows at every position "
               "along its own walk) | τ measured alone |", "|---|---|---|---|"]
     for cat, c in shares["categories"].items():

@@ -167,6 +167,10 @@ def test_report_shares_of_measured_routers(tmp_path) -> None:
     assert code["share_of_speed_oracle_gain"]["whiflash-neural"] == pytest.approx((2.1 / 2.0 - 1) / gain)
     assert code["share_of_speed_oracle_gain"]["whiflash-entropy"] < 0  # slower than DFlash alone
     assert "| code | whiflash-neural | dflash (2.000×) |" in shares_markdown(shares)
+    parts = code["gain_by_prompt"]  # the code rows' 3 prompts (the synthetic data's categories take turns)
+    assert len(parts) == 3 and sum(e["share"] for e in parts) == pytest.approx(1.0)
+    half = 1 + int(np.searchsorted(np.cumsum([e["share"] for e in parts]), 0.5 - 1e-9))
+    assert f"| code | {half} of 3 | `{parts[0]['prompt_id']}` {parts[0]['share']:.2f} (" in shares_markdown(shares)
     with pytest.raises(UsageError, match="--replay DATA and --latency-profile FILE go together"):
         report([str(tmp_path)], str(tmp_path / "out"), replay=str(data))
 
@@ -207,3 +211,46 @@ def test_report_replays_only_the_runs_own_prompts_where_the_rows_hold_them(tmp_p
         assert c["tau_replayed"][kind] == pytest.approx(kept.groupby("prompt_id")[f"tau_{i}"].mean().mean())
     text = shares_markdown(own)
     assert "| 2 (of the run's 3) |" in text and f"| code | dflash | {c['tau_replayed']['dflash']:.2f} | 3.50 |" in text
+
+
+
+def test_prompt_gains_say_which_prompts_the_oracles_gain_comes_from() -> None:
+    from whiflash.speed_oracle import prompt_gains
+
+    # p0 and p2 gain by switching (test_switching_worth_its_catch_up), p1 does not
+    # (test_switching_not_worth_its_catch_up); prose's two prompts: the oracle gains nothing there
+    taus = [([5, 5, 1, 1], [1, 1, 5, 5]), ([5, 5, 5, 5], [1, 1, 6, 1]), ([5, 5, 1, 1], [1, 1, 5, 5]),
+            ([5, 5, 5, 5], [1, 1, 1, 1]), ([4, 4, 4, 4], [1, 1, 1, 1])]
+    cols = _cols(taus, [0] * 5, ["code"] * 3 + ["prose"] * 2)
+    res = speed_oracle(cols, KINDS, _profile())["categories"]
+    gains = prompt_gains(cols, KINDS, _profile())
+    code = {e["prompt_id"]: e for e in gains["code"]}
+    assert res["code"]["oracle_gain"] > 0 and set(code) == {"p0", "p1", "p2"}
+    assert sum(e["share"] for e in gains["code"]) == pytest.approx(1.0)
+    assert code["p0"]["share"] == pytest.approx(0.5) and code["p2"]["share"] == pytest.approx(0.5)
+    assert code["p1"]["share"] == pytest.approx(0.0, abs=1e-12) and code["p1"]["gain"] == pytest.approx(0.0, abs=1e-12)
+    assert code["p0"]["gain"] == pytest.approx((20 / 6.0) / (12 / 5.1) - 1)  # against slot 0, code's better drafter
+    assert code["p0"]["tokens"] == 12 and [e["prompt_id"] for e in gains["code"]][-1] == "p1"  # largest share first
+    assert res["prose"]["oracle_gain"] == pytest.approx(0.0, abs=1e-12) and gains["prose"] == []
+    assert {e["prompt_id"] for e in gains["all"]} == {"p0", "p1", "p2", "p3", "p4"}
+
+
+def test_prompt_gains_on_rows_at_every_position_add_up_to_the_oracles_gain() -> None:
+    """Each prompt's share is >= 0, the shares sum to 1, and the prompt with the largest share gains on its own."""
+    from whiflash.speed_oracle import prompt_gains
+
+    rng = np.random.default_rng(5)
+    pid, pos, t0, t1 = [], [], [], []
+    for p in range(6):
+        rows = int(rng.integers(10, 20))
+        pid += [f"p{p}"] * rows
+        pos += list(range(7, 7 + rows))
+        t0 += rng.integers(1, 7, rows).tolist()
+        t1 += (rng.integers(1, 4, rows) if p % 2 else rng.integers(1, 7, rows)).tolist()
+    cols = {"prompt_id": np.array(pid), "category": np.array(["math"] * len(pid)), "position": np.array(pos),
+            "tau_0": np.array(t0), "tau_1": np.array(t1)}
+    prof = _profile(dflash=1.3, eagle3=0.8)
+    assert speed_oracle(cols, KINDS, prof, every=True)["categories"]["math"]["oracle_gain"] > 0
+    gains = prompt_gains(cols, KINDS, prof, every=True)["math"]
+    assert len(gains) == 6 and sum(e["share"] for e in gains) == pytest.approx(1.0)
+    assert all(e["share"] >= -1e-12 for e in gains) and gains[0]["gain"] > 0

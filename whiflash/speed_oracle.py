@@ -33,8 +33,8 @@ import numpy as np
 
 from .latency import LatencyProfile, catchup_model, slot_kind
 
-__all__ = ["DEFINITION", "oracle_gain_share", "prompt_spans", "round_starts", "ruled", "simulate", "speed_oracle",
-           "stick"]
+__all__ = ["DEFINITION", "oracle_gain_share", "prompt_gains", "prompt_spans", "round_starts", "ruled", "simulate",
+           "speed_oracle", "stick"]
 
 DEFINITION = ("speed oracle: the slot sequence maximising pooled sum tau / sum time over the category's logged rounds "
               "(exact dynamic programme per prompt + Dinkelbach over the ratio), costed like the replay but with no "
@@ -304,6 +304,20 @@ def _oracle_ratio(spans: list[tuple[int, int]], cols: dict[str, np.ndarray], cos
     raise RuntimeError(f"speed oracle: Dinkelbach did not converge in {_MAX_ITERATIONS} iterations")
 
 
+def _prepared(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile, tree_budget: int | None,
+              lazy: bool) -> tuple[dict[str, np.ndarray], list[tuple[int, int]], _Costs]:
+    """`cols` with integer taus and positions, its prompts' row spans and the pair's cost tables."""
+    rounds = tuple(profile.round_ms(k, tree_budget) for k in kinds)
+    spans = prompt_spans(np.asarray(cols["prompt_id"]))
+    if not spans:
+        raise ValueError("speed oracle: no rows")
+    t0, t1 = np.asarray(cols["tau_0"], np.int64), np.asarray(cols["tau_1"], np.int64)
+    cols = {**cols, "prompt_id": np.asarray(cols["prompt_id"]), "tau_0": t0, "tau_1": t1,
+            "position": np.asarray(cols["position"], np.int64)}
+    longest = max(int(cols["position"][lo]) + int(np.maximum(t0[lo:hi], t1[lo:hi]).sum()) for lo, hi in spans)
+    return cols, spans, _Costs(kinds, rounds, profile, longest, lazy)
+
+
 def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
                  tree_budget: int | None = None, lazy: bool = True, every: bool = False) -> dict[str, Any]:
     """Per category (and `all`): the speed oracle, both standalone drafters and the oracle's gain.
@@ -315,14 +329,8 @@ def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: L
     `oracle_gain` = oracle / best standalone - 1. `every`: `cols` has a row at every position; each standalone
     drafter walks its own path over them (`walked`), and the oracle's programme takes each round's position from
     the taus of the slots it picks (`_best_walk`): perfect routing over every path, not over one path's rows."""
-    rounds = tuple(profile.round_ms(k, tree_budget) for k in kinds)
-    spans_all = prompt_spans(np.asarray(cols["prompt_id"]))
-    if not spans_all:
-        raise ValueError("speed oracle: no rows")
-    t0, t1 = np.asarray(cols["tau_0"], np.int64), np.asarray(cols["tau_1"], np.int64)
-    cols = {**cols, "tau_0": t0, "tau_1": t1, "position": np.asarray(cols["position"], np.int64)}
-    longest = max(int(cols["position"][lo]) + int(np.maximum(t0[lo:hi], t1[lo:hi]).sum()) for lo, hi in spans_all)
-    costs = _Costs(kinds, rounds, profile, longest, lazy)
+    cols, spans_all, costs = _prepared(cols, kinds, profile, tree_budget, lazy)
+    rounds = costs.rounds
     category = np.asarray(cols["category"])
     out: dict[str, Any] = {}
     for cat in [*sorted(set(category.tolist())), "all"]:
@@ -342,3 +350,37 @@ def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: L
                     "oracle_gain": tps / alone[best] - 1.0, "iterations": iterations}
     return {"slots": [slot_kind(k, tree_budget) for k in kinds], "lazy_catchup": lazy, "definition": DEFINITION,
             "categories": out}
+
+
+def prompt_gains(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
+                 tree_budget: int | None = None, lazy: bool = True,
+                 every: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Per category (and `all`): which prompts the speed oracle's gain over the better standalone drafter comes from.
+
+    At the category's oracle rate `lam` (tokens per ms) the oracle's `tokens - lam * ms` summed over the prompts is
+    zero, and the better drafter's falls short of it; what it falls short by on each prompt (never below zero: the
+    drafter alone is one of the oracle's choices) sums to the oracle's gain in tokens at that rate. A prompt's
+    `share` is its part of that sum. Each entry: `prompt_id`, `share`, `gain` (the oracle's tokens per ms on that
+    prompt alone at the category's rate over the drafter's, - 1) and `tokens` (the drafter's); largest share first.
+    A category where the oracle gains nothing has no entries. Arguments as `speed_oracle`."""
+    oracle = speed_oracle(cols, kinds, profile, tree_budget, lazy, every)["categories"]
+    cols, spans_all, costs = _prepared(cols, kinds, profile, tree_budget, lazy)
+    category = np.asarray(cols["category"])
+    out: dict[str, list[dict[str, Any]]] = {}
+    for cat, res in oracle.items():
+        lam, slot0 = res["tokens_per_second"] / 1e3, res["best_standalone"] == "slot0"
+        found: list[tuple[float, dict[str, Any]]] = []
+        for lo, hi in spans_all:
+            if cat != "all" and category[lo] != cat:
+                continue
+            part = {k: cols[k][lo:hi] for k in ("prompt_id", "position", "tau_0", "tau_1")}
+            tok, ms, _ = simulate(np.full(hi - lo, slot0), part, kinds, costs.rounds, profile, 0.0, lazy, every=every)
+            t0, t1, start = part["tau_0"], part["tau_1"], int(part["position"][0])
+            best = _best_walk(t0, t1, start, costs, lam) if every else _best_path(t0, t1, start, costs, lam)
+            found.append(((best[0] - lam * best[1]) - (tok - lam * ms),
+                          {"prompt_id": str(part["prompt_id"][0]), "gain": (best[0] / best[1]) / (tok / ms) - 1.0,
+                           "tokens": tok}))
+        total = sum(v for v, _ in found)
+        out[cat] = [] if res["oracle_gain"] <= 0 or total <= 0 else sorted(
+            ({**entry, "share": v / total} for v, entry in found), key=lambda e: -e["share"])
+    return out
