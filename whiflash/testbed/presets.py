@@ -1,8 +1,8 @@
 """Testbed build configurations: one dataclass per stage and the named presets.
 
 ``micro`` is for the test suite (tens of seconds on a 2-core CPU), ``tiny`` is the CPU
-default used by the demo (~5 minutes on 2 idle cores), ``small`` is sized for one H200
-(bf16 autocast, ~14 minutes of stages, a target of Qwen3-8B's depth). Step counts alone bound
+default used by the demo (~8 minutes of stages on 2 idle cores), ``small`` is sized for one GPU
+(bf16 autocast, ~10 minutes of stages on an H100, a target of Qwen3-8B's depth). Step counts alone bound
 training; ``max_minutes`` only stops a build that runs too long, with a message. Stage
 fingerprints are computed from these dataclasses, so changing a field rebuilds exactly the stages
 that depend on it.
