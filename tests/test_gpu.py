@@ -101,13 +101,14 @@ def test_cuda_graphs_decode_like_the_eager_path(worlds, dtype, name, engine):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_attention_kernel_matches_sdpa_at_real_shapes(dtype):
-    """Qwen3-8B's heads (32 query, 8 K/V, head dim 128) over a 1,100-slot cache, chains and a tree."""
+    """Qwen3-8B's heads (32 query, 8 K/V, head dim 128) over a 1,300-slot cache, chains and trees up to the
+    longest block the kernel takes (DDTree's budget 128)."""
     torch.manual_seed(0)
-    slots, ctx = 1100, 1000
+    slots, ctx = 1300, 1000
     k = torch.randn(8, slots, 128, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
-    k[:, ctx + 70:] = float("nan")  # slots no row may see are never read
-    for t in (1, 7, 16, 33, 64):
+    k[:, ctx + decode_attention.MAX_QUERIES + 8:] = float("nan")  # slots no row may see are never read
+    for t in (1, 7, 16, 33, 64, 65, decode_attention.MAX_QUERIES):
         q = torch.randn(32, t, 128, device="cuda", dtype=dtype)
         mask = torch.zeros(t, slots, dtype=torch.bool, device="cuda")
         mask[:, :ctx] = True
