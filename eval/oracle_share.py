@@ -12,9 +12,11 @@ better drafter times (1 + its replayed gain). Speedups share the run's AR, so th
 
 When the rows hold the run's own prompts (datagen gives a testbed prompt the sample id the bench gives it,
 so `whiflash-datagen --prompts testbed:test` with the bench's `--max-samples` a category covers them), the
-replay keeps only those: the oracle's gain on exactly the prompts measured. Beside it, each slot's τ in the
-rows (mean of per-prompt means) against the τ the run measured for that drafter alone: the rows follow the
-oracle's path, so a gap there is what the logged states do not share with a drafter's own decode.
+replay keeps only those: the oracle's gain on exactly the prompts measured. Then which prompts that gain
+comes from (`whiflash.speed_oracle.prompt_gains`: how many carry half of it, the largest parts). Beside it,
+each slot's τ in the rows (mean of per-prompt means) against the τ the run measured for that drafter alone:
+the rows follow the oracle's path, so a gap there is what the logged states do not share with a drafter's own
+decode.
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
     kinds, budget = tuple(manifest.pair.slots), manifest.tree_budget
     every = manifest.every_position
     oracle = speed_oracle(cols, kinds, profile, budget, lazy, every)["categories"]
-    by_prompt = prompt_gains(cols, kinds, profile, budget, lazy, every)
+    by_prompt = prompt_gains(cols, kinds, profile, budget, lazy, every, oracle=oracle)
     names = [n for k in kinds for n in _standalone_names(k, budget)]
     out: dict[str, Any] = {}
     for cat, per in (results.get("cells") or {}).items():

@@ -213,7 +213,6 @@ def test_report_replays_only_the_runs_own_prompts_where_the_rows_hold_them(tmp_p
     assert "| 2 (of the run's 3) |" in text and f"| code | dflash | {c['tau_replayed']['dflash']:.2f} | 3.50 |" in text
 
 
-
 def test_prompt_gains_say_which_prompts_the_oracles_gain_comes_from() -> None:
     from whiflash.speed_oracle import prompt_gains
 

@@ -353,8 +353,8 @@ def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: L
 
 
 def prompt_gains(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
-                 tree_budget: int | None = None, lazy: bool = True,
-                 every: bool = False) -> dict[str, list[dict[str, Any]]]:
+                 tree_budget: int | None = None, lazy: bool = True, every: bool = False,
+                 oracle: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Per category (and `all`): which prompts the speed oracle's gain over the better standalone drafter comes from.
 
     At the category's oracle rate `lam` (tokens per ms) the oracle's `tokens - lam * ms` summed over the prompts is
@@ -362,8 +362,9 @@ def prompt_gains(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: L
     drafter alone is one of the oracle's choices) sums to the oracle's gain in tokens at that rate. A prompt's
     `share` is its part of that sum. Each entry: `prompt_id`, `share`, `gain` (the oracle's tokens per ms on that
     prompt alone at the category's rate over the drafter's, - 1) and `tokens` (the drafter's); largest share first.
-    A category where the oracle gains nothing has no entries. Arguments as `speed_oracle`."""
-    oracle = speed_oracle(cols, kinds, profile, tree_budget, lazy, every)["categories"]
+    A category where the oracle gains nothing has no entries. Arguments as `speed_oracle`; `oracle`: its
+    `categories` for the same arguments where they are at hand (else computed here)."""
+    oracle = oracle or speed_oracle(cols, kinds, profile, tree_budget, lazy, every)["categories"]
     cols, spans_all, costs = _prepared(cols, kinds, profile, tree_budget, lazy)
     category = np.asarray(cols["category"])
     out: dict[str, list[dict[str, Any]]] = {}
