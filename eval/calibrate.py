@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from whiflash.calibration import best_threshold
+from whiflash.calibration import best_threshold, check_min_gain
 from whiflash.engine import describe, resolve_engine
 from whiflash.errors import UsageError
 from whiflash.flags import check_int
@@ -103,7 +103,7 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     if method not in ("whiflash-entropy", "whiflash-neural"):
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
     values = values or list(DEFAULT_THRESHOLDS)
-    best_threshold({}, min_gain)  # a bad --min-gain is refused before anything decodes
+    check_min_gain(min_gain)  # before anything decodes
     check_output_file(output)
     centres = read_around(around, method) if around else None
     cfg = resolve_engine(cfg)
@@ -177,7 +177,7 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
     if not latency_profile:
         raise ValueError("--replay needs --latency-profile FILE (from `whiflash-eval profile` on this device)")
     values = values or list(DEFAULT_THRESHOLDS)
-    best_threshold({}, min_gain)
+    check_min_gain(min_gain)
     check_int(cfg.whiflash_stick_tau, "--whiflash-stick-tau", optional=True)
     rule = tau_rule(cfg)
     check_folder(Path(cfg.out), None, "--out")

@@ -235,7 +235,8 @@ def test_prompt_gains_say_which_prompts_the_oracles_gain_comes_from() -> None:
 
 
 def test_prompt_gains_on_rows_at_every_position_add_up_to_the_oracles_gain() -> None:
-    """Each prompt's share is >= 0, the shares sum to 1, and the prompt with the largest share gains on its own."""
+    """Each prompt's share is >= 0, the shares sum to 1, the prompt with the largest share gains on its own, and each
+    prompt is held against the category's better drafter walking its own path over that prompt's rows."""
     from whiflash.speed_oracle import prompt_gains
 
     rng = np.random.default_rng(5)
@@ -253,3 +254,9 @@ def test_prompt_gains_on_rows_at_every_position_add_up_to_the_oracles_gain() -> 
     gains = prompt_gains(cols, KINDS, prof, every=True)["math"]
     assert len(gains) == 6 and sum(e["share"] for e in gains) == pytest.approx(1.0)
     assert all(e["share"] >= -1e-12 for e in gains) and gains[0]["gain"] > 0
+    slot0 = speed_oracle(cols, KINDS, prof, every=True)["categories"]["math"]["best_standalone"] == "slot0"
+    for e in gains:
+        sel = cols["prompt_id"] == e["prompt_id"]
+        rows = {k: v[sel] for k, v in cols.items()}
+        tok, _, _ = simulate(np.full(int(sel.sum()), slot0), rows, KINDS, (1.3, 0.8), prof, 0.0, every=True)
+        assert e["tokens"] == tok

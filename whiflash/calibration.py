@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["METHODS", "best_threshold", "picks_slot0", "pinned_slot"]
+__all__ = ["METHODS", "best_threshold", "check_min_gain", "picks_slot0", "pinned_slot"]
 
 METHODS = ("whiflash-entropy", "whiflash-neural")
 """The threshold routers."""
@@ -40,13 +40,18 @@ def pinned_slot(method: str, threshold: float | None) -> int | None:
     return 0 if bool(picks_slot0(method, np.zeros(1), threshold)[0]) else 1
 
 
+def check_min_gain(min_gain: float) -> None:
+    """`ValueError` naming `--min-gain` unless it is a finite share >= 0."""
+    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not 0 <= min_gain < math.inf:
+        raise ValueError(f"--min-gain: expected a share >= 0 (0.02: 2% faster), got {min_gain!r}")
+
+
 def best_threshold(sweep: Mapping[float, float], min_gain: float = 0.0) -> float | None:
     """The threshold of the highest finite score in `sweep` (threshold -> score); ties: the smaller threshold.
     None when no score is finite. `min_gain`: a finite threshold wins only when its score is at least
     `1 + min_gain` times the best infinite one's (a drafter alone), else that infinite threshold does: a
     gain smaller than what separates the calibration's prompts from others is not worth a decision a round."""
-    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not 0 <= min_gain < math.inf:
-        raise ValueError(f"--min-gain: expected a share >= 0 (0.02: 2% faster), got {min_gain!r}")
+    check_min_gain(min_gain)
     valid = {t: s for t, s in sweep.items() if not math.isnan(s)}
     if not valid:
         return None
