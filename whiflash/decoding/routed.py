@@ -139,8 +139,10 @@ class RoutedDrafter(DrafterPair):
     With `stick_tau` K the policy is not asked while slot 0 is running well: when the round being
     verified and the one before it both drafted with slot 0 and that earlier round (the last one whose
     tau the host has read) accepted at least K tokens, the next round stays with slot 0 and the policy's
-    kernels are not launched. On a small target a routing decision costs a few percent of a round,
-    which is all the headroom routing has where the parallel drafter accepts long blocks.
+    kernels are not launched: the host knows this before it launches the verify pass, so the pass runs
+    without the policy's decisions (the drafter alone's pass) and no row is gathered for it. On a small
+    target a routing decision costs a few percent of a round, which is all the headroom routing has where
+    the parallel drafter accepts long blocks.
 
     With `tau_rule` (ENTER, LEAVE) the policy picks the first round's slot only, and the round just verified
     picks every later one: after a slot-1 round that accepted at least ENTER tokens (bonus included) the next
@@ -189,13 +191,24 @@ class RoutedDrafter(DrafterPair):
     def backlog_rows(self, slot: int = 0) -> int:
         return self.slots[slot][0].backlog_len
 
+    def _sticks(self) -> bool:
+        """`stick_tau` sends the round after the one being verified to slot 0 without asking the policy: this
+        round and the one before it drafted with slot 0, and that earlier round (the last whose tau the host has
+        read) accepted at least `stick_tau` tokens. Known before the verify pass is launched."""
+        state = getattr(self, "_seq", None)
+        return (self.stick_tau is not None and state is not None and state.proposed and state.slot == 0
+                and state.seen is not None and state.seen[0] == 0 and state.seen[1] >= self.stick_tau)
+
     @property
     def reads_state(self) -> bool:  # type: ignore[override]
-        return self.tau_rule is None  # a tau rule reads the round's tau alone
+        if self.tau_rule is not None:  # a tau rule reads the round's tau alone
+            return False
+        # a round that sticks reads nothing, unless the policy keeps a history of every round's path
+        return not self._sticks() or bool(getattr(self.router, "history", 0))
 
     @property
     def row_policy(self) -> Any:
-        if self.tau_rule is not None:  # the policy decides after the prefill only: no decisions in the passes
+        if self.tau_rule is not None or self._sticks():  # no decisions in this pass (a tau rule: in no pass)
             return None
         return self.router if getattr(self.router, "rows_key", None) is not None else None
 
@@ -212,9 +225,8 @@ class RoutedDrafter(DrafterPair):
         state = self._seq
         if path is not None and tau is not None and getattr(self.router, "history", 0):
             self.router.observe(*path, tau)  # every round, also those the policy is not asked about
-        if (self.stick_tau is not None and tau is not None and state.slot == 0 and state.seen is not None
-                and state.seen[0] == 0 and state.seen[1] >= self.stick_tau):
-            return slot_tensor(decided if decided is not None else hidden, 0)  # no read, no policy launches
+        if tau is not None and self._sticks():  # no read, no policy launches: one fill kernel
+            return slot_tensor(tau, 0)
         if decided is not None:  # the loop's row is 0-dim already: a reshape would be one more op dispatched
             return decided if decided.dim() == 0 else decided.reshape(())
         if tau is not None and isinstance(self.router, NeuralPolicy):  # its context: the round just verified
