@@ -30,7 +30,7 @@ from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.router_context import context_from_rows, history_rows
 from whiflash.routers import decides_in_pass
 # the cost model, shared with the speed oracle and whiflash-train
-from whiflash.speed_oracle import ruled, simulate, stick
+from whiflash.speed_oracle import ruled, simulate, stick, stuck_walk
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
                       stick_tau: int | None = None, samples: Collection[str] | None = None,
                       tau_rule: tuple[int, int] | None = None, min_gain: float = 0.0) -> dict[str, Any]:
     """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
-    thresholds.json (without the run bookkeeping). `stick_tau`: as `--whiflash-stick-tau` (`stick`); `tau_rule`:
-    as `--whiflash-tau-rule` (`ruled`: a routing threshold picks each prompt's first slot, the rule every later one).
+    thresholds.json (without the run bookkeeping). `stick_tau`: as `--whiflash-stick-tau` (`stick`; over rows at
+    every position `stuck_walk`); `tau_rule`: as `--whiflash-tau-rule` (`ruled`: a routing threshold picks each prompt's first slot, the rule every later one).
     `samples`: replay only these prompts' rows (a bench run's sample ids, `--replay-run`). `min_gain`: a finite
     threshold only where it beats a drafter alone by that share (`best_threshold`). A neural router's
     replay leaves out the rows of the prompts it was trained on, where its export lists them."""
@@ -95,9 +95,6 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
         cols, excluded = _without_training_prompts(cols, neural_router, data_dir)
     kinds, budget = manifest.pair.slots, manifest.tree_budget
     every = manifest.every_position  # a row at every position: each choice walks its own path
-    if every and stick_tau is not None:
-        raise ValueError(f"--whiflash-stick-tau: {data_dir} has a row at every position (whiflash-datagen --path "
-                         "every); sticking reads the rounds before, which a walk has yet to take: replay it without")
     rounds = tuple(profile.round_ms(k, budget) for k in kinds)  # a slot missing from the profile fails here
     routed_rounds = tuple(profile.round_ms(k, budget, routed=True) for k in kinds)  # what a deciding policy pays
     # the router's input per round: the entropy, or the neural router's predicted gain
@@ -117,11 +114,16 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
         part = {k: v[sel] for k, v in cols.items() if k != "hidden"}
 
         def speedup(slot0: np.ndarray, decide: bool = True) -> tuple[float, float]:
-            slot0, routed = stick(slot0, part["tau_0"], part["prompt_id"], stick_tau)
+            rows, walk = part, every
+            if every and stick_tau is not None:  # the rule reads the rounds the walk itself takes
+                idx, slot0, routed = stuck_walk(slot0, part, stick_tau)
+                rows, walk = {k: v[idx] for k, v in part.items()}, False
+            else:
+                slot0, routed = stick(slot0, part["tau_0"], part["prompt_id"], stick_tau)
             if decide:  # (a drafter alone follows no rule)
-                slot0 = ruled(slot0, part, tau_rule, every)
-            tokens, ms, n = simulate(slot0, part, kinds, routed_rounds if decide else rounds, profile,
-                                     router_ms if decide else 0.0, lazy, routed, every)
+                slot0 = ruled(slot0, rows, tau_rule, walk)
+            tokens, ms, n = simulate(slot0, rows, kinds, routed_rounds if decide else rounds, profile,
+                                     router_ms if decide else 0.0, lazy, routed, walk)
             return tokens * ar / ms, tokens / n
 
         # an infinite threshold pins a slot: that drafter alone, no decision to pay

@@ -610,7 +610,7 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file, monk
     `--parallel` is refused."""
     import whiflash.datagen.parallel as parallel
     from whiflash.latency import LatencyProfile
-    from whiflash.speed_oracle import ruled, simulate, speed_oracle, walked
+    from whiflash.speed_oracle import ruled, simulate, speed_oracle, stick, stuck_walk, walked
 
     world = worlds["qwen3-mixed"]
     read = lambda out: pq.read_table(check_shards(out, read_manifest(out))).to_pandas().sort_values(["prompt_id", "round"])
@@ -629,7 +629,7 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file, monk
     assert (every["active"] == np.where(every["tau_0"] > every["tau_1"], 0, 1)).all()
     cols = {k: every[k].to_numpy() for k in ("prompt_id", "category", "position", "tau_0", "tau_1")}
     profile = LatencyProfile(ar_step=0.5, round={"dflash": 1.0, "eagle3": 1.3},
-                             catchup={"dflash": {10: 1.0}, "eagle3": {10: 2.0}})
+                             catchup={"dflash": {10: 1.0}, "eagle3": {10: 2.0}}, router={"entropy": 0.2})
     for path, slot0 in (("oracle", cols["tau_0"] > cols["tau_1"]), ("slot0", np.ones(len(every), bool)),
                         ("slot1", np.zeros(len(every), bool))):
         own = read(_run(world, tmp_path / path, prompt_file, path=path))
@@ -652,11 +652,22 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file, monk
              for d in ("every", "slot0", "slot1")]
     assert fixed[0]["slot0"] == pytest.approx(fixed[1]["slot0"], rel=1e-12)
     assert fixed[0]["slot1"] == pytest.approx(fixed[2]["slot1"], rel=1e-12)
-    with pytest.raises(ValueError, match="--whiflash-stick-tau: .* has a row at every position"):
-        replay_thresholds(tmp_path / "every", tmp_path / "profile.json", "whiflash-entropy", [0.5], stick_tau=4)
     # a tau rule: each routed threshold walks the rule's path (`ruled`); a drafter alone follows none
     entropy = every["entropy"].to_numpy()
     mid = float(np.median(entropy))
+    # stick_tau: the walk applies the rule to its own rounds, as `stick` applies it to a path's rows
+    idx, took, decided = stuck_walk(entropy < mid, cols, 2)
+    path_pid = cols["prompt_id"][idx]
+    assert [a.tolist() for a in stick((entropy < mid)[idx], cols["tau_0"][idx], path_pid, 2)] == \
+        [took.tolist(), decided.tolist()]
+    assert (~decided).any() and decided.any()
+    assert stuck_walk(entropy < mid, cols, None)[0].tolist() == walked(entropy < mid, cols).tolist()
+    stuck = replay_thresholds(tmp_path / "every", tmp_path / "profile.json", "whiflash-entropy", [mid], stick_tau=2)
+    routed_rounds = tuple(profile.round_ms(k, routed=True) for k in ("dflash", "eagle3"))
+    tok, ms, _ = simulate(took, {k: v[idx] for k, v in cols.items()}, ("dflash", "eagle3"), routed_rounds, profile,
+                          profile.router_ms("entropy"), routed=decided)
+    assert stuck["stick_tau"] == 2 and stuck["overall"]["sweep"][str(mid)] == pytest.approx(tok / ms * profile.ar_ms(),
+                                                                                             rel=1e-12)
     plain, rule = (replay_thresholds(tmp_path / "every", tmp_path / "profile.json", "whiflash-entropy",
                                      [mid, float("inf")], tau_rule=r) for r in (None, (3, 1)))
     assert rule["tau_rule"] == [3, 1] and plain["tau_rule"] is None

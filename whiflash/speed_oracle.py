@@ -34,7 +34,7 @@ import numpy as np
 from .latency import LatencyProfile, catchup_model, slot_kind
 
 __all__ = ["DEFINITION", "oracle_gain_share", "prompt_gains", "prompt_spans", "round_starts", "ruled", "simulate",
-           "speed_oracle", "stick"]
+           "speed_oracle", "stick", "stuck_walk"]
 
 DEFINITION = ("speed oracle: the slot sequence maximising pooled sum tau / sum time over the category's logged rounds "
               "(exact dynamic programme per prompt + Dinkelbach over the ratio), costed like the replay but with no "
@@ -49,18 +49,35 @@ def walked(slot0: np.ndarray, cols: dict[str, np.ndarray]) -> np.ndarray:
     """The rows a decode visits over a dataset with a row at every position (`whiflash-datagen --path every`;
     rows ordered by prompt and position) when it takes slot 0 where `slot0` is True: from each prompt's first
     row it advances by the tau of the slot it takes, until it passes the prompt's last row (the decode's end)."""
-    taus = np.where(slot0, cols["tau_0"], cols["tau_1"]).astype(np.int64)
+    return stuck_walk(slot0, cols, None)[0]
+
+
+def stuck_walk(slot0: np.ndarray, cols: dict[str, np.ndarray],
+               stick_tau: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`walked` under `RoutedDrafter(stick_tau=K)`: (the rows visited, the slot-0 choice at each, whether the policy
+    decided it). A round drafts with slot 0 undecided when the two rounds before it drafted with slot 0 and the
+    earlier of them accepted at least K (`stick`, over a path's rows); else it takes `slot0` at its row. None: the
+    policy decides every round."""
+    t0, t1 = np.asarray(cols["tau_0"], dtype=np.int64), np.asarray(cols["tau_1"], dtype=np.int64)
     positions = np.asarray(cols["position"], dtype=np.int64)
-    out: list[int] = []
+    rows: list[int] = []
+    took: list[bool] = []
+    decided: list[bool] = []
     for lo, hi in prompt_spans(np.asarray(cols["prompt_id"])):
         if np.any(np.diff(positions[lo:hi]) != 1):
             raise ValueError(f"prompt {cols['prompt_id'][lo]}: its rows are not one per position (a path's rows, not "
                              "those of whiflash-datagen --path every)")
-        i = lo
+        i, first = lo, len(rows)
         while i < hi:
-            out.append(i)
-            i += int(taus[i])
-    return np.array(out, dtype=np.int64)
+            k = len(rows)  # the rounds before this one, within the prompt: k - 1 and k - 2
+            stuck = (stick_tau is not None and k - first >= 2 and took[k - 1] and took[k - 2]
+                     and t0[rows[k - 2]] >= stick_tau)
+            s0 = True if stuck else bool(slot0[i])
+            rows.append(i)
+            took.append(s0)
+            decided.append(not stuck)
+            i += int(t0[i] if s0 else t1[i])
+    return np.array(rows, dtype=np.int64), np.array(took, dtype=bool), np.array(decided, dtype=bool)
 
 
 def round_starts(prompt_id: np.ndarray, position: np.ndarray, tau_0: np.ndarray, tau_1: np.ndarray) -> np.ndarray:
