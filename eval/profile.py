@@ -29,7 +29,7 @@ from whiflash.folders import check_folder
 from whiflash.locks import owning_folders
 from whiflash.pairs import Pair
 from whiflash.router import NeuralRouter
-from whiflash.routers import EntropyRouter, NeuralPolicy
+from whiflash.routers import EntropyRouter, NeuralPolicy, decides_in_pass
 from whiflash.session import Session
 
 from .checks import check_profile_config
@@ -128,8 +128,11 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
         sync(device)
         loop, routed = _loop_rounds(target, drafters, context, neural=neural)
         prof.meta["loop_round_wall_ms"], prof.meta["loop_host_ms"] = loop, host_ms(prof, loop)
-        if routed:
+        if routed:  # what those rounds paid for their decisions (LatencyProfile.routed_extra_ms leaves it out)
             prof.meta["loop_routed_round_wall_ms"] = routed
+            paired = neural if neural is not None and str(neural.pair) == "df-e3" else None  # as _loop_rounds picks
+            prof.meta["loop_routed_decision"] = AFTER_PASS if paired is not None and not decides_in_pass(paired) \
+                else "neural"
         prof.floor = floor_ms(target, context, bandwidth)
     finally:
         for m, was in modes:

@@ -12,7 +12,7 @@ import torch
 import pytest
 
 from whiflash.eval.cli import bench_config, main, parse
-from whiflash.latency import LatencyProfile
+from whiflash.latency import AFTER_PASS, LatencyProfile
 from whiflash.eval.replay import simulate
 
 CATEGORIES = ("code", "math")
@@ -109,6 +109,7 @@ def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytes
     # and each chain drafter's round as a slot of a routed drafter that always picks it
     assert set(prof.meta["loop_routed_round_wall_ms"]) == {"eagle3", "dflash"}
     assert all(ms > 0 for ms in prof.meta["loop_routed_round_wall_ms"].values())
+    assert prof.meta["loop_routed_decision"] == "neural"  # a random-weights router decides inside the pass
     printed = capsys.readouterr().out
     assert "AR step" in printed and "loop round dflash (wall)" in printed and "loop round routed eagle3" in printed
     with pytest.raises(ValueError, match="--random-weights needs --preset"):
@@ -150,8 +151,15 @@ def test_a_routed_round_costs_what_routing_added_to_the_loop_round() -> None:
     assert back.round_ms("eagle3", routed=True) == pytest.approx(1.9) and back.round_ms("eagle3") == 1.5
     back.meta["loop_routed_round_wall_ms"]["dflash"] = 2.25  # DDTree's round pays DFlash's routing
     assert back.round_ms("ddtree", 7, routed=True) == pytest.approx(3.25)
-    assert "loop round routed eagle3" in back.table() and "routing +0.400" in back.table()
+    assert "loop round routed eagle3" in back.table() and "pair +0.400 beside the decision" in back.table()
     assert LatencyProfile(ar_step=1.0, round={"eagle3": 1.5}).round_ms("eagle3", routed=True) == 1.5  # no rows
+    # the routed loop decided every round: that decision is the replay's to add, where its policy makes one
+    back.router = {"neural": 0.15, AFTER_PASS: 0.3}
+    assert back.routed_extra_ms("eagle3") == pytest.approx(0.25)
+    back.meta["loop_routed_decision"] = AFTER_PASS  # a profile made with a router that decides after the pass
+    assert back.routed_extra_ms("eagle3") == pytest.approx(0.1)
+    again = LatencyProfile.from_json(json.loads(json.dumps(back.to_json())))
+    assert again.routed_extra_ms("eagle3") == pytest.approx(0.1) and again.routed_extra_ms("dflash") == 0.0
     bad = prof.to_json()
     bad["loop_routed_round_wall_ms"] = {"eagle3": "fast"}
     with pytest.raises(ValueError, match=r"p.json: 'loop_routed_round_wall_ms' must map drafter kinds to milliseconds"):

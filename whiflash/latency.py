@@ -24,9 +24,11 @@ round as the bench's wall clock pays it: on an H200 at `small`'s shapes the host
 more to EAGLE-3's than to DFlash's. A profile without loop rows adds 0.
 
 With both chain drafters, `meta`'s `loop_routed_round_wall_ms` holds the same loop's round of each of them as
-a slot of a df-e3 routed drafter that always picks it: `round_ms(kind, routed=True)` adds what routing adds to
-that slot's round (`routed_extra_ms`, never below 0; DDTree takes DFlash's), which is how a replayed router's
-rounds are priced. Drafters alone, and the speed oracle (routing that costs nothing), keep the plain rounds.
+a slot of a df-e3 routed drafter that always picks it, deciding every round: `round_ms(kind, routed=True)` adds
+what running as a pair adds to that slot's round besides that decision (`routed_extra_ms`, never below 0; DDTree
+takes DFlash's), and a replay adds the decision (`router`) on the rounds its policy decides, which is how a
+replayed router's rounds are priced. Drafters alone, and the speed oracle (routing that costs nothing), keep the
+plain rounds.
 """
 from __future__ import annotations
 
@@ -91,12 +93,18 @@ class LatencyProfile:
         return float(host.get(kind, host.get(catchup_model(kind), 0.0)))
 
     def routed_extra_ms(self, kind: str) -> float:
-        """What routing adds to a round of slot kind `kind` (DDTree: DFlash's): the loop's round of that drafter
-        as a routed slot minus its round alone (`meta`'s loop rows), never below 0; 0 without those rows."""
+        """What running as a slot of a pair adds to a round of slot kind `kind` (DDTree: DFlash's), besides the
+        routing decision: the loop's round of that drafter as a routed slot minus its round alone (`meta`'s loop
+        rows) and minus the decision that routed loop made every round (`meta`'s `loop_routed_decision`, a
+        `router` key; `neural` where a profile does not name it), never below 0; 0 without those rows. A replay
+        adds the decision where its policy makes one, so a round the policy is not asked about pays this alone."""
         model = catchup_model(kind)
         routed = (self.meta.get("loop_routed_round_wall_ms") or {}).get(model)
         alone = (self.meta.get("loop_round_wall_ms") or {}).get(model)
-        return max(0.0, float(routed) - float(alone)) if routed is not None and alone is not None else 0.0
+        if routed is None or alone is None:
+            return 0.0
+        decision = self.router_ms(str(self.meta.get("loop_routed_decision", "neural")))
+        return max(0.0, float(routed) - float(alone) - decision)
 
     def round_ms(self, kind: str, tree_budget: int | None = None, routed: bool = False) -> float:
         """One round of a slot as the loop pays it: draft + verify + the host's share (catch-up excluded);
@@ -174,7 +182,7 @@ class LatencyProfile:
                          + (f"   host {host:.3f}" if host is not None else ""))
         for kind, ms in (m.get("loop_routed_round_wall_ms") or {}).items():  # the same round as a routed slot
             lines.append(f"{'loop round routed ' + kind:<28}{ms:>10.3f}{ms / self.ar_step:>8.2f}"
-                         f"   routing +{self.routed_extra_ms(kind):.3f}")
+                         f"   pair +{self.routed_extra_ms(kind):.3f} beside the decision")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ files
