@@ -73,7 +73,8 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
                       tau_rule: tuple[int, int] | None = None, min_gain: float = 0.0) -> dict[str, Any]:
     """Per category (and `all`), every threshold's estimated speedup and the fastest one; the body of
     thresholds.json (without the run bookkeeping). `stick_tau`: as `--whiflash-stick-tau` (`stick`; over rows at
-    every position `stuck_walk`); `tau_rule`: as `--whiflash-tau-rule` (`ruled`: a routing threshold picks each prompt's first slot, the rule every later one).
+    every position `stuck_walk`); `tau_rule`: as `--whiflash-tau-rule` (`ruled`: a routing threshold picks each
+    prompt's first slot, the rule every later one).
     `samples`: replay only these prompts' rows (a bench run's sample ids, `--replay-run`). `min_gain`: a finite
     threshold only where it beats a drafter alone by that share (`best_threshold`). A neural router's
     replay leaves out the rows of the prompts it was trained on, where its export lists them."""
