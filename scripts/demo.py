@@ -5,7 +5,7 @@ Usage: python scripts/demo.py [--preset tiny] [--out DIR] [--work DIR] [--prompt
 Each step is a CLI run through its main function in this process (Python and torch load once);
 the equivalent shell command is printed before it runs:
 
-1. `python -m whiflash.testbed build` — the `tiny` testbed (first run about 5 minutes on 2 CPU cores;
+1. `python -m whiflash.testbed build` — the `tiny` testbed (first run about 4.5 minutes on 2 CPU cores;
    later runs reuse it);
 2. `whiflash-datagen` on training-split prompts (oracle decoding, both drafters' tau every round) and
 3. `whiflash-train fit` on those rows (about a minute together; skipped when WORK holds a router made
