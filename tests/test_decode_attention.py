@@ -280,11 +280,12 @@ def test_gemv_counters_grow_beside_the_old_ones() -> None:
 
 
 @needs_triton
-def test_tree_beam_kernel_builds_the_reference_trees() -> None:
-    """DDTree's beam kernel (one program merging the beam rows' sorted candidates) against the sort-based
-    tensor ops and the reference heap: ties between siblings, across depths and across beam rows where they
-    decide the tree (`top3`: a kernel taking the highest tied row instead of the lowest fails), exact zeros, -inf, bf16
-    scores, one and two depths, budgets up to the vocabulary (where the kernel runs)."""
+def test_tree_kernel_builds_the_reference_trees() -> None:
+    """DDTree's tree kernel (one program: the beams by merging rows, the first B by merging depths, parents and mask)
+    against the sort-based tensor ops and the reference heap: ties between siblings, across depths and across beam
+    rows where they decide the tree (`top3`: a kernel taking the highest tied row instead of the lowest fails), exact
+    zeros, -inf, bf16 scores, one and two depths, budgets up to the vocabulary (where the kernel runs), mask rows past
+    one block of 16."""
     out = _interpreted("""
         import torch
         from whiflash.drafters import trees
@@ -292,7 +293,7 @@ def test_tree_beam_kernel_builds_the_reference_trees() -> None:
         g = torch.Generator().manual_seed(0)
         cases = 0
         for kind in ["random", "tied", "gap40", "top3", "neginf", "bf16"]:
-            for depth, vocab, budget in [(6, 64, 6), (5, 40, 15), (2, 64, 15), (1, 64, 6), (4, 20, 20)]:
+            for depth, vocab, budget in [(6, 64, 6), (5, 40, 15), (2, 64, 15), (1, 64, 6), (4, 20, 20), (3, 80, 40)]:
                 x = torch.randn(depth, vocab, generator=g) * 2
                 if kind == "tied":
                     x = torch.randint(0, 3, (depth, vocab), generator=g).float()
@@ -307,10 +308,10 @@ def test_tree_beam_kernel_builds_the_reference_trees() -> None:
                     top_logp = top_logp.bfloat16()
                 ops = trees.build_tree_device(top_logp, top_ids, budget, kernel=False)
                 calls = []
-                real = trees._beams_by_kernel
-                trees._beams_by_kernel = lambda *a: (calls.append(1), real(*a))[1]
+                real = trees._tree_by_kernel
+                trees._tree_by_kernel = lambda *a: (calls.append(1), real(*a))[1]
                 kernel = trees.build_tree_device(top_logp, top_ids, budget)
-                trees._beams_by_kernel = real
+                trees._tree_by_kernel = real
                 assert calls, (kind, depth, budget)
                 for field in ("tokens", "parents", "depths", "tree_mask"):
                     assert torch.equal(getattr(ops, field), getattr(kernel, field)), (kind, depth, budget, field)
@@ -320,4 +321,4 @@ def test_tree_beam_kernel_builds_the_reference_trees() -> None:
                 cases += 1
         print(cases)
     """)
-    assert out.strip() == "30"
+    assert out.strip() == "36"

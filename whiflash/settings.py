@@ -11,7 +11,7 @@ variable                       what it sets the default of                      
 ``WHIFLASH_DECODE_ATTENTION``  the split-K attention kernel of fixed-shape passes (0: off)  on
 ``WHIFLASH_GEMV``              the few-row product kernel (0: off, every product cuBLAS)    on
 ``WHIFLASH_GEMV_CONFIGS``      a ``scripts/bench_gemv.py --json`` settings table to add     none
-``WHIFLASH_TREE_KERNEL``       DDTree's beam kernel (0: the sort-based tensor ops)          on
+``WHIFLASH_TREE_KERNEL``       DDTree's tree kernel (0: the sort-based tensor ops)          on
 ``WHIFLASH_CHECK_TREES``       check every verified tree's shape (1: on)                    off
 ``WHIFLASH_DEBUG``             tracebacks with the error line (``--debug``)                 off
 ``WHIFLASH_DIST_TIMEOUT``      seconds a torchrun rank waits at a barrier                    86400

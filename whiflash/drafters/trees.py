@@ -16,10 +16,10 @@ Two builders give the same tree under that rule: `build_tree`, the reference hea
 of the `B` best prefixes, then the global first `B`) that stay on the GPU, so a DDTree round needs
 no host round trip of its own. Both emit nodes in rank order, so parents precede children. The device
 builder is replayed as one CUDA graph whose kernels run back to back, so its kernel count is its cost: as
-tensor ops ~100 (two sorts a depth, ancestors by pointer jumping; `tests/test_trees.py` bounds them), and
-on a GPU with Triton 44, every depth's beam grown by one kernel (`_beams`: a merge of the beam rows, whose
-candidates already come in rule order) instead of two sorts a depth: 727 -> 265 us at budget 32 and 690 ->
-155 us at budget 15 on an H200 (`scripts/bench_tree.py`, 2026-12-01).
+tensor ops ~100 (two sorts a depth, ancestors by pointer jumping; `tests/test_trees.py` bounds them); on a GPU
+with Triton one (`_tree`): every depth's beam grown by a merge of the beam rows, whose candidates already come
+in rule order, then the global first `B` by a merge of the depths, the parents and the ancestor mask, all in
+one program (`scripts/bench_tree.py` times it against the tensor ops).
 """
 from __future__ import annotations
 
@@ -87,15 +87,28 @@ def _first(score: Tensor, valid: Tensor | None, n: int) -> Tensor:
 if triton is not None:
 
     @triton.jit
-    def _beams(LOGP, SCORES, PICKS, L, K, B, BP: tl.constexpr):
-        # One program grows every depth's beam. A beam row's candidates (its score + the depth's sorted
-        # log-probs) come in rule order along the row (values non-increasing, flat index increasing), so
-        # the first B candidates of the depth are a B-way merge of the rows: B times, the best row head
-        # (ties: the lowest row, i.e. the lowest flat index) is taken and that row advances.
+    def _ahead(v1, k1, v2, k2):
+        # the tie rule's order between two candidates: the higher score, then the lower key (flat index or depth)
+        first = (v1 > v2) | ((v1 == v2) & (k1 < k2))
+        return tl.where(first, v1, v2), tl.where(first, k1, k2)
+
+    @triton.jit
+    def _tree(LOGP, IDS, SORTED, SLOT_OF, PICKS, PAR, TOKENS, PARENTS, DEPTHS, MASK, L, K, B,
+              BP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, RC: tl.constexpr):
+        # One program builds the whole tree. (1) Every depth's beam: a beam row's candidates (its score + the
+        # depth's sorted log-probs) come in rule order along the row, so a depth's first B candidates are a B-way
+        # merge of the rows, B times the best row head (one reduction of (score, flat index) pairs). The picks come
+        # out in rule order (kept in SORTED / SLOT_OF for (2)); the next beam holds them in flat-index (rank-path)
+        # order, which PICKS records. (2) The global first B: an L-way merge of the depths' rule-ordered lists
+        # (ties: the lower depth, as the flattened depth-major order has it), placing node n at its beam slot and
+        # reading its parent's node off the previous depth's slots. (3) The ancestor mask by walking up the parents.
         i = tl.arange(0, BP)
         row_ok = i < B
-        s = tl.load(LOGP + i, mask=row_ok, other=float("-inf"))  # depth 1: ranks 0 .. B-1 (K >= B)
-        tl.store(SCORES + i, s, mask=row_ok)
+        s = tl.load(LOGP + i, mask=row_ok, other=float("-inf")).to(tl.float64)  # depth 1: ranks 0 .. B-1 (K >= B)
+        tl.store(SORTED + i, s, mask=row_ok)
+        tl.store(SLOT_OF + i, i.to(tl.int64), mask=row_ok)
+        tl.store(PICKS + i, i.to(tl.int64), mask=row_ok)  # depth 1: a slot's flat index is its rank (parent: root)
+        none = K * B  # a key above every flat index: rows that can give no candidate
         for d in range(1, L):
             ptr = tl.zeros([BP], tl.int64)  # each row's next rank
             picks = tl.zeros([BP], tl.int64)
@@ -103,30 +116,74 @@ if triton is not None:
             for step in range(B):
                 ok = row_ok & (ptr < K)
                 head = tl.where(ok, s + tl.load(LOGP + d * K + ptr, mask=ok, other=0.0), float("-inf"))
-                best = tl.max(head, 0)
-                # the clamps never bind on real scores; NaN ones (a broken draft) must still give in-range indices
-                win = tl.minimum(tl.min(tl.where(ok & (head == best), i, BP), 0), B - 1)
-                rank = tl.minimum(tl.sum(tl.where(i == win, ptr, 0), 0), K - 1)
-                picks = tl.where(i == step, win * K + rank, picks)
+                head = tl.where(head == head, head, float("-inf"))  # NaN scores (a broken draft): still a tree
+                best, flat = tl.reduce((head, tl.where(ok, i * K + ptr, none)), 0, _ahead)
+                flat = tl.minimum(flat, K * B - 1)
+                picks = tl.where(i == step, flat, picks)
                 vals = tl.where(i == step, best, vals)
-                ptr = tl.where(i == win, ptr + 1, ptr)
-            # the next beam in flat-index (rank-path) order: pick a goes to the number of picks before it
-            pos = tl.sum(((picks[None, :] < picks[:, None]) & row_ok[None, :]).to(tl.int32), 1)
+                ptr = tl.where(i == flat // K, ptr + 1, ptr)
+            # pick a (rule order) goes to beam slot pos[a], the number of picks with a lower flat index
+            pos = tl.sum(((picks[None, :] < picks[:, None]) & row_ok[None, :]).to(tl.int64), 1)
+            tl.store(SORTED + d * B + i, vals, mask=row_ok)
+            tl.store(SLOT_OF + d * B + i, pos, mask=row_ok)
+            tl.store(PICKS + d * B + pos, picks, mask=row_ok)
             into = (pos[None, :] == i[:, None]) & row_ok[None, :]  # [slot, pick]
             s = tl.sum(tl.where(into, vals[None, :], 0.0), 1)
-            tl.store(SCORES + d * B + i, s, mask=row_ok)
-            tl.store(PICKS + (d - 1) * B + i, tl.sum(tl.where(into, picks[None, :], 0), 1), mask=row_ok)
+        tl.debug_barrier()  # (2) reads what every lane stored above
+        dl = tl.arange(0, LP)
+        col = tl.arange(0, BP)
+        node_of = tl.zeros([LP, BP], tl.int64)  # depth, beam slot -> node (1-based; 0: not in the tree)
+        at = tl.zeros([LP], tl.int64)  # each depth's next entry in rule order
+        tokens = tl.zeros([BP], tl.int64)
+        parents = tl.zeros([BP], tl.int64)
+        depths = tl.zeros([BP], tl.int64)
+        for n in range(B):
+            ok = (dl < L) & (at < B)
+            head = tl.load(SORTED + dl * B + at, mask=ok, other=float("-inf"))
+            head = tl.where(head == head, head, float("-inf"))
+            _, depth = tl.reduce((head, tl.where(ok, dl, LP)), 0, _ahead)
+            depth = tl.minimum(depth, L - 1)
+            entry = tl.sum(tl.where(dl == depth, at, 0), 0)
+            slot = tl.load(SLOT_OF + depth * B + tl.minimum(entry, B - 1))
+            flat = tl.load(PICKS + depth * B + slot)
+            above = tl.sum(tl.sum(tl.where((dl[:, None] == depth - 1) & (col[None, :] == flat // K), node_of, 0), 1), 0)
+            node_of = tl.where((dl[:, None] == depth) & (col[None, :] == slot), n + 1, node_of)
+            tokens = tl.where(i == n, tl.load(IDS + depth * K + flat % K), tokens)
+            parents = tl.where(i == n, tl.where(depth > 0, above, 0), parents)
+            depths = tl.where(i == n, depth + 1, depths)
+            at = tl.where(dl == depth, at + 1, at)
+        tl.store(TOKENS + i, tokens, mask=row_ok)
+        tl.store(PARENTS + i, parents, mask=row_ok)
+        tl.store(DEPTHS + i, depths, mask=row_ok)
+        tl.store(PAR + 1 + i, parents, mask=row_ok)  # [root, nodes]: each node's parent, the root its own
+        tl.store(PAR + tl.arange(0, 1), tl.zeros([1], tl.int64))
+        tl.debug_barrier()  # (3) gathers parents other lanes stored
+        cols = tl.arange(0, NP)
+        for r0 in range(0, B + 1, RC):
+            rows = r0 + tl.arange(0, RC)
+            live = rows < B + 1
+            up = tl.load(PAR + rows, mask=live, other=0)
+            seen = rows[:, None] == cols[None, :]
+            for _ in range(L):  # a node is at most L deep: L steps up reach the root
+                seen = seen | (up[:, None] == cols[None, :])
+                up = tl.load(PAR + up)
+            tl.store(MASK + rows[:, None] * (B + 1) + cols[None, :], seen.to(tl.int8),
+                     mask=live[:, None] & (cols[None, :] < B + 1))
 
 
-def _beams_by_kernel(logp: Tensor, budget: int) -> tuple[Tensor, Tensor]:
-    """Every depth's beam of a float64 `logp [L, K]` (K >= budget): its scores `[L, budget]` and, below depth 1,
-    its candidates' flat indices `[L - 1, budget]` in rank-path order, as the sort-based loop leaves them."""
+def _tree_by_kernel(logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
+    """The tree of a float64 `logp [L, K]` and its token ids (K >= budget) in one kernel launch (`_tree`)."""
     depth_max, k = logp.shape
-    scores = torch.empty(depth_max, budget, dtype=torch.float64, device=logp.device)
-    picks = torch.empty(max(depth_max - 1, 0), budget, dtype=torch.long, device=logp.device)
+    dev = logp.device
+    new = lambda *shape, dtype=torch.long: torch.empty(*shape, dtype=dtype, device=dev)  # noqa: E731
+    tokens, parents, depths, par = new(budget), new(budget), new(budget), new(budget + 1)
+    mask = new(budget + 1, budget + 1, dtype=torch.int8)
+    scratch = new(depth_max, budget, dtype=torch.float64), new(depth_max, budget), new(depth_max, budget)
     bp = max(16, triton.next_power_of_2(budget))
-    _beams[(1,)](logp.contiguous(), scores, picks, depth_max, k, budget, BP=bp, num_warps=1 if bp <= 32 else 4)
-    return scores, picks
+    _tree[(1,)](logp.contiguous(), top_ids.contiguous(), *scratch, par, tokens, parents, depths, mask,
+                depth_max, k, budget, BP=bp, LP=max(16, triton.next_power_of_2(depth_max)),
+                NP=max(16, triton.next_power_of_2(budget + 1)), RC=16, num_warps=1 if bp <= 32 else 4)
+    return Proposal(tokens=tokens, parents=parents, depths=depths, tree_mask=mask.view(torch.bool))
 
 
 def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int, kernel: bool = True) -> Proposal:
@@ -148,23 +205,22 @@ def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int, kernel: bo
     # With at least `budget` tokens a depth (any real vocabulary) every beam slot holds a real prefix, so
     # no validity is tracked: one sort a depth fewer and about half the kernels of the graph this becomes.
     full = k >= budget
+    if full and kernel and triton is not None and (dev.type == "cuda" or INTERPRET):
+        return _tree_by_kernel(logp, top_ids, budget)  # one launch instead of ~100 tensor ops
     slot = torch.arange(budget, device=dev)
     first_ranks = slot.clamp_max(k - 1)  # depth 1: the beam is simply ranks 0 .. budget-1
     valid = [None if full else slot < k]
-    if full and kernel and triton is not None and (dev.type == "cuda" or INTERPRET):
-        all_scores, steps = _beams_by_kernel(logp, budget)  # one launch instead of two sorts a depth
-    else:
-        scores = [logp[0, first_ranks] if full else torch.where(valid[0], logp[0, first_ranks], float("-inf"))]
-        picks = []
-        for d in range(1, depth_max):
-            cand = (scores[-1][:, None] + logp[d][None, :]).flatten()
-            ok = None if full else valid[-1][:, None].expand(budget, k).flatten()
-            pick = _first(cand, ok, budget).sort().values  # back to rank-path order for the next depth
-            scores.append(cand[pick])
-            valid.append(None if full else ok[pick])
-            picks.append(pick)
-        all_scores = torch.stack(scores)
-        steps = torch.stack(picks) if picks else slot.new_zeros(0, budget)
+    scores = [logp[0, first_ranks] if full else torch.where(valid[0], logp[0, first_ranks], float("-inf"))]
+    picks = []
+    for d in range(1, depth_max):
+        cand = (scores[-1][:, None] + logp[d][None, :]).flatten()
+        ok = None if full else valid[-1][:, None].expand(budget, k).flatten()
+        pick = _first(cand, ok, budget).sort().values  # back to rank-path order for the next depth
+        scores.append(cand[pick])
+        valid.append(None if full else ok[pick])
+        picks.append(pick)
+    all_scores = torch.stack(scores)
+    steps = torch.stack(picks) if picks else slot.new_zeros(0, budget)
     parent_slot = torch.cat([slot.new_zeros(1, budget), steps // k])
     ranks = torch.cat([first_ranks[None], steps % k])
     real_all = None if full else torch.stack(valid)
