@@ -12,7 +12,9 @@ the standalone drafter does and the difference is routing alone:
 - `fixed`: a fixed slot, decided inside the verify pass;
 - `neural`: a neural router (threshold far below or above its scores), decided inside the verify pass;
 - `neural-after`: the same router asked after the pass from the path's last row (a router that reads the
-  previous round decides that way).
+  previous round decides that way);
+- `sticky-0`: the neural router with `stick_tau` 1, so from the second round on slot 0 is kept without a decision
+  (what a routed round costs where the parallel drafter runs well).
 
 Two diagnostics of slot 1 (EAGLE-3) take one piece of the pair away each:
 
@@ -96,12 +98,15 @@ def methods(target: Any, eagle: Any, dflash: Any) -> dict[str, tuple[str, Any]]:
     """name -> (the standalone method it is compared with, drafter)."""
     router = NeuralRouter(target.config.hidden_size, drafters="df-e3").to(target.device).eval()
     pinned = {0: whiflash.NeuralPolicy(router, threshold=-1e9), 1: whiflash.NeuralPolicy(router, threshold=1e9)}
-    routed = lambda policy: whiflash.RoutedDrafter("df-e3", policy, eagle3=eagle, dflash=dflash)  # noqa: E731
+    routed = lambda policy, **kw: whiflash.RoutedDrafter("df-e3", policy, eagle3=eagle, dflash=dflash, **kw)  # noqa: E731
     out: dict[str, tuple[str, Any]] = {"ar": ("ar", None), "dflash": ("dflash", dflash), "eagle3": ("eagle3", eagle)}
     for slot, alone in ((0, "dflash"), (1, "eagle3")):
         out[f"fixed-{slot}"] = (alone, routed(whiflash.FixedRouter(slot)))
         out[f"neural-{slot}"] = (alone, routed(pinned[slot]))
         out[f"neural-after-{slot}"] = (alone, routed(AfterThePass(pinned[slot])))
+    # random drafts accept nothing, so every round's tau is 1: stick_tau 1 keeps slot 0 from the second round on
+    # without asking the policy, as stick_tau keeps a parallel drafter that accepts long blocks
+    out["sticky-0"] = ("dflash", routed(pinned[0], stick_tau=1))
     # valid only because slot 1 drafts every round: DFlash's taps and backlog are never read
     own_taps = routed(pinned[1])
     own_taps.tap_layers = tuple(eagle.tap_layers)

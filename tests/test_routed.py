@@ -383,8 +383,9 @@ def test_stick_tau_keeps_slot_0_without_asking_the_router(world):
 
 def test_stick_tau_verifies_the_rounds_it_keeps_without_the_policy(world):
     """With a policy that decides inside the verify pass, a pass whose next round `stick_tau` keeps on slot 0 runs
-    without it (the drafter alone's pass: no decisions computed, no row gathered); every other round's pass
-    decides; the output stays AR's."""
+    without it (the drafter alone's pass: no decisions computed, no row gathered), and its decision is a plain int
+    (known on the host: no op dispatched, nothing read back); every other round's pass decides on the device; the
+    output stays AR's."""
     target, eagle, ddtree = world
     passes = []
 
@@ -397,6 +398,9 @@ def test_stick_tau_verifies_the_rounds_it_keeps_without_the_policy(world):
     for prompt in PROMPTS:
         ref, _ = whiflash.generate(target, None, prompt, 40)
         drafter = RoutedDrafter("df-e3", Counting(0), stick_tau=2, eagle3=eagle, dflash=ddtree)
+        on_host = []
+        asked = drafter.route
+        drafter.route = lambda *a, **k: (lambda d: (on_host.append(isinstance(d, int)), d)[1])(asked(*a, **k))
         passes.clear()
         out, stats = whiflash.generate(target, drafter, prompt, 40)
         assert out == ref
@@ -404,6 +408,7 @@ def test_stick_tau_verifies_the_rounds_it_keeps_without_the_policy(world):
         # round q's pass decides round q + 1 (the prefill decides round 0, outside any verify pass)
         stuck = [r for r in range(2, stats.rounds + 1) if slots[r - 1] == 0 and slots[r - 2] == 0 and taus[r - 2] >= 2]
         assert len(passes) == stats.rounds - len(stuck)
+        assert sum(on_host) == len(stuck)
         kept += len(stuck)
     assert kept  # the rule kept rounds: the count above is not the trivial one
 

@@ -85,8 +85,9 @@ class Verdict(NamedTuple):
     """`[1]` the target's token after the path: the next pending token."""
     best: Tensor
     """0-dim the path's last node (the next decision point)."""
-    decision: Tensor | None
-    """0-dim the next round's slot (`Drafter.route`), or None without routing."""
+    decision: Tensor | int | None
+    """0-dim the next round's slot (`Drafter.route`), the slot itself where the host knows it, or None without
+    routing."""
     slot_taus: Tensor | None
     """`[2]` both slots' tau (a union proposal), or None."""
     advanced: Tensor | None
@@ -106,8 +107,9 @@ class RoundRead(NamedTuple):
     @staticmethod
     def of(verdict: Verdict) -> RoundRead:
         """Read `verdict` in one `tolist()` and name its parts (the round's only host synchronisation)."""
-        parts = (verdict.count, verdict.path_ids, verdict.next_token, verdict.decision, verdict.slot_taus,
-                 verdict.advanced)
+        known = verdict.decision if isinstance(verdict.decision, int) else None  # on the host already: not read
+        parts = (verdict.count, verdict.path_ids, verdict.next_token, None if known is not None else verdict.decision,
+                 verdict.slot_taus, verdict.advanced)
         # flat long fields; those already flat are not reshaped (a reshape is an op dispatched, every round)
         fields = [(v if v.dim() == 1 else v.reshape(-1)).long() if v is not None else None for v in parts]
         host = iter(torch.cat([v for v in fields if v is not None]).tolist())
@@ -115,7 +117,7 @@ class RoundRead(NamedTuple):
         count, path, nxt, decision, taus, advanced = (
             [next(host) for _ in range(v.numel())] if v is not None else None for v in fields)
         tau = count[0]
-        return RoundRead(tau, path[1:tau] + nxt, decision[0] if decision else None,
+        return RoundRead(tau, path[1:tau] + nxt, known if known is not None else decision[0] if decision else None,
                          (taus[0], taus[1]) if taus else None, advanced[0] if advanced else None)
 
 
@@ -253,7 +255,9 @@ def _features(hidden: Tensor, logits: Tensor, at: Tensor | None, keep: bool) -> 
     return row(hidden, at).clone(), row(logits, at).clone()
 
 
-def _read_prefill(pending: Tensor, decision: Tensor | None) -> tuple[list[int], int | None]:
+def _read_prefill(pending: Tensor, decision: Tensor | int | None) -> tuple[list[int], int | None]:
     """The prefill's one host read: the first token and, for routed drafters, the first slot."""
+    if isinstance(decision, int):
+        return pending.tolist()[:1], decision
     host = torch.cat([pending.long(), *([] if decision is None else [decision.reshape(1).long()])]).tolist()
     return host[:1], (host[1] if len(host) > 1 else None)

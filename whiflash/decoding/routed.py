@@ -213,20 +213,20 @@ class RoutedDrafter(DrafterPair):
         return self.router if getattr(self.router, "rows_key", None) is not None else None
 
     def route(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None = None,
-              decided: Tensor | None = None, path: tuple[Tensor, Tensor] | None = None) -> Tensor:
+              decided: Tensor | None = None, path: tuple[Tensor, Tensor] | None = None) -> Tensor | int:
         if self.tau_rule is None or tau is None:  # (the prefill's decision has no round before it)
             return self._asked(hidden, logits, tau, decided, path)
         enter, leave = self.tau_rule
         return (tau < enter).long() if self._seq.slot == 1 else (tau <= leave).long()
 
     def _asked(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None, decided: Tensor | None,
-               path: tuple[Tensor, Tensor] | None) -> Tensor:
-        """The policy's slot for the next round (or stick_tau's)."""
+               path: tuple[Tensor, Tensor] | None) -> Tensor | int:
+        """The policy's slot for the next round (or stick_tau's, a plain 0: the host knows it)."""
         state = self._seq
         if path is not None and tau is not None and getattr(self.router, "history", 0):
             self.router.observe(*path, tau)  # every round, also those the policy is not asked about
-        if tau is not None and self._sticks():  # no read, no policy launches: one fill kernel
-            return slot_tensor(tau, 0)
+        if tau is not None and self._sticks():  # known on the host: no policy launches, no op, nothing read back
+            return 0
         if decided is not None:  # the loop's row is 0-dim already: a reshape would be one more op dispatched
             return decided if decided.dim() == 0 else decided.reshape(())
         if tau is not None and isinstance(self.router, NeuralPolicy):  # its context: the round just verified

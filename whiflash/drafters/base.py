@@ -235,10 +235,11 @@ class Drafter(nn.Module, FixedShapePasses):
     None for them and gathers neither (two operations a round fewer)."""
 
     def route(self, hidden: Tensor | None, logits: Tensor | None, tau: Tensor | None = None,
-              decided: Tensor | None = None, path: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
+              decided: Tensor | None = None, path: tuple[Tensor, Tensor] | None = None) -> Tensor | int | None:
         """The routing decision: the next round's slot (0-dim long, on the device) from the target's final
         hidden state `[H]` and logits `[V]` at the last committed position, or None for a drafter without a
-        routing policy (it always drafts with slot 0). `tau`: the round just verified (0-dim, on the device);
+        routing policy (it always drafts with slot 0); a plain int where the host knows the slot without the
+        device (no op dispatched, nothing read back for it). `tau`: the round just verified (0-dim, on the device);
         None after the prefill. `decided`: the slot `row_policy` already chose inside the verify pass (then
         `hidden` and `logits` are None). `path`: the verify pass's hidden states `[m+1, H]` and the node order
         whose first `tau` entries are the committed path (`verify.accept`'s `keep`), for a policy that reads the
