@@ -45,6 +45,7 @@ neural_grid=-inf,-6,-4,-3,-2,-1.5,-1,-0.5,-0.25,0,0.25,0.5,0.75,1,1.5,2,2.5,3,4,
 # the routed benches follow TAU_RULE=ENTER,LEAVE; with TAU_RULE=auto the chosen rule has a bench of its own (eval-rule)
 # and the others run without it; runs of no routed method (eval-t0, eval-t1) never take one
 rule=${TAU_RULE:-}; [ "$rule" = auto ] && rule=
+stick=(); [ -n "${STICK_TAU:-}" ] && stick=(--whiflash-stick-tau "$STICK_TAU")  # replays price what the bench runs
 for item in "$@"; do
   name=${item%%:*}; est=${item##*:}
   pair=df-e3; [[ $name == *@* ]] && pair=${name#*@} && name=${name%@*}
@@ -71,7 +72,7 @@ for item in "$@"; do
                # and the neural router replayed on exactly those prompts, to set beside what the bench measured
                router=$TB/router; [ "$pair" != df-e3 ] && router=$TB/router_$pair
                [ -n "$routed" ] && [ -d "$router" ] && \
-                 python3 -m whiflash.eval calibrate --replay "$TB/router_data_${pair}_test" --replay-run "$routed" \
+                 python3 -m whiflash.eval calibrate --replay "$TB/router_data_${pair}_test" --replay-run "$routed" "${stick[@]}" \
                    --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural \
                    --whiflash-neural-router-path "$router" --thresholds="$neural_grid" \
                    --out "$L/eval" --output "$L/replay_${pair}_test_neural.json" 2>&1 | tail -2 ;;
@@ -117,7 +118,7 @@ for item in "$@"; do
                PAIR=$pair ROUTER_TIMEOUT=$left ROUTER_SOURCE=$data ROUTER_DATA=$TB/router_data_${pair}_prompts \
                  bash scripts/gpu_session.sh "$L" "$TB" router-data
                [ -f "$TB/router_data_${pair}_prompts/manifest.json" ] && [ -d "$router" ] && \
-                 python3 -m whiflash.eval calibrate --replay "$TB/router_data_${pair}_prompts" \
+                 python3 -m whiflash.eval calibrate --replay "$TB/router_data_${pair}_prompts" "${stick[@]}" \
                    --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural \
                    --whiflash-neural-router-path "$router" --thresholds="$neural_grid" --min-gain "${MIN_GAIN:-0.03}" \
                    --out "$L/eval" --output "$TB/thresholds_neural_prompts_$pair.json" 2>&1 | tail -8 && \

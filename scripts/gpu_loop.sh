@@ -47,6 +47,10 @@ cd "$(dirname "$0")/.."
 L=${1:?LOG_DIR}; TB=${2:?TESTBED_DIR}; budget=${3:?BUDGET_S}
 IFS=, read -r -a pairs <<< "${PAIRS:-df-e3,ddt-e3}"
 start=$(date +%s)
+# STICK_TAU (8): calibration and the routed bench keep slot 0 without a decision after a slot-0 round of tau >= 8
+# (--whiflash-stick-tau): where the parallel drafter accepts long blocks a decision costs more than routing gains
+# there; STICK_TAU= turns it off, and a TAU_RULE takes its place (the two are exclusive)
+[ -z "${TAU_RULE:-}" ] && export STICK_TAU=${STICK_TAU-8}
 mkdir -p "$L"
 
 stage_done() {  # the testbed manifest says build stage $1 is done
