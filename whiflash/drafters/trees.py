@@ -17,9 +17,9 @@ of the `B` best prefixes, then the global first `B`) that stay on the GPU, so a 
 no host round trip of its own. Both emit nodes in rank order, so parents precede children. The device
 builder is replayed as one CUDA graph whose kernels run back to back, so its kernel count is its cost: as
 tensor ops ~100 (two sorts a depth, ancestors by pointer jumping; `tests/test_trees.py` bounds them); on a GPU
-with Triton one (`_tree`): every depth's beam grown by a merge of the beam rows, whose candidates already come
-in rule order, then the global first `B` by a merge of the depths, the parents and the ancestor mask, all in
-one program (`scripts/bench_tree.py` times it against the tensor ops).
+with Triton one (`_tree`): every depth's beam as the first `B` of the few candidates that can be among them,
+ranked all at once, then the global first `B` by a merge of the depths, the parents and the ancestor mask, all
+in one program (`scripts/bench_tree.py` times it against the tensor ops).
 """
 from __future__ import annotations
 
@@ -93,42 +93,59 @@ if triton is not None:
         return tl.where(first, v1, v2), tl.where(first, k1, k2)
 
     @triton.jit
-    def _tree(LOGP, IDS, SORTED, SLOT_OF, PICKS, PAR, TOKENS, PARENTS, DEPTHS, MASK, L, K, B,
-              BP: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr, RC: tl.constexpr):
-        # One program builds the whole tree. (1) Every depth's beam: a beam row's candidates (its score + the
-        # depth's sorted log-probs) come in rule order along the row, so a depth's first B candidates are a B-way
-        # merge of the rows, B times the best row head (one reduction of (score, flat index) pairs). The picks come
-        # out in rule order (kept in SORTED / SLOT_OF for (2)); the next beam holds them in flat-index (rank-path)
-        # order, which PICKS records. (2) The global first B: an L-way merge of the depths' rule-ordered lists
-        # (ties: the lower depth, as the flattened depth-major order has it), placing node n at its beam slot and
-        # reading its parent's node off the previous depth's slots. (3) The ancestor mask by walking up the parents.
+    def _tree(LOGP, IDS, SORTED, SLOT_OF, PICKS, CAND_V, CAND_F, CAND_IN, PAR, TOKENS, PARENTS, DEPTHS, MASK, L, K, B,
+              BP: tl.constexpr, MP: tl.constexpr, CH: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr,
+              RC: tl.constexpr):
+        # One program builds the whole tree. (1) Every depth's beam, the first B of its candidates: a candidate is
+        # a row of the previous beam (its score) and a token of this depth (its log-prob), and the tie rule orders
+        # them by score, then flat index (row slot * K + token rank). The r-th row in rule order (0-based) has r
+        # rows at least as good, and the first j tokens of each of those r + 1 rows are ahead of its j-th token, so
+        # that token is among the first B only if (r + 1)(j + 1) <= B: only the M ~ B ln B candidates with
+        # j < B // (r + 1) are ranked, each against all of them at once (no B-step merge a depth). The chosen
+        # come in rule order (SORTED / SLOT_OF, for the next depth and for (2)); the next beam holds them in flat
+        # index (rank-path) order, which PICKS records. (2) The global first B: an L-way merge of the depths'
+        # rule-ordered lists (ties: the lower depth, as the flattened depth-major order has it), placing node n at
+        # its beam slot and reading its parent's node off the previous depth's slots. (3) The ancestor mask by
+        # walking up the parents.
         i = tl.arange(0, BP)
         row_ok = i < B
         s = tl.load(LOGP + i, mask=row_ok, other=float("-inf")).to(tl.float64)  # depth 1: ranks 0 .. B-1 (K >= B)
         tl.store(SORTED + i, s, mask=row_ok)
         tl.store(SLOT_OF + i, i.to(tl.int64), mask=row_ok)
         tl.store(PICKS + i, i.to(tl.int64), mask=row_ok)  # depth 1: a slot's flat index is its rank (parent: root)
-        none = K * B  # a key above every flat index: rows that can give no candidate
+        # candidate m -> (row r in rule order, token rank j), the same at every depth
+        width = tl.where(row_ok, tl.minimum(B // (i + 1), K), 0)
+        ends = tl.cumsum(width, 0)
+        m = tl.arange(0, MP)
+        live = m < tl.sum(width, 0)
+        r = tl.minimum(tl.sum((ends[None, :] <= m[:, None]).to(tl.int32), 1), B - 1)
+        j = m - tl.sum(tl.where(i[None, :] == r[:, None], (ends - width)[None, :], 0), 1)
         for d in range(1, L):
-            ptr = tl.zeros([BP], tl.int64)  # each row's next rank
-            picks = tl.zeros([BP], tl.int64)
-            vals = tl.zeros([BP], tl.float64)
-            for step in range(B):
-                ok = row_ok & (ptr < K)
-                head = tl.where(ok, s + tl.load(LOGP + d * K + ptr, mask=ok, other=0.0), float("-inf"))
-                head = tl.where(head == head, head, float("-inf"))  # NaN scores (a broken draft): still a tree
-                best, flat = tl.reduce((head, tl.where(ok, i * K + ptr, none)), 0, _ahead)
-                flat = tl.minimum(flat, K * B - 1)
-                picks = tl.where(i == step, flat, picks)
-                vals = tl.where(i == step, best, vals)
-                ptr = tl.where(i == flat // K, ptr + 1, ptr)
-            # pick a (rule order) goes to beam slot pos[a], the number of picks with a lower flat index
-            pos = tl.sum(((picks[None, :] < picks[:, None]) & row_ok[None, :]).to(tl.int64), 1)
-            tl.store(SORTED + d * B + i, vals, mask=row_ok)
-            tl.store(SLOT_OF + d * B + i, pos, mask=row_ok)
-            tl.store(PICKS + d * B + pos, picks, mask=row_ok)
-            into = (pos[None, :] == i[:, None]) & row_ok[None, :]  # [slot, pick]
-            s = tl.sum(tl.where(into, vals[None, :], 0.0), 1)
+            tl.debug_barrier()  # the previous depth's stores, by every lane
+            v = tl.load(SORTED + (d - 1) * B + r, mask=live, other=float("-inf")) + tl.load(
+                LOGP + d * K + j, mask=live, other=0.0)
+            v = tl.where(live & (v == v), v, float("-inf"))  # NaN scores (a broken draft): still a tree
+            flat = tl.where(live, tl.load(SLOT_OF + (d - 1) * B + r, mask=live, other=0) * K + j, K * B)
+            tl.store(CAND_V + m, v)
+            tl.store(CAND_F + m, flat)
+            tl.debug_barrier()
+            rank = tl.zeros([MP], tl.int32)  # candidates ahead of m under the tie rule
+            for c0 in tl.static_range(0, MP, CH):
+                ov = tl.load(CAND_V + c0 + tl.arange(0, CH))
+                of = tl.load(CAND_F + c0 + tl.arange(0, CH))
+                ahead = (ov[None, :] > v[:, None]) | ((ov[None, :] == v[:, None]) & (of[None, :] < flat[:, None]))
+                rank += tl.sum(ahead.to(tl.int32), 1)
+            chosen = live & (rank < B)
+            tl.store(CAND_IN + m, chosen.to(tl.int32))
+            tl.debug_barrier()
+            pos = tl.zeros([MP], tl.int64)  # chosen candidates before m in flat-index order: its beam slot
+            for c0 in tl.static_range(0, MP, CH):
+                oin = tl.load(CAND_IN + c0 + tl.arange(0, CH))
+                of = tl.load(CAND_F + c0 + tl.arange(0, CH))
+                pos += tl.sum(((oin[None, :] != 0) & (of[None, :] < flat[:, None])).to(tl.int64), 1)
+            tl.store(SORTED + d * B + rank, v, mask=chosen)
+            tl.store(SLOT_OF + d * B + rank, pos, mask=chosen)
+            tl.store(PICKS + d * B + pos, flat, mask=chosen)
         tl.debug_barrier()  # (2) reads what every lane stored above
         dl = tl.arange(0, LP)
         col = tl.arange(0, BP)
@@ -178,11 +195,14 @@ def _tree_by_kernel(logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
     new = lambda *shape, dtype=torch.long: torch.empty(*shape, dtype=dtype, device=dev)  # noqa: E731
     tokens, parents, depths, par = new(budget), new(budget), new(budget), new(budget + 1)
     mask = new(budget + 1, budget + 1, dtype=torch.int8)
-    scratch = new(depth_max, budget, dtype=torch.float64), new(depth_max, budget), new(depth_max, budget)
+    ranked = sum(min(k, budget // r) for r in range(1, budget + 1))  # candidates ranked a depth (see `_tree`)
+    mp = max(16, triton.next_power_of_2(ranked))
+    scratch = (new(depth_max, budget, dtype=torch.float64), new(depth_max, budget), new(depth_max, budget),
+               new(mp, dtype=torch.float64), new(mp), new(mp, dtype=torch.int32))
     bp = max(16, triton.next_power_of_2(budget))
     _tree[(1,)](logp.contiguous(), top_ids.contiguous(), *scratch, par, tokens, parents, depths, mask,
-                depth_max, k, budget, BP=bp, LP=max(16, triton.next_power_of_2(depth_max)),
-                NP=max(16, triton.next_power_of_2(budget + 1)), RC=16, num_warps=1 if bp <= 32 else 4)
+                depth_max, k, budget, BP=bp, MP=mp, CH=min(mp, 32), LP=max(16, triton.next_power_of_2(depth_max)),
+                NP=max(16, triton.next_power_of_2(budget + 1)), RC=16, num_warps=1 if mp <= 64 else 4)
     return Proposal(tokens=tokens, parents=parents, depths=depths, tree_mask=mask.view(torch.bool))
 
 
