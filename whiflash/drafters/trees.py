@@ -17,9 +17,9 @@ of the `B` best prefixes, then the global first `B`) that stay on the GPU, so a 
 no host round trip of its own. Both emit nodes in rank order, so parents precede children. The device
 builder is replayed as one CUDA graph whose kernels run back to back, so its kernel count is its cost: as
 tensor ops ~100 (two sorts a depth, ancestors by pointer jumping; `tests/test_trees.py` bounds them); on a GPU
-with Triton one (`_tree`): every depth's beam as the first `B` of the few candidates that can be among them,
-ranked all at once, then the global first `B` by a merge of the depths, the parents and the ancestor mask, all
-in one program (`scripts/bench_tree.py` times it against the tensor ops).
+with Triton one (`_tree`): every depth's beam, then the global first `B`, each as the first `B` of the few
+candidates that can be among them, ranked all at once (no step-by-step merge), then the parents and the ancestor
+mask, all in one program (`scripts/bench_tree.py` times it against the tensor ops).
 """
 from __future__ import annotations
 
@@ -87,15 +87,9 @@ def _first(score: Tensor, valid: Tensor | None, n: int) -> Tensor:
 if triton is not None:
 
     @triton.jit
-    def _ahead(v1, k1, v2, k2):
-        # the tie rule's order between two candidates: the higher score, then the lower key (flat index or depth)
-        first = (v1 > v2) | ((v1 == v2) & (k1 < k2))
-        return tl.where(first, v1, v2), tl.where(first, k1, k2)
-
-    @triton.jit
-    def _tree(LOGP, IDS, SORTED, SLOT_OF, PICKS, CAND_V, CAND_F, CAND_IN, PAR, TOKENS, PARENTS, DEPTHS, MASK, L, K, B,
-              BP: tl.constexpr, MP: tl.constexpr, CH: tl.constexpr, LP: tl.constexpr, NP: tl.constexpr,
-              RC: tl.constexpr):
+    def _tree(LOGP, IDS, SORTED, SLOT_OF, PICKS, NODE_OF, CAND_V, CAND_F, CAND_IN, PAR, TOKENS, PARENTS, DEPTHS, MASK,
+              L, K, B, BP: tl.constexpr, MP: tl.constexpr, EP: tl.constexpr, CH: tl.constexpr, LP: tl.constexpr,
+              NP: tl.constexpr, RC: tl.constexpr):
         # One program builds the whole tree. (1) Every depth's beam, the first B of its candidates: a candidate is
         # a row of the previous beam (its score) and a token of this depth (its log-prob), and the tie rule orders
         # them by score, then flat index (row slot * K + token rank). The r-th row in rule order (0-based) has r
@@ -103,10 +97,9 @@ if triton is not None:
         # that token is among the first B only if (r + 1)(j + 1) <= B: only the M ~ B ln B candidates with
         # j < B // (r + 1) are ranked, each against all of them at once (no B-step merge a depth). The chosen
         # come in rule order (SORTED / SLOT_OF, for the next depth and for (2)); the next beam holds them in flat
-        # index (rank-path) order, which PICKS records. (2) The global first B: an L-way merge of the depths'
-        # rule-ordered lists (ties: the lower depth, as the flattened depth-major order has it), placing node n at
-        # its beam slot and reading its parent's node off the previous depth's slots. (3) The ancestor mask by
-        # walking up the parents.
+        # index (rank-path) order, which PICKS records. (2) The global first B, ranked the same way among the
+        # entries that can be among them; a node's parent is read off the previous depth's slots. (3) The ancestor
+        # mask by walking up the parents.
         i = tl.arange(0, BP)
         row_ok = i < B
         s = tl.load(LOGP + i, mask=row_ok, other=float("-inf")).to(tl.float64)  # depth 1: ranks 0 .. B-1 (K >= B)
@@ -147,32 +140,38 @@ if triton is not None:
             tl.store(SLOT_OF + d * B + rank, pos, mask=chosen)
             tl.store(PICKS + d * B + pos, flat, mask=chosen)
         tl.debug_barrier()  # (2) reads what every lane stored above
+        # entry e -> (depth d, place q in that depth's rule order): only q < B - d can be among the first B, as the
+        # q entries before it in its depth and its d ancestors rank before it; the global rule order is the score,
+        # then depth * B + beam slot (the flattened depth-major order)
         dl = tl.arange(0, LP)
-        col = tl.arange(0, BP)
-        node_of = tl.zeros([LP, BP], tl.int64)  # depth, beam slot -> node (1-based; 0: not in the tree)
-        at = tl.zeros([LP], tl.int64)  # each depth's next entry in rule order
-        tokens = tl.zeros([BP], tl.int64)
-        parents = tl.zeros([BP], tl.int64)
-        depths = tl.zeros([BP], tl.int64)
-        for n in range(B):
-            ok = (dl < L) & (at < B)
-            head = tl.load(SORTED + dl * B + at, mask=ok, other=float("-inf"))
-            head = tl.where(head == head, head, float("-inf"))
-            _, depth = tl.reduce((head, tl.where(ok, dl, LP)), 0, _ahead)
-            depth = tl.minimum(depth, L - 1)
-            entry = tl.sum(tl.where(dl == depth, at, 0), 0)
-            slot = tl.load(SLOT_OF + depth * B + tl.minimum(entry, B - 1))
-            flat = tl.load(PICKS + depth * B + slot)
-            above = tl.sum(tl.sum(tl.where((dl[:, None] == depth - 1) & (col[None, :] == flat // K), node_of, 0), 1), 0)
-            node_of = tl.where((dl[:, None] == depth) & (col[None, :] == slot), n + 1, node_of)
-            tokens = tl.where(i == n, tl.load(IDS + depth * K + flat % K), tokens)
-            parents = tl.where(i == n, tl.where(depth > 0, above, 0), parents)
-            depths = tl.where(i == n, depth + 1, depths)
-            at = tl.where(dl == depth, at + 1, at)
-        tl.store(TOKENS + i, tokens, mask=row_ok)
-        tl.store(PARENTS + i, parents, mask=row_ok)
-        tl.store(DEPTHS + i, depths, mask=row_ok)
-        tl.store(PAR + 1 + i, parents, mask=row_ok)  # [root, nodes]: each node's parent, the root its own
+        width = tl.where(dl < L, tl.maximum(B - dl, 0), 0)
+        ends = tl.cumsum(width, 0)
+        e = tl.arange(0, EP)
+        live = e < tl.sum(width, 0)
+        de = tl.minimum(tl.sum((ends[None, :] <= e[:, None]).to(tl.int32), 1), L - 1)
+        q = e - tl.sum(tl.where(dl[None, :] == de[:, None], (ends - width)[None, :], 0), 1)
+        v = tl.load(SORTED + de * B + q, mask=live, other=float("-inf"))
+        v = tl.where(live & (v == v), v, float("-inf"))
+        slot = tl.load(SLOT_OF + de * B + q, mask=live, other=0)
+        key = tl.where(live, de * B + slot, L * B)
+        tl.store(CAND_V + e, v)
+        tl.store(CAND_F + e, key)
+        tl.debug_barrier()
+        rank = tl.zeros([EP], tl.int32)
+        for c0 in tl.static_range(0, EP, CH):
+            ov = tl.load(CAND_V + c0 + tl.arange(0, CH))
+            ok = tl.load(CAND_F + c0 + tl.arange(0, CH))
+            rank += tl.sum(((ov[None, :] > v[:, None]) | ((ov[None, :] == v[:, None]) & (ok[None, :] < key[:, None])))
+                           .to(tl.int32), 1)
+        chosen = live & (rank < B)  # node rank + 1, in rank order
+        flat = tl.load(PICKS + de * B + slot, mask=chosen, other=0)
+        tl.store(NODE_OF + de * B + slot, (rank + 1).to(tl.int64), mask=chosen)
+        tl.store(TOKENS + rank, tl.load(IDS + de * K + flat % K, mask=chosen, other=0), mask=chosen)
+        tl.store(DEPTHS + rank, (de + 1).to(tl.int64), mask=chosen)
+        tl.debug_barrier()  # a parent's node, stored by another lane (a parent always ranks before its child)
+        parent = tl.load(NODE_OF + (de - 1) * B + flat // K, mask=chosen & (de > 0), other=0)
+        tl.store(PARENTS + rank, parent, mask=chosen)
+        tl.store(PAR + 1 + rank, parent, mask=chosen)  # [root, nodes]: each node's parent, the root its own
         tl.store(PAR + tl.arange(0, 1), tl.zeros([1], tl.int64))
         tl.debug_barrier()  # (3) gathers parents other lanes stored
         cols = tl.arange(0, NP)
@@ -195,14 +194,16 @@ def _tree_by_kernel(logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
     new = lambda *shape, dtype=torch.long: torch.empty(*shape, dtype=dtype, device=dev)  # noqa: E731
     tokens, parents, depths, par = new(budget), new(budget), new(budget), new(budget + 1)
     mask = new(budget + 1, budget + 1, dtype=torch.int8)
-    ranked = sum(min(k, budget // r) for r in range(1, budget + 1))  # candidates ranked a depth (see `_tree`)
-    mp = max(16, triton.next_power_of_2(ranked))
-    scratch = (new(depth_max, budget, dtype=torch.float64), new(depth_max, budget), new(depth_max, budget),
-               new(mp, dtype=torch.float64), new(mp), new(mp, dtype=torch.int32))
+    # the candidates `_tree` ranks: a depth's (its r-th row's first budget // r tokens) and the global first B's
+    mp = max(16, triton.next_power_of_2(sum(min(k, budget // r) for r in range(1, budget + 1))))
+    ep = max(16, triton.next_power_of_2(sum(budget - d for d in range(min(depth_max, budget)))))
+    beams = new(depth_max, budget, dtype=torch.float64), new(depth_max, budget), new(depth_max, budget)
+    ranked = new(depth_max, budget), new(max(mp, ep), dtype=torch.float64), new(max(mp, ep)), new(mp, dtype=torch.int32)
     bp = max(16, triton.next_power_of_2(budget))
-    _tree[(1,)](logp.contiguous(), top_ids.contiguous(), *scratch, par, tokens, parents, depths, mask,
-                depth_max, k, budget, BP=bp, MP=mp, CH=min(mp, 32), LP=max(16, triton.next_power_of_2(depth_max)),
-                NP=max(16, triton.next_power_of_2(budget + 1)), RC=16, num_warps=1 if mp <= 64 else 4)
+    _tree[(1,)](logp.contiguous(), top_ids.contiguous(), *beams, *ranked, par, tokens, parents, depths, mask,
+                depth_max, k, budget, BP=bp, MP=mp, EP=ep, CH=min(mp, ep, 32),
+                LP=max(16, triton.next_power_of_2(depth_max)), NP=max(16, triton.next_power_of_2(budget + 1)), RC=16,
+                num_warps=1 if max(mp, ep) <= 64 else 4)
     return Proposal(tokens=tokens, parents=parents, depths=depths, tree_mask=mask.view(torch.bool))
 
 
