@@ -229,6 +229,7 @@ def test_one_host_read_per_round(world, monkeypatch):
                 RoutedDrafter("df-e3", context, eagle3=eagle, dflash=ddtree),
                 RoutedDrafter("ddt-e3", history, eagle3=eagle, dflash=ddtree),  # its states kept with no read
                 RoutedDrafter("df-e3", ScriptedRouter([1]), tau_rule=(3, 1), eagle3=eagle, dflash=ddtree),
+                RoutedDrafter("df-e3", FixedRouter(0), stick_tau=1, eagle3=eagle, dflash=ddtree),  # kept: host's 0
                 OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree),
                 OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree, round_times=(2.0, 1.0))]
     for drafter in drafters:
@@ -236,6 +237,23 @@ def test_one_host_read_per_round(world, monkeypatch):
         with HiddenReads():
             _, stats = whiflash.generate(target, drafter, PROMPTS[1], 30)
         assert reads == ["tolist"] * (stats.rounds + 1), (drafter, reads[:10])
+
+
+def test_a_slot_the_host_knows_is_an_int_the_loop_does_not_read(world):
+    """`Drafter.route` may return a plain int where the host knows the slot (here the prefill's): the loop drafts
+    with it without reading anything for it, and the output stays AR's."""
+    target, eagle, ddtree = world
+
+    class HostFirst(RoutedDrafter):
+        def route(self, hidden, logits, tau=None, decided=None, path=None):
+            return 1 if tau is None else super().route(hidden, logits, tau, decided, path)
+
+    for prompt in PROMPTS:
+        ref, _ = whiflash.generate(target, None, prompt, 30)
+        drafter = HostFirst("df-e3", FixedRouter(0), eagle3=eagle, dflash=ddtree)
+        out, stats = whiflash.generate(target, drafter, prompt, 30)
+        assert out == ref
+        assert stats.slots[0] == 1 and set(stats.slots[1:]) == {0}
 
 
 def test_a_round_gathers_the_decision_row_only_for_a_drafter_that_routes_or_a_callback(world):
