@@ -126,13 +126,10 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
             prof.round[key] = prof.draft[key] + prof.tree_verify[w]
         prof.router.update(_router_ms(target, neural, timed, ids[: max(widths.values(), default=1)], context, taps))
         sync(device)
-        loop, routed = _loop_rounds(target, drafters, context, neural=neural)
+        loop, routed, decision = _loop_rounds(target, drafters, context, neural=neural)
         prof.meta["loop_round_wall_ms"], prof.meta["loop_host_ms"] = loop, host_ms(prof, loop)
-        if routed:  # what those rounds paid for their decisions (LatencyProfile.routed_extra_ms leaves it out)
-            prof.meta["loop_routed_round_wall_ms"] = routed
-            paired = neural if neural is not None and str(neural.pair) == "df-e3" else None  # as _loop_rounds picks
-            prof.meta["loop_routed_decision"] = AFTER_PASS if paired is not None and not decides_in_pass(paired) \
-                else "neural"
+        if routed:  # and what those rounds paid for their decisions (LatencyProfile.routed_extra_ms leaves it out)
+            prof.meta["loop_routed_round_wall_ms"], prof.meta["loop_routed_decision"] = routed, decision
         prof.floor = floor_ms(target, context, bandwidth)
     finally:
         for m, was in modes:
@@ -147,7 +144,8 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
 
 
 def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_tokens: int = 48,
-                 neural: NeuralRouter | None = None, repeats: int = 5) -> tuple[dict[str, float], dict[str, float]]:
+                 neural: NeuralRouter | None = None,
+                 repeats: int = 5) -> tuple[dict[str, float], dict[str, float], str | None]:
     """Wall milliseconds a round of the real loop (`whiflash.generate`) takes after a random prompt of `context`
     tokens (rounds then commit about one token each): AR and each chain drafter alone, then (with both drafters)
     each of them as a slot of a df-e3 routed drafter whose neural policy always picks that slot. Beside the
@@ -155,16 +153,19 @@ def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_to
     round's one read); the second what routing adds to that slot's round (the pair's taps in the verify pass,
     the in-pass decision, the other member's backlog), which the bench pays and the components do not show.
     Each figure is the median of `repeats` decodes, the methods interleaved in an order that turns every
-    repeat, so neither drift nor going second favours a routed slot against its drafter alone."""
+    repeat, so neither drift nor going second favours a routed slot against its drafter alone. The third value
+    names the decision the routed rounds made every round (a `router` key of the profile; None without them)."""
     prompt = torch.randint(0, target.config.vocab_size, (context,)).tolist()
     room = target.config.max_position_embeddings - context - 2 * max([d.max_nodes for d in drafters.values()] + [0])
     new_tokens = max(2, min(new_tokens, room - 2))
     methods: dict[str, Drafter | None] = {"ar": None, **drafters}
+    decision = None
     if "eagle3" in drafters and "dflash" in drafters:
         # the given router where it is df-e3's (its context decides whether it routes inside the pass), else
         # random weights, which cost the same
         router = neural if neural is not None and str(neural.pair) == "df-e3" else \
             NeuralRouter(target.config.hidden_size).to(target.device).eval()
+        decision = "neural" if decides_in_pass(router) else AFTER_PASS
         for slot, kind in enumerate(Pair.parse("df-e3").slots):  # a finite threshold decides every round
             policy = NeuralPolicy(router, -1e30 if slot == 0 else 1e30)
             methods[f"routed:{kind}"] = whiflash.RoutedDrafter("df-e3", policy, eagle3=drafters["eagle3"],
@@ -180,7 +181,7 @@ def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_to
     ms = {name: statistics.median(t) for name, t in times.items()}
     alone = {k: v for k, v in ms.items() if not k.startswith("routed:")}
     routed = {k.removeprefix("routed:"): v for k, v in ms.items() if k.startswith("routed:")}
-    return alone, routed
+    return alone, routed, decision
 
 
 def host_ms(prof: LatencyProfile, loop: dict[str, float]) -> dict[str, float]:
