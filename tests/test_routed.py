@@ -418,7 +418,13 @@ def test_stick_tau_verifies_the_rounds_it_keeps_without_the_policy(world):
         drafter = RoutedDrafter("df-e3", Counting(0), stick_tau=2, eagle3=eagle, dflash=ddtree)
         on_host = []
         asked = drafter.route
-        drafter.route = lambda *a, **k: (lambda d: (on_host.append(isinstance(d, int)), d)[1])(asked(*a, **k))
+
+        def spied(*args, **kwargs):
+            slot = asked(*args, **kwargs)
+            on_host.append(isinstance(slot, int))
+            return slot
+
+        drafter.route = spied
         passes.clear()
         out, stats = whiflash.generate(target, drafter, prompt, 40)
         assert out == ref
