@@ -1,6 +1,6 @@
 """DDTree's device tree builder: the one-launch tree kernel against the sort-based tensor ops, side by side.
 
-Usage: python scripts/bench_tree.py [--budgets 15,32,64,128] [--depth 15] [--vocab 151936] [--cases 50]
+Usage: python scripts/bench_tree.py [--budgets 15,32,64] [--depth 15] [--vocab 151936] [--cases 50]
 
 For each budget, checks on `--cases` random and tied drafts that both builders give the same tree (tokens,
 parents, depths, ancestor mask), then times each as one CUDA graph replay of `tree_proposal` (top-k and
@@ -27,7 +27,7 @@ def kernels(fn) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budgets", default="15,32,64,128", help="tree budgets (nodes), comma-separated")
+    ap.add_argument("--budgets", default="15,32,64", help="tree budgets (nodes), comma-separated")
     ap.add_argument("--depth", type=int, default=15, help="draft depths (a DFlash block of 16 drafts 15)")
     ap.add_argument("--vocab", type=int, default=151936, help="draft vocabulary (Qwen3's by default)")
     ap.add_argument("--cases", type=int, default=50, help="random and tied drafts checked per budget")

@@ -322,3 +322,32 @@ def test_tree_kernel_builds_the_reference_trees() -> None:
         print(cases)
     """)
     assert out.strip() == "36"
+
+
+@needs_triton
+@pytest.mark.parametrize("budget", [15, 32, 64])
+def test_tree_kernel_compiles_for_hopper(budget: int) -> None:
+    """The tree kernel compiles for an H100 / H200 (sm_90) with the sizes a DDTree round launches it with (depth
+    15, top-k = budget): the interpreter runs the kernel's arithmetic, but only the compiler checks its types (a
+    loop that changes the shape of a variable from before it compiles nowhere, yet interprets fine)."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from whiflash.drafters import trees
+
+    if "nvidia" not in triton.backends.backends:
+        pytest.skip("this triton has no NVIDIA backend")
+    launch = trees._tree_launch(15, budget, budget)
+    warps = launch.pop("num_warps")
+    kernel = getattr(trees._tree, "fn", trees._tree)  # the Python function under the JIT wrapper
+    pointers = dict(LOGP="*fp64", SORTED="*fp64", CAND_V="*fp64", CAND_IN="*i32", MASK="*i8", L="i32", K="i32",
+                    B="i32")
+    signature = {name: ("constexpr" if name in launch else pointers.get(name, "*i64"))
+                 for name in inspect.signature(kernel).parameters}
+    jit = trees._tree if hasattr(trees._tree, "fn") else triton.jit(kernel)
+    compiled = triton.compile(ASTSource(jit, signature, launch), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps})
+    assert ".entry _tree" in compiled.asm["ptx"]

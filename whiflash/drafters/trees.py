@@ -123,7 +123,7 @@ if triton is not None:
             tl.store(CAND_F + m, flat)
             tl.debug_barrier()
             rank = tl.zeros([MP], tl.int32)  # candidates ahead of m under the tie rule
-            for c0 in tl.static_range(0, MP, CH):
+            for c0 in range(0, MP, CH):
                 ov = tl.load(CAND_V + c0 + tl.arange(0, CH))
                 of = tl.load(CAND_F + c0 + tl.arange(0, CH))
                 ahead = (ov[None, :] > v[:, None]) | ((ov[None, :] == v[:, None]) & (of[None, :] < flat[:, None]))
@@ -132,7 +132,7 @@ if triton is not None:
             tl.store(CAND_IN + m, chosen.to(tl.int32))
             tl.debug_barrier()
             pos = tl.zeros([MP], tl.int64)  # chosen candidates before m in flat-index order: its beam slot
-            for c0 in tl.static_range(0, MP, CH):
+            for c0 in range(0, MP, CH):
                 oin = tl.load(CAND_IN + c0 + tl.arange(0, CH))
                 of = tl.load(CAND_F + c0 + tl.arange(0, CH))
                 pos += tl.sum(((oin[None, :] != 0) & (of[None, :] < flat[:, None])).to(tl.int64), 1)
@@ -158,7 +158,7 @@ if triton is not None:
         tl.store(CAND_F + e, key)
         tl.debug_barrier()
         rank = tl.zeros([EP], tl.int32)
-        for c0 in tl.static_range(0, EP, CH):
+        for c0 in range(0, EP, CH):
             ov = tl.load(CAND_V + c0 + tl.arange(0, CH))
             ok = tl.load(CAND_F + c0 + tl.arange(0, CH))
             rank += tl.sum(((ov[None, :] > v[:, None]) | ((ov[None, :] == v[:, None]) & (ok[None, :] < key[:, None])))
@@ -177,14 +177,31 @@ if triton is not None:
         cols = tl.arange(0, NP)
         for r0 in range(0, B + 1, RC):
             rows = r0 + tl.arange(0, RC)
-            live = rows < B + 1
-            up = tl.load(PAR + rows, mask=live, other=0)
+            real = rows < B + 1  # a new name: a loop may not change the shape of a variable from before it
+            up = tl.load(PAR + rows, mask=real, other=0)
             seen = rows[:, None] == cols[None, :]
             for _ in range(L):  # a node is at most L deep: L steps up reach the root
                 seen = seen | (up[:, None] == cols[None, :])
                 up = tl.load(PAR + up)
             tl.store(MASK + rows[:, None] * (B + 1) + cols[None, :], seen.to(tl.int8),
-                     mask=live[:, None] & (cols[None, :] < B + 1))
+                     mask=real[:, None] & (cols[None, :] < B + 1))
+
+
+KERNEL_MAX_BUDGET = 64
+"""The largest budget the tree kernel builds (larger ones take the tensor ops): its compile for sm_90 takes seconds up
+to 64 and minutes past 100, as the ranked candidate sets outgrow one program."""
+
+
+def _tree_launch(depth_max: int, k: int, budget: int) -> dict[str, int]:
+    """`_tree`'s compile-time sizes and warps for a `[depth_max, k]` draft and a budget: the candidates it ranks,
+    a depth's (its r-th row's first budget // r tokens) and the global first B's, rounded up to powers of two."""
+    mp = max(16, triton.next_power_of_2(sum(min(k, budget // r) for r in range(1, budget + 1))))
+    ep = max(16, triton.next_power_of_2(sum(budget - d for d in range(min(depth_max, budget)))))
+    # a chunk of CH candidates is ranked against all MP (or EP) at once: at most 4,096 comparisons a chunk, or
+    # the tile outgrows the registers; the chunks are a loop, not unrolled, which keeps B = 64's compile in seconds
+    return dict(BP=max(16, triton.next_power_of_2(budget)), MP=mp, EP=ep, CH=min(mp, ep, 32, 4096 // max(mp, ep)),
+                LP=max(16, triton.next_power_of_2(depth_max)), NP=max(16, triton.next_power_of_2(budget + 1)), RC=16,
+                num_warps=1 if max(mp, ep) <= 64 else 4)
 
 
 def _tree_by_kernel(logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
@@ -194,16 +211,12 @@ def _tree_by_kernel(logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
     new = lambda *shape, dtype=torch.long: torch.empty(*shape, dtype=dtype, device=dev)  # noqa: E731
     tokens, parents, depths, par = new(budget), new(budget), new(budget), new(budget + 1)
     mask = new(budget + 1, budget + 1, dtype=torch.int8)
-    # the candidates `_tree` ranks: a depth's (its r-th row's first budget // r tokens) and the global first B's
-    mp = max(16, triton.next_power_of_2(sum(min(k, budget // r) for r in range(1, budget + 1))))
-    ep = max(16, triton.next_power_of_2(sum(budget - d for d in range(min(depth_max, budget)))))
+    launch = _tree_launch(depth_max, k, budget)
+    mp, ep = launch["MP"], launch["EP"]
     beams = new(depth_max, budget, dtype=torch.float64), new(depth_max, budget), new(depth_max, budget)
     ranked = new(depth_max, budget), new(max(mp, ep), dtype=torch.float64), new(max(mp, ep)), new(mp, dtype=torch.int32)
-    bp = max(16, triton.next_power_of_2(budget))
     _tree[(1,)](logp.contiguous(), top_ids.contiguous(), *beams, *ranked, par, tokens, parents, depths, mask,
-                depth_max, k, budget, BP=bp, MP=mp, EP=ep, CH=min(mp, ep, 32),
-                LP=max(16, triton.next_power_of_2(depth_max)), NP=max(16, triton.next_power_of_2(budget + 1)), RC=16,
-                num_warps=1 if max(mp, ep) <= 64 else 4)
+                depth_max, k, budget, **launch)
     return Proposal(tokens=tokens, parents=parents, depths=depths, tree_mask=mask.view(torch.bool))
 
 
@@ -226,7 +239,7 @@ def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int, kernel: bo
     # With at least `budget` tokens a depth (any real vocabulary) every beam slot holds a real prefix, so
     # no validity is tracked: one sort a depth fewer and about half the kernels of the graph this becomes.
     full = k >= budget
-    if full and kernel and triton is not None and (dev.type == "cuda" or INTERPRET):
+    if full and kernel and budget <= KERNEL_MAX_BUDGET and triton is not None and (dev.type == "cuda" or INTERPRET):
         return _tree_by_kernel(logp, top_ids, budget)  # one launch instead of ~100 tensor ops
     slot = torch.arange(budget, device=dev)
     first_ranks = slot.clamp_max(k - 1)  # depth 1: the beam is simply ranks 0 .. budget-1
