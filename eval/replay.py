@@ -8,8 +8,9 @@ then yields that slot's τ and costs, from the profile: one routing decision + t
 first round of a prompt catches up the prompt, as after the prefill in `generate`). With
 `--whiflash-no-lazy-catchup` the other slot's model also catches up every round, as the engine does then.
 
-Per category, estimated tokens/s = Σ τ / Σ round time (pooled over rounds), and estimated speedup
-= that over AR's one token per AR step. The fastest threshold wins (ties: the smaller). Like the τ
+Per category, estimated tokens/s = 1 / the mean over prompts of each prompt's Σ round time / Σ τ (its time per
+output token), and estimated speedup = that over AR's one token per AR step: the bench's headline, mean AR TPOT /
+mean method TPOT, where every prompt weighs the same whatever its length. The fastest threshold wins (ties: the smaller). Like the τ
 replay of `whiflash-train`, this assumes a round's τ does not depend on which slot drafted
 earlier rounds (the data followed the oracle's path), so it ranks thresholds; `bench` measures. On a
 dataset with a row at every position (`whiflash-datagen --parallel --path every`) each threshold's replay
@@ -30,7 +31,7 @@ from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.router_context import context_from_rows, history_rows
 from whiflash.routers import decides_in_pass
 # the cost model, shared with the speed oracle and whiflash-train
-from whiflash.speed_oracle import ruled, simulate, stick, stuck_walk
+from whiflash.speed_oracle import headline_rate, ruled, simulate, simulate_prompts, stick, stuck_walk
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ __all__ = ["ESTIMATE", "replay_thresholds", "rows_of_prompts", "simulate"]
 
 ESTIMATE = ("replayed from datagen rows: per round the chosen slot's tau, costed as router + that slot's round "
             "(draft + verify) + its catch-up (lazy, or both slots' every round without Lazy Catch-up) from the latency "
-            "profile; tokens/s = sum tau / sum time, speedup = tokens/s x AR step time")
+            "profile; tokens/s = 1 / mean over prompts of each prompt's sum time / sum tau (the bench's mean TPOT), "
+            "speedup = tokens/s x AR step time")
 """How a replay estimate is made, written into thresholds.json."""
 
 
@@ -123,9 +125,9 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
                 slot0, routed = stick(slot0, part["tau_0"], part["prompt_id"], stick_tau)
             if decide:  # (a drafter alone follows no rule)
                 slot0 = ruled(slot0, rows, tau_rule, walk)
-            tokens, ms, n = simulate(slot0, rows, kinds, routed_rounds if decide else rounds, profile,
-                                     router_ms if decide else 0.0, lazy, routed, walk)
-            return tokens * ar / ms, tokens / n
+            tokens, ms, n = simulate_prompts(slot0, rows, kinds, routed_rounds if decide else rounds, profile,
+                                             router_ms if decide else 0.0, lazy, routed, walk)
+            return headline_rate(tokens, ms) * ar, tokens.sum() / n
 
         # an infinite threshold pins a slot: that drafter alone, no decision to pay
         sweep = {v: speedup(picks_slot0(method, score[sel], v), pinned_slot(method, v) is None) for v in sorted(values)}

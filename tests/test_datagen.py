@@ -610,7 +610,8 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file, monk
     `--parallel` is refused."""
     import whiflash.datagen.parallel as parallel
     from whiflash.latency import LatencyProfile
-    from whiflash.speed_oracle import ruled, simulate, speed_oracle, stick, stuck_walk, walked
+    from whiflash.speed_oracle import (headline_rate, ruled, simulate, simulate_prompts, speed_oracle, stick, stuck_walk,
+                                       walked)
 
     world = worlds["qwen3-mixed"]
     read = lambda out: pq.read_table(check_shards(out, read_manifest(out))).to_pandas().sort_values(["prompt_id", "round"])
@@ -664,10 +665,10 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file, monk
     assert stuck_walk(entropy < mid, cols, None)[0].tolist() == walked(entropy < mid, cols).tolist()
     stuck = replay_thresholds(tmp_path / "every", tmp_path / "profile.json", "whiflash-entropy", [mid], stick_tau=2)
     routed_rounds = tuple(profile.round_ms(k, routed=True) for k in ("dflash", "eagle3"))
-    tok, ms, _ = simulate(took, {k: v[idx] for k, v in cols.items()}, ("dflash", "eagle3"), routed_rounds, profile,
-                          profile.router_ms("entropy"), routed=decided)
-    assert stuck["stick_tau"] == 2 and stuck["overall"]["sweep"][str(mid)] == pytest.approx(tok / ms * profile.ar_ms(),
-                                                                                             rel=1e-12)
+    tok, ms, _ = simulate_prompts(took, {k: v[idx] for k, v in cols.items()}, ("dflash", "eagle3"), routed_rounds,
+                                  profile, profile.router_ms("entropy"), routed=decided)
+    assert stuck["stick_tau"] == 2  # rated as the bench rates: 1 / mean over prompts of ms per token
+    assert stuck["overall"]["sweep"][str(mid)] == pytest.approx(headline_rate(tok, ms) * profile.ar_ms(), rel=1e-12)
     plain, rule = (replay_thresholds(tmp_path / "every", tmp_path / "profile.json", "whiflash-entropy",
                                      [mid, float("inf")], tau_rule=r) for r in (None, (3, 1)))
     assert rule["tau_rule"] == [3, 1] and plain["tau_rule"] is None
@@ -677,9 +678,9 @@ def test_every_position_rows_hold_every_path(worlds, tmp_path, prompt_file, monk
     assert rule["overall"]["fixed"] == plain["overall"]["fixed"]
     assert rule["overall"]["sweep"]["inf"] == plain["overall"]["sweep"]["inf"]  # pinned: that drafter alone
     slot0 = ruled(entropy < mid, cols, (3, 1), every=True)
-    tok, ms, _ = simulate(slot0, cols, ("dflash", "eagle3"), tuple(profile.round_ms(k, routed=True) for k in
-                          ("dflash", "eagle3")), profile, profile.router_ms("entropy"), every=True)
-    assert rule["overall"]["sweep"][str(mid)] == pytest.approx(tok / ms * profile.ar_ms(), rel=1e-12)
+    tok, ms, _ = simulate_prompts(slot0, cols, ("dflash", "eagle3"), tuple(profile.round_ms(k, routed=True) for k in
+                                  ("dflash", "eagle3")), profile, profile.router_ms("entropy"), every=True)
+    assert rule["overall"]["sweep"][str(mid)] == pytest.approx(headline_rate(tok, ms) * profile.ar_ms(), rel=1e-12)
     assert rule["overall"]["sweep"][str(mid)] != plain["overall"]["sweep"][str(mid)]  # the rule took other rounds
     with pytest.raises(ValueError, match="--path every: needs --parallel"):
         _run(world, tmp_path / "bad", prompt_file, path="every")

@@ -9,7 +9,7 @@ import pytest
 
 from whiflash.latency import LatencyProfile
 from whiflash.eval.replay import simulate
-from whiflash.speed_oracle import oracle_gain_share, round_starts, speed_oracle
+from whiflash.speed_oracle import headline_rate, oracle_gain_share, round_starts, simulate_prompts, speed_oracle
 
 KINDS = ("dflash", "eagle3")
 
@@ -61,12 +61,13 @@ def test_switching_worth_its_catch_up() -> None:
 
 
 def _brute(cols: dict, kinds: tuple[str, str], prof: LatencyProfile, lazy: bool, budget: int | None = None) -> float:
-    """The best pooled tokens/s over every slot sequence of every prompt (through the replay's own costs)."""
+    """The best headline tokens/s (1 / mean over prompts of ms per token) over every slot choice of every round of
+    every prompt at once (through the replay's own costs)."""
     rounds = tuple(prof.round_ms(k, budget) for k in kinds)
     best = 0.0
     for choice in itertools.product((True, False), repeat=len(cols["tau_0"])):
-        tok, ms, _ = simulate(np.array(choice), cols, kinds, rounds, prof, 0.0, lazy)
-        best = max(best, tok / ms * 1e3)
+        tok, ms, _ = simulate_prompts(np.array(choice), cols, kinds, rounds, prof, 0.0, lazy)
+        best = max(best, headline_rate(tok, ms) * 1e3)
     return best
 
 
@@ -137,13 +138,24 @@ def test_round_starts_are_the_chance_a_fair_coin_decode_starts_a_round_there() -
         round_starts(np.array(["p0", "p0"]), np.array([3, 5]), np.array([1, 1]), np.array([1, 1]))
 
 
-def test_categories_are_separate_and_pooled() -> None:
+def test_categories_are_separate_and_weigh_prompts_as_the_bench_does() -> None:
     cols = _cols([([5, 5, 1, 1], [1, 1, 5, 5]), ([5, 5, 5, 5], [1, 1, 6, 1])], [0, 0], ["math", "prose"])
     res = speed_oracle(cols, KINDS, _profile())
     assert set(res["categories"]) == {"math", "prose", "all"} and res["slots"] == ["dflash", "eagle3"]
     assert res["categories"]["math"]["tokens_per_second"] == pytest.approx(20 / 6.0 * 1e3)
-    assert res["categories"]["all"]["tokens_per_second"] == pytest.approx(40 / 11.5 * 1e3)
+    # 1 / the mean of the two prompts' ms per token (6.0 / 20 and 5.5 / 20), not 40 tokens / 11.5 ms pooled
+    assert res["categories"]["all"]["tokens_per_second"] == pytest.approx(1e3 / ((6.0 / 20 + 5.5 / 20) / 2))
     assert res["categories"]["all"]["rounds"] == 8
+
+
+def test_headline_rate_weighs_every_prompt_the_same() -> None:
+    """A short fast prompt counts as much as a long slow one (the bench's mean TPOT), and one prompt is its own
+    tokens per ms; prompts of no tokens are left out, and none at all is an error."""
+    assert headline_rate(np.array([10, 90]), np.array([1.0, 30.0])) == pytest.approx(1 / ((0.1 + 1 / 3) / 2))
+    assert headline_rate(np.array([7]), np.array([2.0])) == pytest.approx(3.5)
+    assert headline_rate(np.array([0, 7]), np.array([0.0, 2.0])) == pytest.approx(3.5)
+    with pytest.raises(ValueError, match="no prompt has tokens"):
+        headline_rate(np.array([0]), np.array([0.0]))
 
 
 def test_report_shares_of_measured_routers(tmp_path) -> None:

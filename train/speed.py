@@ -23,7 +23,7 @@ import numpy as np
 
 from whiflash.calibration import best_threshold, picks_slot0, pinned_slot
 from whiflash.latency import LatencyProfile, catchup_model
-from whiflash.speed_oracle import DEFINITION, oracle_gain_share, simulate, speed_oracle
+from whiflash.speed_oracle import DEFINITION, headline_rate, oracle_gain_share, simulate_prompts, speed_oracle
 
 __all__ = ["LABELS", "speed_gain", "speed_report"]
 
@@ -65,7 +65,7 @@ def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresho
     and overall, at ``threshold`` (None: the fastest of ``thresholds``, overall); overall also the fastest
     threshold of ``thresholds`` and its figures. ``calibrated_*``: each category at its own fastest threshold of
     ``thresholds`` and +-inf (each drafter alone), as ``whiflash-eval calibrate`` picks them; overall, those
-    categories pooled. ``every_position``: the rows are one per position
+    their prompts together (the headline rate). ``every_position``: the rows are one per position
     (``whiflash-datagen --path every``), and each replay walks its own path over them. ``in_pass``: the router
     decides inside the verify pass (``whiflash.routers.decides_in_pass``); one that does not pays the profile's
     after-pass decision every routed round (``LatencyProfile.decision_ms``).
@@ -80,23 +80,24 @@ def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresho
     router_ms = profile.decision_ms(in_pass)  # and the oracle's, which decide nothing
     oracle = speed_oracle(cols, kinds, profile, tree_budget, every=every_position)["categories"]
 
-    def replay(part: dict[str, np.ndarray], theta: float) -> tuple[int, float]:
-        """(tokens, ms) of `part`'s rows at threshold `theta`; an infinite one pins a slot (`pinned_slot`): that
-        drafter alone, no decision to pay."""
+    def replay(part: dict[str, np.ndarray], theta: float) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, ms) per prompt of `part`'s rows at threshold `theta`; an infinite one pins a slot
+        (`pinned_slot`): that drafter alone, no decision to pay."""
         pinned = pinned_slot(NEURAL, theta) is not None
-        tok, ms, _ = simulate(picks_slot0(NEURAL, part["pred"], theta), part, kinds, plain if pinned else routed,
-                              profile, 0.0 if pinned else router_ms, every=every_position)
+        tok, ms, _ = simulate_prompts(picks_slot0(NEURAL, part["pred"], theta), part, kinds,
+                                      plain if pinned else routed, profile, 0.0 if pinned else router_ms,
+                                      every=every_position)
         return tok, ms
 
-    def rate(tok_ms: tuple[int, float]) -> float:
-        return tok_ms[0] / tok_ms[1] * 1e3
+    def rate(tok_ms: tuple[np.ndarray, np.ndarray]) -> float:
+        return headline_rate(*tok_ms) * 1e3
 
     sweep = {float(t): rate(replay(cols, float(t))) for t in thresholds}
     fastest = best_threshold(sweep)
     threshold = fastest if threshold is None else threshold
     grid = sorted({-np.inf, *map(float, thresholds), np.inf})  # per category, as whiflash-eval calibrate picks
     out: dict[str, Any] = {}
-    calibrated_tok, calibrated_ms = 0, 0.0
+    calibrated: list[tuple[np.ndarray, np.ndarray]] = []  # each category's prompts at its own threshold
     for cat, o in oracle.items():
         part = cols if cat == "all" else {k: v[cols["category"] == cat] for k, v in cols.items()}
         router = rate(replay(part, threshold))
@@ -108,18 +109,18 @@ def speed_report(scores: dict[str, np.ndarray], threshold: float | None, thresho
         if cat != "all":
             replays = {t: replay(part, t) for t in grid}
             own = best_threshold({t: rate(r) for t, r in replays.items()})
-            calibrated_tok, calibrated_ms = calibrated_tok + replays[own][0], calibrated_ms + replays[own][1]
+            calibrated.append(replays[own])
             cal = rate(replays[own])
             out[cat].update(calibrated_threshold=own, calibrated_tokens_per_second=cal,
                             calibrated_share_of_speed_oracle_gain=oracle_gain_share(cal, best, o["tokens_per_second"]))
     overall = out.pop("all")
-    calibrated = calibrated_tok / calibrated_ms * 1e3
+    calibrated_tps = rate((np.concatenate([t for t, _ in calibrated]), np.concatenate([m for _, m in calibrated])))
     overall.update(threshold=threshold, speed_best_threshold=fastest, speed_best_tokens_per_second=sweep[fastest],
                    speed_best_share_of_speed_oracle_gain=oracle_gain_share(
                        sweep[fastest], overall["best_standalone_tokens_per_second"],
                        overall["speed_oracle_tokens_per_second"]),
-                   calibrated_tokens_per_second=calibrated, calibrated_share_of_speed_oracle_gain=oracle_gain_share(
-                       calibrated, overall["best_standalone_tokens_per_second"],
+                   calibrated_tokens_per_second=calibrated_tps, calibrated_share_of_speed_oracle_gain=oracle_gain_share(
+                       calibrated_tps, overall["best_standalone_tokens_per_second"],
                        overall["speed_oracle_tokens_per_second"]))
     return {"overall": overall, "per_category": out, "slots": list(kinds), "definition": DEFINITION,
             "latency_profile": profile.source}

@@ -6,23 +6,25 @@ the round then yields that slot's τ and costs what `whiflash-eval calibrate --r
 rows committed since it last drafted (the first round of a prompt catches up the prompt; without
 Lazy Catch-up the other slot's model catches up every round too). The oracle pays no routing decision.
 
-Its tokens/s is the maximum over all per-round slot sequences of Σ τ / Σ time, pooled over the
-rounds of a category (or of all rows), found exactly:
+Rates are the bench's headline (`headline_rate`): 1 / the mean over a category's prompts of each prompt's
+time per token, as `whiflash-eval bench` divides mean AR TPOT by mean method TPOT, so every prompt weighs the
+same whatever its length. The oracle's rate is then the best each prompt can do on its own: per prompt the
+maximum over its per-round slot sequences of Σ τ / Σ time, found exactly:
 
-- for a fixed price λ (ms per token), each prompt's best sequence under Σ τ - λ Σ time is a dynamic
+- for a fixed price λ (ms per token), the prompt's best sequence under Σ τ - λ Σ time is a dynamic
   programme over its rounds whose state is the slot that drafted last and the other model's backlog
   (rows committed since it last drafted; the last slot's own backlog is its previous τ). A switch
   collapses every state of a slot into one, so a prompt of R rounds holds at most R + 1 states per
   slot, and with a catch-up time that does not fall with the backlog a state with a longer backlog
   and no higher value is dropped;
-- Dinkelbach's iteration λ ← Σ τ / Σ time of the best sequences converges to the largest ratio
+- Dinkelbach's iteration λ ← Σ τ / Σ time of the best sequence converges to the largest ratio
   (the optimum is reached when the best value at λ is 0).
 
 Like the replay, this assumes a round's τ does not depend on which slot drafted earlier rounds (the
 data followed the τ oracle's path) and that a prompt has the rounds it was logged with. Rows at every position
 (`whiflash-datagen --path every`) drop the second assumption: a replay walks them (`walked`), and the
 programme carries the position (`_best_walk`). Beside it:
-each standalone drafter under the same cost model (always that slot, through `simulate`), the better
+each standalone drafter under the same cost model and rate (always that slot, through `simulate_prompts`), the better
 of them, the oracle's gain over it and :func:`oracle_gain_share`, the share of that gain a router gets.
 """
 from __future__ import annotations
@@ -33,13 +35,14 @@ import numpy as np
 
 from .latency import LatencyProfile, catchup_model, slot_kind
 
-__all__ = ["DEFINITION", "oracle_gain_share", "prompt_gains", "prompt_spans", "round_starts", "ruled", "simulate",
-           "speed_oracle", "stick", "stuck_walk"]
+__all__ = ["DEFINITION", "headline_rate", "oracle_gain_share", "prompt_gains", "prompt_spans", "round_starts", "ruled",
+           "simulate", "simulate_prompts", "speed_oracle", "stick", "stuck_walk"]
 
-DEFINITION = ("speed oracle: the slot sequence maximising pooled sum tau / sum time over the category's logged rounds "
-              "(exact dynamic programme per prompt + Dinkelbach over the ratio), costed like the replay but with no "
-              "routing decision; best standalone: the faster single slot under the same costs; "
-              "share of the oracle gain = (router - best standalone) / (oracle - best standalone), in tokens/s")
+DEFINITION = ("speed oracle: per prompt, the slot sequence maximising its sum tau / sum time (exact dynamic programme "
+              "+ Dinkelbach over the ratio), costed like the replay but with no routing decision; a category's rate "
+              "= 1 / mean over its prompts of ms per token, the bench's headline (mean TPOT); best standalone: the "
+              "faster single slot under the same costs and rate; share of the oracle gain = (router - best "
+              "standalone) / (oracle - best standalone), in tokens/s")
 """How the speed oracle and the share of its gain are defined, written beside the figures."""
 
 _MAX_ITERATIONS = 100
@@ -109,11 +112,20 @@ def round_starts(prompt_id: np.ndarray, position: np.ndarray, tau_0: np.ndarray,
 def simulate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, str], rounds: tuple[float, float],
              profile: LatencyProfile, router_ms: float, lazy: bool = True,
              routed: np.ndarray | None = None, every: bool = False) -> tuple[int, float, int]:
-    """(tokens, milliseconds, rounds) of replaying slot choices `slot0` (True: slot 0) over `cols`;
-    `kinds` are the slots' drafter kinds, `rounds` their round times (ms). `lazy=False`: the other slot's
-    model catches up every round too (no Lazy Catch-up). `routed`: the rounds whose decision the policy
-    made and paid `router_ms` for (default: all; see `stick`). `every`: `cols` has a row at every position, and
-    the replay takes the rows its own choices reach (`walked`), not every row."""
+    """(tokens, milliseconds, rounds) of replaying slot choices `slot0` (True: slot 0) over `cols`, all prompts
+    together (`simulate_prompts` summed)."""
+    tokens, ms, n = simulate_prompts(slot0, cols, kinds, rounds, profile, router_ms, lazy, routed, every)
+    return int(tokens.sum()), float(ms.sum()), n
+
+
+def simulate_prompts(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, str],
+                     rounds: tuple[float, float], profile: LatencyProfile, router_ms: float, lazy: bool = True,
+                     routed: np.ndarray | None = None, every: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
+    """(tokens per prompt, milliseconds per prompt, rounds) of replaying slot choices `slot0` (True: slot 0) over
+    `cols`, prompts in the rows' order; `kinds` are the slots' drafter kinds, `rounds` their round times (ms).
+    `lazy=False`: the other slot's model catches up every round too (no Lazy Catch-up). `routed`: the rounds whose
+    decision the policy made and paid `router_ms` for (default: all; see `stick`). `every`: `cols` has a row at
+    every position, and the replay takes the rows its own choices reach (`walked`), not every row."""
     if every:
         idx = walked(slot0, cols)
         slot0, cols = np.asarray(slot0)[idx], {k: np.asarray(v)[idx] for k, v in cols.items()}
@@ -121,20 +133,35 @@ def simulate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, s
     members = tuple(catchup_model(k) for k in kinds)  # df-ddt: both slots share one DFlash cache
     pids, positions = cols["prompt_id"], cols["position"]
     taus = np.where(slot0, cols["tau_0"], cols["tau_1"]).astype(np.int64)
-    tokens, ms = int(taus.sum()), 0.0
+    tokens: list[int] = []
+    ms: list[float] = []
     pos, kv = 0, {m: 0 for m in members}
     for i in range(len(taus)):
         if i == 0 or pids[i] != pids[i - 1]:  # a new prompt: after its prefill, no drafter holds anything
             pos, kv = int(positions[i]), {m: 0 for m in members}
+            tokens.append(0)
+            ms.append(0.0)
         s = 0 if slot0[i] else 1
         paid = router_ms if routed is None or routed[i] else 0.0
-        ms += paid + rounds[s] + profile.catchup_ms(kinds[s], pos - kv[members[s]])
+        ms[-1] += paid + rounds[s] + profile.catchup_ms(kinds[s], pos - kv[members[s]])
         kv[members[s]] = pos
         if not lazy and members[1 - s] != members[s]:
-            ms += profile.catchup_ms(kinds[1 - s], pos - kv[members[1 - s]])
+            ms[-1] += profile.catchup_ms(kinds[1 - s], pos - kv[members[1 - s]])
             kv[members[1 - s]] = pos
+        tokens[-1] += int(taus[i])
         pos += int(taus[i])
-    return tokens, ms, len(taus)
+    return np.array(tokens, dtype=np.int64), np.array(ms, dtype=np.float64), len(taus)
+
+
+def headline_rate(tokens: np.ndarray, ms: np.ndarray) -> float:
+    """Tokens per millisecond as the bench's headline counts them: 1 / the mean over prompts of each prompt's
+    milliseconds per token (its TPOT), so a prompt weighs the same whatever its length; prompts of no tokens are
+    left out. Over one prompt it is that prompt's tokens / ms."""
+    tokens, ms = np.asarray(tokens, dtype=np.float64), np.asarray(ms, dtype=np.float64)
+    some = tokens > 0
+    if not some.any():
+        raise ValueError("headline rate: no prompt has tokens")
+    return float(1.0 / np.mean(ms[some] / tokens[some]))
 
 
 def stick(slot0: np.ndarray, tau_0: np.ndarray, prompt_id: np.ndarray,
@@ -304,8 +331,9 @@ def _prune(states: list[tuple[Any, ...]], lam: float, dominance: bool) -> list[t
 
 def _oracle_ratio(spans: list[tuple[int, int]], cols: dict[str, np.ndarray], costs: _Costs,
                   lam: float, every: bool = False) -> tuple[int, float, int, int, int]:
-    """(tokens, ms, rounds on slot 0, rounds, iterations) of the best pooled ratio over `spans`, starting from the
-    feasible price `lam` (tokens per ms); `every`: the rows are one per position (`_best_walk`)."""
+    """(tokens, ms, rounds on slot 0, rounds, iterations) of the best pooled ratio of tokens to ms over `spans`
+    (`_per_prompt` gives it one prompt), starting from the feasible price `lam` (tokens per ms); `every`: the rows
+    are one per position (`_best_walk`)."""
     t0, t1, pos = cols["tau_0"], cols["tau_1"], cols["position"]
     for it in range(1, _MAX_ITERATIONS + 1):
         tok, ms, n0, rounds = 0, 0.0, 0, 0
@@ -335,36 +363,48 @@ def _prepared(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: Late
     return cols, spans, _Costs(kinds, rounds, profile, longest, lazy)
 
 
+def _per_prompt(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
+                spans: list[tuple[int, int]], costs: _Costs, lazy: bool, every: bool) -> dict[str, np.ndarray]:
+    """Per prompt (`spans` order): each slot alone (`tokens_s`, `ms_s`) and the oracle (`tokens`, `ms`, `slot0`
+    rounds, `rounds`, Dinkelbach `iterations`), each prompt's slot sequence of the most tokens per ms."""
+    part = {k: cols[k] for k in ("prompt_id", "position", "tau_0", "tau_1")}
+    out: dict[str, np.ndarray] = {}
+    for s in (0, 1):
+        out[f"tokens_{s}"], out[f"ms_{s}"], _ = simulate_prompts(np.full(len(part["tau_0"]), s == 0), part, kinds,
+                                                                 costs.rounds, profile, 0.0, lazy, every=every)
+    start = np.maximum(out["tokens_0"] / out["ms_0"], out["tokens_1"] / out["ms_1"])  # feasible: a slot alone
+    found = np.array([_oracle_ratio([span], cols, costs, float(lam), every) for span, lam in zip(spans, start)])
+    for j, name in enumerate(("tokens", "ms", "slot0", "rounds", "iterations")):
+        out[name] = found[:, j]
+    return out
+
+
 def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
                  tree_budget: int | None = None, lazy: bool = True, every: bool = False) -> dict[str, Any]:
     """Per category (and `all`): the speed oracle, both standalone drafters and the oracle's gain.
 
     `cols` holds `prompt_id`, `category`, `position`, `tau_0`, `tau_1`, rows ordered by prompt and round;
-    `kinds` are the slots' drafter kinds. Each entry: `tokens_per_second` and `speedup` (over one token per
-    AR step) of the oracle, its `tau` and `slot0_rounds` share, `standalone` tokens/s per slot,
-    `best_standalone` (`slot0`/`slot1`) with its `best_standalone_tokens_per_second`, and
-    `oracle_gain` = oracle / best standalone - 1. `every`: `cols` has a row at every position; each standalone
-    drafter walks its own path over them (`walked`), and the oracle's programme takes each round's position from
-    the taus of the slots it picks (`_best_walk`): perfect routing over every path, not over one path's rows."""
-    cols, spans_all, costs = _prepared(cols, kinds, profile, tree_budget, lazy)
-    rounds = costs.rounds
-    category = np.asarray(cols["category"])
+    `kinds` are the slots' drafter kinds. Rates are the bench's headline (`headline_rate`: 1 / mean over prompts of
+    ms per token), so the oracle is each prompt's own best sequence. Each entry: `tokens_per_second` and `speedup`
+    (over one token per AR step) of the oracle, its `tau` and `slot0_rounds` share (pooled over its rounds),
+    `standalone` tokens/s per slot, `best_standalone` (`slot0`/`slot1`) with its
+    `best_standalone_tokens_per_second`, and `oracle_gain` = oracle / best standalone - 1. `every`: `cols` has a
+    row at every position; each standalone drafter walks its own path over them (`walked`), and the oracle's
+    programme takes each round's position from the taus of the slots it picks (`_best_walk`): perfect routing
+    over every path, not over one path's rows."""
+    cols, spans, costs = _prepared(cols, kinds, profile, tree_budget, lazy)
+    per = _per_prompt(cols, kinds, profile, spans, costs, lazy, every)
+    category = np.array([cols["category"][lo] for lo, _ in spans])
     out: dict[str, Any] = {}
     for cat in [*sorted(set(category.tolist())), "all"]:
-        spans = spans_all if cat == "all" else [(lo, hi) for lo, hi in spans_all if category[lo] == cat]
-        idx = np.concatenate([np.arange(lo, hi) for lo, hi in spans])
-        part = {k: np.asarray(v)[idx] for k, v in cols.items() if k in ("prompt_id", "position", "tau_0", "tau_1")}
-        alone = {}
-        for s in (0, 1):
-            tok, ms, _ = simulate(np.full(len(idx), s == 0), part, kinds, rounds, profile, 0.0, lazy, every=every)
-            alone[f"slot{s}"] = tok / ms * 1e3
+        sel = np.ones(len(spans), bool) if cat == "all" else category == cat
+        alone = {f"slot{s}": headline_rate(per[f"tokens_{s}"][sel], per[f"ms_{s}"][sel]) * 1e3 for s in (0, 1)}
         best = max(alone, key=lambda k: alone[k])
-        tok, ms, n0, n, iterations = _oracle_ratio(spans, cols, costs, alone[best] / 1e3, every)
-        tps = tok / ms * 1e3
-        out[cat] = {"tokens_per_second": tps, "speedup": tps * profile.ar_ms() / 1e3, "tau": tok / n,
-                    "slot0_rounds": n0 / n, "rounds": n, "standalone": alone,
+        tps, n = headline_rate(per["tokens"][sel], per["ms"][sel]) * 1e3, per["rounds"][sel].sum()
+        out[cat] = {"tokens_per_second": tps, "speedup": tps * profile.ar_ms() / 1e3, "tau": per["tokens"][sel].sum() / n,
+                    "slot0_rounds": per["slot0"][sel].sum() / n, "rounds": int(n), "standalone": alone,
                     "best_standalone": best, "best_standalone_tokens_per_second": alone[best],
-                    "oracle_gain": tps / alone[best] - 1.0, "iterations": iterations}
+                    "oracle_gain": tps / alone[best] - 1.0, "iterations": int(per["iterations"][sel].max())}
     return {"slots": [slot_kind(k, tree_budget) for k in kinds], "lazy_catchup": lazy, "definition": DEFINITION,
             "categories": out}
 
@@ -374,31 +414,25 @@ def prompt_gains(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: L
                  oracle: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Per category (and `all`): which prompts the speed oracle's gain over the better standalone drafter comes from.
 
-    At the category's oracle rate `lam` (tokens per ms) the oracle's `tokens - lam * ms` summed over the prompts is
-    zero, and the better drafter's falls short of it; what it falls short by on each prompt (never below zero: the
-    drafter alone is one of the oracle's choices) sums to the oracle's gain in tokens at that rate. A prompt's
-    `share` is its part of that sum. Each entry: `prompt_id`, `share`, `gain` (the oracle's tokens per ms on that
-    prompt alone at the category's rate over the drafter's, - 1) and `tokens` (the drafter's); largest share first.
-    A category where the oracle gains nothing has no entries. Arguments as `speed_oracle`; `oracle`: its
+    The headline rate is 1 / mean TPOT, so the oracle's gain is the sum over prompts of how much it cuts each
+    prompt's ms per token against the better drafter's (never below zero: the drafter alone is one of the oracle's
+    choices). A prompt's `share` is its part of that sum. Each entry: `prompt_id`, `share`, `gain` (the oracle's
+    tokens per ms on that prompt over the drafter's, - 1) and `tokens` (the drafter's); largest share first. A
+    category where the oracle gains nothing has no entries. Arguments as `speed_oracle`; `oracle`: its
     `categories` for the same arguments where they are at hand (else computed here)."""
     oracle = oracle or speed_oracle(cols, kinds, profile, tree_budget, lazy, every)["categories"]
-    cols, spans_all, costs = _prepared(cols, kinds, profile, tree_budget, lazy)
-    category = np.asarray(cols["category"])
+    cols, spans, costs = _prepared(cols, kinds, profile, tree_budget, lazy)
+    per = _per_prompt(cols, kinds, profile, spans, costs, lazy, every)
+    category = np.array([cols["category"][lo] for lo, _ in spans])
     out: dict[str, list[dict[str, Any]]] = {}
     for cat, res in oracle.items():
-        lam, slot0 = res["tokens_per_second"] / 1e3, res["best_standalone"] == "slot0"
-        found: list[tuple[float, dict[str, Any]]] = []
-        for lo, hi in spans_all:
-            if cat != "all" and category[lo] != cat:
-                continue
-            part = {k: cols[k][lo:hi] for k in ("prompt_id", "position", "tau_0", "tau_1")}
-            tok, ms, _ = simulate(np.full(hi - lo, slot0), part, kinds, costs.rounds, profile, 0.0, lazy, every=every)
-            t0, t1, start = part["tau_0"], part["tau_1"], int(part["position"][0])
-            best = _best_walk(t0, t1, start, costs, lam) if every else _best_path(t0, t1, start, costs, lam)
-            found.append(((best[0] - lam * best[1]) - (tok - lam * ms),
-                          {"prompt_id": str(part["prompt_id"][0]), "gain": (best[0] / best[1]) / (tok / ms) - 1.0,
-                           "tokens": tok}))
-        total = sum(v for v, _ in found)
+        s = 0 if res["best_standalone"] == "slot0" else 1
+        sel = np.flatnonzero(np.ones(len(spans), bool) if cat == "all" else category == cat)
+        tok, ms = per[f"tokens_{s}"][sel], per[f"ms_{s}"][sel]
+        cut = np.maximum(ms / tok - per["ms"][sel] / per["tokens"][sel], 0.0)
+        total = cut.sum()
         out[cat] = [] if res["oracle_gain"] <= 0 or total <= 0 else sorted(
-            ({**entry, "share": v / total} for v, entry in found), key=lambda e: -e["share"])
+            ({"prompt_id": str(cols["prompt_id"][spans[p][0]]), "share": float(c / total),
+              "gain": float((per["tokens"][p] / per["ms"][p]) / (t / m) - 1.0), "tokens": int(t)}
+             for p, c, t, m in zip(sel, cut, tok, ms)), key=lambda e: -e["share"])
     return out
