@@ -10,8 +10,8 @@ first round of a prompt catches up the prompt, as after the prefill in `generate
 
 Per category, estimated tokens/s = 1 / the mean over prompts of each prompt's Σ round time / Σ τ (its time per
 output token), and estimated speedup = that over AR's one token per AR step: the bench's headline, mean AR TPOT /
-mean method TPOT, where every prompt weighs the same whatever its length. The fastest threshold wins (ties: the smaller). Like the τ
-replay of `whiflash-train`, this assumes a round's τ does not depend on which slot drafted
+mean method TPOT, where every prompt weighs the same whatever its length. The fastest threshold wins (ties: the
+smaller). Like the τ replay of `whiflash-train`, this assumes a round's τ does not depend on which slot drafted
 earlier rounds (the data followed the oracle's path), so it ranks thresholds; `bench` measures. On a
 dataset with a row at every position (`whiflash-datagen --parallel --path every`) each threshold's replay
 walks its own path instead: a round at position `n` advances to the row of `n + τ` of the slot it took,

@@ -23,9 +23,9 @@ maximum over its per-round slot sequences of Σ τ / Σ time, found exactly:
 Like the replay, this assumes a round's τ does not depend on which slot drafted earlier rounds (the
 data followed the τ oracle's path) and that a prompt has the rounds it was logged with. Rows at every position
 (`whiflash-datagen --path every`) drop the second assumption: a replay walks them (`walked`), and the
-programme carries the position (`_best_walk`). Beside it:
-each standalone drafter under the same cost model and rate (always that slot, through `simulate_prompts`), the better
-of them, the oracle's gain over it and :func:`oracle_gain_share`, the share of that gain a router gets.
+programme carries the position (`_best_walk`). Beside it: each standalone drafter under the same cost model
+and rate (always that slot, through `simulate_prompts`), the better of them, the oracle's gain over it and
+:func:`oracle_gain_share`, the share of that gain a router gets.
 """
 from __future__ import annotations
 
@@ -400,8 +400,9 @@ def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: L
         sel = np.ones(len(spans), bool) if cat == "all" else category == cat
         alone = {f"slot{s}": headline_rate(per[f"tokens_{s}"][sel], per[f"ms_{s}"][sel]) * 1e3 for s in (0, 1)}
         best = max(alone, key=lambda k: alone[k])
-        tps, n = headline_rate(per["tokens"][sel], per["ms"][sel]) * 1e3, per["rounds"][sel].sum()
-        out[cat] = {"tokens_per_second": tps, "speedup": tps * profile.ar_ms() / 1e3, "tau": per["tokens"][sel].sum() / n,
+        tokens, n = per["tokens"][sel], per["rounds"][sel].sum()
+        tps = headline_rate(tokens, per["ms"][sel]) * 1e3
+        out[cat] = {"tokens_per_second": tps, "speedup": tps * profile.ar_ms() / 1e3, "tau": tokens.sum() / n,
                     "slot0_rounds": per["slot0"][sel].sum() / n, "rounds": int(n), "standalone": alone,
                     "best_standalone": best, "best_standalone_tokens_per_second": alone[best],
                     "oracle_gain": tps / alone[best] - 1.0, "iterations": int(per["iterations"][sel].max())}
