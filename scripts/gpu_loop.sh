@@ -37,7 +37,10 @@
 # eval-prompts,build-acceptance), so a later step gets the budget; a skipped step is neither run nor waited for.
 # DRY_RUN=1: print each step's gpu_budget.sh command instead of running it (the loop then stops after it).
 # Every knob of scripts/gpu_budget.sh and gpu_session.sh passes through (ROUTER_PROMPTS, ROUTER_PROCS,
-# ROUTER_VARIANTS, CALIBRATE_DECODE, E0_SAMPLES, E_TOKENS, METHODS, ...).
+# ROUTER_VARIANTS, CALIBRATE_DECODE, E0_SAMPLES, E_TOKENS, METHODS, ...). The benches' prompt counts are
+# E0_SAMPLES (the routed bench and eval-t0, 80 = 20 a category), E1_SAMPLES (T = 1, 40) and E2_SAMPLES (a prompt
+# file, 10), their new tokens E_TOKENS (256): gpu_budget.sh sets gpu_session.sh's EVAL_SAMPLES / EVAL_TOKENS from
+# them, so those two reach only calibration's decode (CALIBRATE_DECODE=1).
 # Usage: scripts/gpu_loop.sh LOG_DIR TESTBED_DIR BUDGET_S
 #   e.g. three device commands of `TESTS_BESIDE=1 scripts/gpu_loop.sh /tmp/L /tmp/tb 560`
 # PRESET=micro ROUTER_PROMPTS=6 ROUTER_TOKENS=24 LATENCY_CONTEXT=256 E0_SAMPLES=8 E2_SAMPLES=2 E_TOKENS=24
