@@ -43,7 +43,7 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
     missing). `samples`: the run's sample ids and their categories; where the rows hold any of them, only those
     prompts' rows are replayed."""
     from .replay import read_rounds, rows_of_prompts
-    from whiflash.speed_oracle import DEFINITION, oracle_gain_share, prompt_gains, speed_oracle
+    from whiflash.speed_oracle import DEFINITION, oracle_gain_share, speed_oracle
 
     profile = LatencyProfile.read(profile_path, flag="--latency-profile")
     manifest, cols = read_rounds(data, with_hidden=False)
@@ -51,8 +51,7 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
     cols = own or cols
     kinds, budget = tuple(manifest.pair.slots), manifest.tree_budget
     every = manifest.every_position
-    oracle = speed_oracle(cols, kinds, profile, budget, lazy, every)["categories"]
-    by_prompt = prompt_gains(cols, kinds, profile, budget, lazy, every, oracle=oracle)
+    oracle = speed_oracle(cols, kinds, profile, budget, lazy, every, by_prompt=True)["categories"]
     names = [n for k in kinds for n in _standalone_names(k, budget)]
     out: dict[str, Any] = {}
     for cat, per in (results.get("cells") or {}).items():
@@ -69,7 +68,7 @@ def oracle_shares(results: dict[str, Any], data: str | Path, profile_path: str |
                     "share_of_speed_oracle_gain": {m: oracle_gain_share(s, alone[best], alone[best] * (1 + gain))
                                                    for m, s in routed.items()},
                     "prompts": int(len(set(cols["prompt_id"][sel].tolist()))), "runs_own_prompts": own is not None,
-                    "gain_by_prompt": by_prompt.get(cat, []),
+                    "gain_by_prompt": o["gain_by_prompt"],
                     "run_prompts": sum(cat in ("all", c) for c in (samples or {}).values()) or None,
                     "tau_replayed": {slot_kind(k, budget): _tau_alone(cols, sel, i, every) for i, k in enumerate(kinds)},
                     "tau_measured": {slot_kind(k, budget): next((per[m].get("tau") for m in _standalone_names(k, budget)

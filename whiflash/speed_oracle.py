@@ -329,20 +329,17 @@ def _prune(states: list[tuple[Any, ...]], lam: float, dominance: bool) -> list[t
     return kept
 
 
-def _oracle_ratio(spans: list[tuple[int, int]], cols: dict[str, np.ndarray], costs: _Costs,
+def _oracle_ratio(lo: int, hi: int, cols: dict[str, np.ndarray], costs: _Costs,
                   lam: float, every: bool = False) -> tuple[int, float, int, int, int]:
-    """(tokens, ms, rounds on slot 0, rounds, iterations) of the best pooled ratio of tokens to ms over `spans`
-    (`_per_prompt` gives it one prompt), starting from the feasible price `lam` (tokens per ms); `every`: the rows
-    are one per position (`_best_walk`)."""
-    t0, t1, pos = cols["tau_0"], cols["tau_1"], cols["position"]
+    """(tokens, ms, rounds on slot 0, rounds, iterations) of the slot sequence of the most tokens per ms over one
+    prompt's rows `lo:hi`, starting from the feasible price `lam` (tokens per ms); `every`: the rows are one per
+    position (`_best_walk`)."""
+    t0, t1, start = cols["tau_0"][lo:hi], cols["tau_1"][lo:hi], int(cols["position"][lo])
     for it in range(1, _MAX_ITERATIONS + 1):
-        tok, ms, n0, rounds = 0, 0.0, 0, 0
-        for lo, hi in spans:
-            if every:
-                a, b, c, r = _best_walk(t0[lo:hi], t1[lo:hi], int(pos[lo]), costs, lam)
-            else:
-                (a, b, c), r = _best_path(t0[lo:hi], t1[lo:hi], int(pos[lo]), costs, lam), hi - lo
-            tok, ms, n0, rounds = tok + a, ms + b, n0 + c, rounds + r
+        if every:
+            tok, ms, n0, rounds = _best_walk(t0, t1, start, costs, lam)
+        else:
+            (tok, ms, n0), rounds = _best_path(t0, t1, start, costs, lam), hi - lo
         if tok - lam * ms <= 1e-9 * max(tok, 1):  # no sequence beats the price: it is the optimum
             return tok, ms, n0, rounds, it
         lam = tok / ms
@@ -365,22 +362,40 @@ def _prepared(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: Late
 
 def _per_prompt(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
                 spans: list[tuple[int, int]], costs: _Costs, lazy: bool, every: bool) -> dict[str, np.ndarray]:
-    """Per prompt (`spans` order): each slot alone (`tokens_s`, `ms_s`) and the oracle (`tokens`, `ms`, `slot0`
-    rounds, `rounds`, Dinkelbach `iterations`), each prompt's slot sequence of the most tokens per ms."""
+    """Per prompt (`spans` order): each slot alone (`tokens_0`, `ms_0`, `tokens_1`, `ms_1`) and the oracle
+    (`tokens`, `ms`, `slot0` rounds, `rounds`, Dinkelbach `iterations`), each prompt's slot sequence of the most
+    tokens per ms."""
     part = {k: cols[k] for k in ("prompt_id", "position", "tau_0", "tau_1")}
     out: dict[str, np.ndarray] = {}
     for s in (0, 1):
         out[f"tokens_{s}"], out[f"ms_{s}"], _ = simulate_prompts(np.full(len(part["tau_0"]), s == 0), part, kinds,
                                                                  costs.rounds, profile, 0.0, lazy, every=every)
     start = np.maximum(out["tokens_0"] / out["ms_0"], out["tokens_1"] / out["ms_1"])  # feasible: a slot alone
-    found = np.array([_oracle_ratio([span], cols, costs, float(lam), every) for span, lam in zip(spans, start)])
+    found = np.array([_oracle_ratio(lo, hi, cols, costs, float(lam), every) for (lo, hi), lam in zip(spans, start)])
     for j, name in enumerate(("tokens", "ms", "slot0", "rounds", "iterations")):
         out[name] = found[:, j]
     return out
 
 
+def _gains_by_prompt(per: dict[str, np.ndarray], sel: np.ndarray, slot: int,
+                     names: list[str]) -> list[dict[str, Any]]:
+    """Which of the prompts `sel` (indices into `per`) the oracle's gain over drafter `slot` alone comes from: the
+    headline rate is 1 / mean TPOT, so that gain is the sum of how much the oracle cuts each prompt's ms per token
+    (never below zero: the drafter alone is one of its choices), and a prompt's `share` is its part of the sum.
+    Each entry: `prompt_id`, `share`, `gain` (the oracle's tokens per ms on that prompt over the drafter's, - 1)
+    and `tokens` (the drafter's); largest share first; none where the oracle cuts nothing."""
+    tok, ms = per[f"tokens_{slot}"][sel], per[f"ms_{slot}"][sel]
+    cut = np.maximum(ms / tok - per["ms"][sel] / per["tokens"][sel], 0.0)
+    if cut.sum() <= 0:
+        return []
+    return sorted(({"prompt_id": names[p], "share": float(c / cut.sum()),
+                    "gain": float((per["tokens"][p] / per["ms"][p]) / (t / m) - 1.0), "tokens": int(t)}
+                   for p, c, t, m in zip(sel, cut, tok, ms)), key=lambda e: -e["share"])
+
+
 def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
-                 tree_budget: int | None = None, lazy: bool = True, every: bool = False) -> dict[str, Any]:
+                 tree_budget: int | None = None, lazy: bool = True, every: bool = False,
+                 by_prompt: bool = False) -> dict[str, Any]:
     """Per category (and `all`): the speed oracle, both standalone drafters and the oracle's gain.
 
     `cols` holds `prompt_id`, `category`, `position`, `tau_0`, `tau_1`, rows ordered by prompt and round;
@@ -388,16 +403,18 @@ def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: L
     ms per token), so the oracle is each prompt's own best sequence. Each entry: `tokens_per_second` and `speedup`
     (over one token per AR step) of the oracle, its `tau` and `slot0_rounds` share (pooled over its rounds),
     `standalone` tokens/s per slot, `best_standalone` (`slot0`/`slot1`) with its
-    `best_standalone_tokens_per_second`, and `oracle_gain` = oracle / best standalone - 1. `every`: `cols` has a
-    row at every position; each standalone drafter walks its own path over them (`walked`), and the oracle's
-    programme takes each round's position from the taus of the slots it picks (`_best_walk`): perfect routing
-    over every path, not over one path's rows."""
+    `best_standalone_tokens_per_second`, and `oracle_gain` = oracle / best standalone - 1; with `by_prompt` also
+    `gain_by_prompt`, which prompts that gain comes from (`prompt_gains`). `every`: `cols` has a row at every
+    position; each standalone drafter walks its own path over them (`walked`), and the oracle's programme takes
+    each round's position from the taus of the slots it picks (`_best_walk`): perfect routing over every path, not
+    over one path's rows."""
     cols, spans, costs = _prepared(cols, kinds, profile, tree_budget, lazy)
     per = _per_prompt(cols, kinds, profile, spans, costs, lazy, every)
     category = np.array([cols["category"][lo] for lo, _ in spans])
+    names = [str(cols["prompt_id"][lo]) for lo, _ in spans]
     out: dict[str, Any] = {}
     for cat in [*sorted(set(category.tolist())), "all"]:
-        sel = np.ones(len(spans), bool) if cat == "all" else category == cat
+        sel = np.flatnonzero(np.ones(len(spans), bool) if cat == "all" else category == cat)
         alone = {f"slot{s}": headline_rate(per[f"tokens_{s}"][sel], per[f"ms_{s}"][sel]) * 1e3 for s in (0, 1)}
         best = max(alone, key=lambda k: alone[k])
         tokens, n = per["tokens"][sel], per["rounds"][sel].sum()
@@ -406,34 +423,18 @@ def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: L
                     "slot0_rounds": per["slot0"][sel].sum() / n, "rounds": int(n), "standalone": alone,
                     "best_standalone": best, "best_standalone_tokens_per_second": alone[best],
                     "oracle_gain": tps / alone[best] - 1.0, "iterations": int(per["iterations"][sel].max())}
+        if by_prompt:
+            slot = 0 if best == "slot0" else 1
+            out[cat]["gain_by_prompt"] = _gains_by_prompt(per, sel, slot, names) if out[cat]["oracle_gain"] > 0 else []
     return {"slots": [slot_kind(k, tree_budget) for k in kinds], "lazy_catchup": lazy, "definition": DEFINITION,
             "categories": out}
 
 
 def prompt_gains(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
-                 tree_budget: int | None = None, lazy: bool = True, every: bool = False,
-                 oracle: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Per category (and `all`): which prompts the speed oracle's gain over the better standalone drafter comes from.
-
-    The headline rate is 1 / mean TPOT, so the oracle's gain is the sum over prompts of how much it cuts each
-    prompt's ms per token against the better drafter's (never below zero: the drafter alone is one of the oracle's
-    choices). A prompt's `share` is its part of that sum. Each entry: `prompt_id`, `share`, `gain` (the oracle's
-    tokens per ms on that prompt over the drafter's, - 1) and `tokens` (the drafter's); largest share first. A
-    category where the oracle gains nothing has no entries. Arguments as `speed_oracle`; `oracle`: its
-    `categories` for the same arguments where they are at hand (else computed here)."""
-    oracle = oracle or speed_oracle(cols, kinds, profile, tree_budget, lazy, every)["categories"]
-    cols, spans, costs = _prepared(cols, kinds, profile, tree_budget, lazy)
-    per = _per_prompt(cols, kinds, profile, spans, costs, lazy, every)
-    category = np.array([cols["category"][lo] for lo, _ in spans])
-    out: dict[str, list[dict[str, Any]]] = {}
-    for cat, res in oracle.items():
-        s = 0 if res["best_standalone"] == "slot0" else 1
-        sel = np.flatnonzero(np.ones(len(spans), bool) if cat == "all" else category == cat)
-        tok, ms = per[f"tokens_{s}"][sel], per[f"ms_{s}"][sel]
-        cut = np.maximum(ms / tok - per["ms"][sel] / per["tokens"][sel], 0.0)
-        total = cut.sum()
-        out[cat] = [] if res["oracle_gain"] <= 0 or total <= 0 else sorted(
-            ({"prompt_id": str(cols["prompt_id"][spans[p][0]]), "share": float(c / total),
-              "gain": float((per["tokens"][p] / per["ms"][p]) / (t / m) - 1.0), "tokens": int(t)}
-             for p, c, t, m in zip(sel, cut, tok, ms)), key=lambda e: -e["share"])
-    return out
+                 tree_budget: int | None = None, lazy: bool = True,
+                 every: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Per category (and `all`): which prompts the speed oracle's gain over the better standalone drafter comes
+    from (`_gains_by_prompt`'s entries); a category where the oracle gains nothing has none. Arguments as
+    `speed_oracle`, which gives the same lists beside its figures with `by_prompt`."""
+    res = speed_oracle(cols, kinds, profile, tree_budget, lazy, every, by_prompt=True)["categories"]
+    return {cat: r["gain_by_prompt"] for cat, r in res.items()}

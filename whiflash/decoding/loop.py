@@ -107,8 +107,8 @@ class RoundRead(NamedTuple):
     @staticmethod
     def of(verdict: Verdict) -> RoundRead:
         """Read `verdict` in one `tolist()` and name its parts (the round's only host synchronisation)."""
-        known = verdict.decision if isinstance(verdict.decision, int) else None  # on the host already: not read
-        parts = (verdict.count, verdict.path_ids, verdict.next_token, None if known is not None else verdict.decision,
+        known = isinstance(verdict.decision, int)  # the slot is on the host already: not read
+        parts = (verdict.count, verdict.path_ids, verdict.next_token, None if known else verdict.decision,
                  verdict.slot_taus, verdict.advanced)
         # flat long fields; those already flat are not reshaped (a reshape is an op dispatched, every round)
         fields = [(v if v.dim() == 1 else v.reshape(-1)).long() if v is not None else None for v in parts]
@@ -117,7 +117,8 @@ class RoundRead(NamedTuple):
         count, path, nxt, decision, taus, advanced = (
             [next(host) for _ in range(v.numel())] if v is not None else None for v in fields)
         tau = count[0]
-        return RoundRead(tau, path[1:tau] + nxt, known if known is not None else decision[0] if decision else None,
+        slot = verdict.decision if known else decision[0] if decision else None
+        return RoundRead(tau, path[1:tau] + nxt, slot,
                          (taus[0], taus[1]) if taus else None, advanced[0] if advanced else None)
 
 
