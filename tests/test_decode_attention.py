@@ -293,7 +293,7 @@ def test_tree_kernel_builds_the_reference_trees() -> None:
         g = torch.Generator().manual_seed(0)
         cases = 0
         for kind in ["random", "tied", "gap40", "top3", "neginf", "bf16"]:
-            for depth, vocab, budget in [(6, 64, 6), (5, 40, 15), (2, 64, 15), (1, 64, 6), (4, 20, 20), (3, 80, 40)]:
+            for depth, vocab, budget in [(6, 64, 6), (5, 40, 15), (2, 64, 15), (1, 64, 6), (4, 20, 20), (3, 80, 32)]:
                 x = torch.randn(depth, vocab, generator=g) * 2
                 if kind == "tied":
                     x = torch.randint(0, 3, (depth, vocab), generator=g).float()
@@ -325,7 +325,7 @@ def test_tree_kernel_builds_the_reference_trees() -> None:
 
 
 @needs_triton
-@pytest.mark.parametrize("budget", [15, 32, 64])
+@pytest.mark.parametrize("budget", [15, 32])
 def test_tree_kernel_compiles_for_hopper(budget: int) -> None:
     """The tree kernel compiles for an H100 / H200 (sm_90) with the sizes a DDTree round launches it with (depth
     15, top-k = budget): the interpreter runs the kernel's arithmetic, but only the compiler checks its types (a
