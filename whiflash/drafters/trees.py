@@ -188,10 +188,10 @@ if triton is not None:
 
 
 KERNEL_MAX_BUDGET = 32
-"""The largest budget the tree kernel builds (larger ones take the tensor ops). On an H100 (depth 15, vocabulary 8192,
-`scripts/bench_tree.py`) a proposal (top-k and tree) takes 117 / 186 us with the kernel against 760 / 794 us with the tensor
-ops at B = 15 / 32, but 1,769 against 955 us at B = 64, where one program ranks 4x the candidates of B = 32
-(16x the comparisons); past 100 the kernel's compile for sm_90 also grows from seconds to minutes."""
+"""The largest budget the tree kernel builds (larger ones take the tensor ops). On an H100 (depth 15, vocabulary
+8192, `scripts/bench_tree.py`) a proposal (top-k and tree) takes 117 / 186 us with the kernel against 760 / 794 us
+with the tensor ops at B = 15 / 32, but 1,769 against 955 us at B = 64, where one program ranks 4x the candidates
+of B = 32 (16x the comparisons); past 100 the kernel's compile for sm_90 also grows from seconds to minutes."""
 
 
 def _tree_launch(depth_max: int, k: int, budget: int) -> dict[str, int]:
