@@ -10,7 +10,8 @@ baseline's TPOT on the same prompt in the same process. Per category (and per da
 * speedup_pooled = (total AR decode time / AR tokens) / (total method decode time / method tokens);
 * tau = mean over rows of the row's mean tau; tau_pooled = all rounds' tau averaged; a histogram;
 * routed methods: slot-0 share of rounds, switch rate, catch-up share of decode time (only when
-  catch-up was timed), and the cost of their rounds against their drafters' own (`ROUTED_ROUND_DEFINITION`).
+  catch-up was timed), and the cost of their rounds against their drafters' own (`ROUTED_ROUND_DEFINITION`);
+  their gains over each standalone drafter with a paired bootstrap interval (`gains`).
 """
 from __future__ import annotations
 
@@ -186,27 +187,52 @@ def aggregate(rows: list[dict[str, Any]], methods: list[str], seed: int = 0,
     ..., definitions}`; the group "all" pools every category (dataset)."""
     cells = _cells(rows, methods, "category", seed, iterations)
     by_dataset = _cells(rows, methods, "dataset", seed, iterations) if any(r.get("dataset") for r in rows) else {}
-    return {"metrics_version": METRICS_VERSION, "cells": cells, "datasets": by_dataset, "gains": gains(cells),
+    return {"metrics_version": METRICS_VERSION, "cells": cells, "datasets": by_dataset,
+            "gains": gains(cells, rows, seed, iterations),
             "best": {"categories": best_of_families(cells), "datasets": best_of_families(by_dataset)},
             "categories": sorted({r["category"] for r in rows}), "methods": methods,
             "tau_definition": TAU_DEFINITION, "speedup_definition": SPEEDUP_DEFINITION,
             "routed_round_definition": ROUTED_ROUND_DEFINITION, "protocol": PROTOCOL}
 
 
-def gains(cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+def gains(cells: dict[str, dict[str, Any]], rows: list[dict[str, Any]] | None = None, seed: int = 0,
+          iterations: int = 1000) -> dict[str, dict[str, dict[str, Any]]]:
     """Upstream-style throughput gains of every routed method: `+x%` vs EAGLE-3 and vs DFlash (and DDTree),
     as (method speedup / baseline speedup - 1) * 100 per category (same prompts, same AR baseline). With DDTree
-    run at several budgets (and no plain `ddtree`), the baseline is the category's best budget."""
+    run at several budgets (and no plain `ddtree`), the baseline is the category's best budget. With `rows`,
+    each gain has its paired bootstrap 95% interval beside it (`vs_BASE_ci`, in %): the samples both methods
+    decoded are resampled with their two TPOTs together, so the interval is the gain's own noise, far narrower
+    than the two speedups' intervals, which both carry the spread between prompts."""
     best = best_of_families(cells).get("ddtree", {})
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for cat, per in cells.items():
-        bases = {b: per[b]["speedup"] for b in ("eagle3", "dflash", "ddtree") if b in per}
+        bases = {b: b for b in ("eagle3", "dflash", "ddtree") if b in per}
         if "ddtree" not in bases and cat in best:
-            bases["ddtree"] = best[cat]["speedup"]
+            bases["ddtree"] = best[cat]["method"]
         for m, fig in per.items():
             if not m.startswith("whiflash") and m != "oracle":
                 continue
-            for base, speedup in bases.items():
-                if speedup and not math.isnan(speedup):
-                    out.setdefault(m, {}).setdefault(cat, {})[f"vs_{base}"] = (fig["speedup"] / speedup - 1) * 100
+            for base, name in bases.items():
+                speedup = per[name]["speedup"]
+                if not speedup or math.isnan(speedup):
+                    continue
+                g = out.setdefault(m, {}).setdefault(cat, {})
+                g[f"vs_{base}"] = (fig["speedup"] / speedup - 1) * 100
+                if rows is not None:
+                    g[f"vs_{base}_ci"] = _paired_gain_ci(rows, cat, m, name, seed, iterations)
     return out
+
+
+def _paired_gain_ci(rows: list[dict[str, Any]], cat: str, method: str, base: str, seed: int,
+                    iterations: int) -> tuple[float, float]:
+    """The bootstrap 95% interval, in %, of `method`'s gain over `base` in category `cat` ("all": every one):
+    mean base TPOT / mean method TPOT - 1 over the samples (and turns) both timed, resampled in pairs."""
+    tpots: dict[str, dict[tuple[Any, Any], float]] = {method: {}, base: {}}
+    for r in rows:
+        if r["method"] in tpots and (cat == "all" or r.get("category") == cat) and r.get("speedup") is not None:
+            t = tpot(r)
+            if t is not None:
+                tpots[r["method"]][(r.get("sample"), r.get("turn"))] = t
+    keys = sorted(tpots[method].keys() & tpots[base].keys(), key=repr)
+    lo, hi = ratio_of_means_ci([tpots[base][k] for k in keys], [tpots[method][k] for k in keys], iterations, seed)
+    return (lo - 1) * 100, (hi - 1) * 100

@@ -183,6 +183,14 @@ def _x(v: Any) -> str:
     return f"{_fmt(v)}×"
 
 
+def _gain(g: dict[str, Any], key: str) -> str:
+    """A gain cell: `+x%`, with its paired interval where the results carry one."""
+    if key not in g:
+        return "—"
+    ci = g.get(f"{key}_ci")
+    return f"{g[key]:+.1f}%" + (f" ({ci[0]:+.1f} to {ci[1]:+.1f})" if ci and not math.isnan(ci[0]) else "")
+
+
 def _share(v: float | None) -> str:
     return "—" if v is None else f"{100 * v:.1f}%"
 
@@ -226,11 +234,14 @@ def markdown_table(results: dict[str, Any], run_label: str = "") -> str:
         text += "\n\n| method | category | " + " | ".join(["vs EAGLE-3", "vs DFlash", "vs DDTree"]) + " |\n|---|---|---|---|---|"
         for m, per in results["gains"].items():
             for cat, g in per.items():
-                cells = [f"{g[k]:+.1f}%" if k in g else "—" for k in ("vs_eagle3", "vs_dflash", "vs_ddtree")]
+                cells = [_gain(g, k) for k in ("vs_eagle3", "vs_dflash", "vs_ddtree")]
                 text += f"\n| {m} | {cat} | " + " | ".join(cells) + " |"
     text += f"\n\nSpeedup columns: {results.get('speedup_definition', SPEEDUP_DEFINITION)}.\n"
     text += (f"τ: {results['tau_definition']}; tau pooled = every round's tau averaged (tokens per round), "
              "which a few sequences of very long acceptances do not carry.\n")
+    if any("_ci" in k for per in (results.get("gains") or {}).values() for g in per.values() for k in g):
+        text += ("Gains: the method's speedup / the baseline's - 1, with a paired bootstrap 95% interval (the samples "
+                 "both decoded, resampled with their two TPOTs together).\n")
     if results.get("routed_round_definition") and any(
             r.get("round_cost_vs_alone") is not None for r in table_rows(results, run_label)):
         text += f"Routed rounds: {results['routed_round_definition']}.\n"

@@ -17,6 +17,7 @@ import whiflash
 from whiflash.eval.cli import bench_config, main, parse
 from whiflash.eval.families import parse_method, parse_values
 from whiflash.eval.metrics import aggregate, decode_tokens
+from whiflash.eval.outputs import markdown_table
 
 FAST = ["--max-new-tokens", "12", "--warmup-tokens", "4", "--bootstrap", "200", "--dtype", "float32",
         "--device", "cpu"]
@@ -69,6 +70,31 @@ def test_best_budget_per_group_and_gains_against_it() -> None:
     assert parse_values("16, 32,16", "--tree-budget", int) == [16, 32]
     with pytest.raises(ValueError, match=r"--tree-budget '16,x': 'x' is not an integer; expected comma-separated"):
         parse_values("16,x", "--tree-budget", int)
+
+
+def test_gains_carry_a_paired_interval_that_the_spread_between_prompts_does_not_widen() -> None:
+    # prompts from 1x to 10x for DFlash; the router is 5% faster than DFlash on every prompt, exactly: the gain's
+    # paired interval is that 5% alone, while each method's own speedup interval spans the prompts' spread
+    rows = []
+    for i in range(12):
+        ar, df = 1.0 + i, (1.0 + i) / (1 + i % 10)
+        for m, sec in (("ar", ar), ("dflash", df), ("whiflash-neural", df / 1.05)):
+            rows.append({**_row(m, sec, ar), "sample": f"s{i}", "turn": 0})
+    res = aggregate(rows, ["ar", "dflash", "whiflash-neural"], iterations=200)
+    g = res["gains"]["whiflash-neural"]["c"]
+    assert g["vs_dflash"] == pytest.approx(5.0)
+    assert g["vs_dflash_ci"] == pytest.approx((5.0, 5.0))
+    df = res["cells"]["c"]["dflash"]
+    assert df["speedup_ci_high"] / df["speedup_ci_low"] > 1.2
+    assert "+5.0% (+5.0 to +5.0)" in markdown_table(res)
+    # a twin of DFlash timed with +-2% noise: the interval holds 0 and is about that wide
+    for r in rows:
+        if r["method"] == "whiflash-neural":
+            d = next(x for x in rows if x["method"] == "dflash" and x["sample"] == r["sample"])
+            r["decode_seconds"] = d["decode_seconds"] * (1.02 if int(r["sample"][1:]) % 2 else 0.98)
+    lo, hi = aggregate(rows, ["ar", "dflash", "whiflash-neural"], iterations=200)["gains"]["whiflash-neural"]["c"][
+        "vs_dflash_ci"]
+    assert -2.5 < lo < 0 < hi < 2.5
 
 
 # ---------------------------------------------------------------- the fast engine by default
