@@ -354,6 +354,27 @@ def test_a_failed_dflash_child_is_trained_in_the_build_after_all(tmp_path: Path,
     assert "exit code 3: training it here instead" in caplog.text and not folder.exists()
 
 
+def test_the_dflash_child_starts_under_a_build_read_from_stdin() -> None:
+    """The GPU scripts run the build from a script on stdin (`python3 - <<EOF`): its main module's `__file__` is
+    "<stdin>", which a spawned child cannot re-run. `spawn_child` starts the child all the same (it died with exit
+    code 1 before, and the DFlash stage trained after eagle3 instead of beside it) and leaves `__file__` as it was."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+from whiflash.testbed.build import spawn_child
+
+if __name__ == "__main__":
+    proc = spawn_child(sys.exit, (5,), name="probe")
+    proc.join()
+    print(proc.exitcode, __file__)
+"""
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["5", "<stdin>"], done.stderr
+
+
 def test_a_dflash_child_ends_when_its_build_is_killed(tmp_path: Path) -> None:
     """A build stopped by SIGKILL (a device command's limit) runs no exit handlers: its DFlash child notices that its
     parent is gone (`exit_with_parent`) and ends, instead of training on beside the next build's."""

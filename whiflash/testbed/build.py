@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -198,13 +199,31 @@ def _start_dflash(out: Path, config: TestbedConfig, seed: int, dev: dict[str, An
     if folder.exists():
         shutil.rmtree(folder)  # leftovers of a killed build
     folder.mkdir()
-    proc = multiprocessing.get_context("spawn").Process(
-        target=_train_dflash_child, args=(str(out), asdict(config.dflash), str(folder), seed, dev,
-                                          torch.get_num_threads()), name="dflash-stage",
-        daemon=True)  # ends with the build
-    proc.start()
+    proc = spawn_child(_train_dflash_child, (str(out), asdict(config.dflash), str(folder), seed, dev,
+                                             torch.get_num_threads()), name="dflash-stage")
     log.info("stage dflash    training in a child process (pid %s) beside eagle3", proc.pid)
     return proc, folder
+
+
+def spawn_child(target: Callable[..., Any], args: tuple[Any, ...], name: str) -> BaseProcess:
+    """Start `target(*args)` in a spawned daemon process (it ends with the build), whatever ran the build.
+
+    A spawned child re-runs the parent's main module from ``__main__.__file__``. A build started from a script on
+    stdin (``python3 - <<EOF``, as the GPU scripts do) has ``__file__ == "<stdin>"``, which names no file: the
+    child would die on it before `target` runs and the stage would train again after eagle3 instead of beside it.
+    Such a main is hidden from the spawn while it starts (`target` lives in a module, not in ``__main__``)."""
+    main = sys.modules["__main__"]
+    path = getattr(main, "__file__", None)
+    hide = path is not None and getattr(main.__spec__, "name", None) is None and not os.path.isfile(path)
+    proc = multiprocessing.get_context("spawn").Process(target=target, args=args, name=name, daemon=True)
+    if hide:
+        del main.__file__
+    try:
+        proc.start()
+    finally:
+        if hide:
+            main.__file__ = path
+    return proc
 
 
 def _train_dflash_child(out: str, dflash: dict[str, Any], folder: str, seed: int, dev: dict[str, Any],
