@@ -703,6 +703,54 @@ def test_bench_datagen_script_times_the_three_ways_and_checks_the_passes(micro):
     assert same == total > 0
 
 
+def test_probe_draft_confidence_script_prices_the_signals_on_rows_like_datagens(micro, tmp_path):
+    """scripts/probe_draft_confidence.py on the micro testbed (float32): its rows' taus are those of the datagen
+    passes (`Drafter.taus`) at every position, DFlash's expected tau lies in [1, block], and every policy it prices
+    is at most the speed oracle."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from whiflash.decoding.greedy import greedy_batch
+    from whiflash.drafters.base import Commit
+    from whiflash.latency import LatencyProfile
+    from whiflash.session import Session, model_paths
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "probe_draft_confidence.py"
+    profile = LatencyProfile(ar_step=1.0, round={"dflash": 2.0, "eagle3": 1.0}, draft={"dflash": 0.3},
+                             catchup={"dflash": {10: 1.0}, "eagle3": {10: 1.0}}).write(tmp_path / "profile.json")
+    out = subprocess.run([sys.executable, str(script), "--testbed", str(micro), "--latency-profile", str(profile),
+                          "--source", "testbed:test", "--prompts", "2", "--tokens", "24", "--device", "cpu",
+                          "--dtype", "float32", "--out", str(tmp_path / "probe.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    figures = json.loads((tmp_path / "probe.json").read_text())["categories"]
+    assert figures["all"]["rows"] > 0 and "all " in out.stdout
+    for row in figures.values():
+        for policy in ("dflash", "eagle3", "entropy_policy", "confidence_policy"):
+            assert row[policy] <= row["oracle"] * (1 + 1e-9), (policy, row)
+
+    spec = importlib.util.spec_from_file_location("probe_draft_confidence", script)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    paths = model_paths(micro)
+    run = Session.open(paths, "cpu", "float32")
+    dflash = whiflash.load_drafter("dflash", paths["dflash"], run.target)
+    eagle3 = whiflash.load_drafter("eagle3", paths["eagle3"], run.target)
+    ids = run.encode(["def add(a, b):"])
+    new = greedy_batch(run.target, [ids], 24 + max(dflash.draft_length, eagle3.draft_length) + 1)[0]
+    cols = probe.rows_of_prompt(run.target, dflash, eagle3, ids, new, set())
+    seq = torch.tensor(ids + new)
+    taps = tuple(sorted(set(dflash.tap_layers) | set(eagle3.tap_layers)))
+    commit = Commit(run.target.full_pass(seq, taps).feats, seq[1:], 0, taps)
+    starts = torch.tensor(cols["position"])
+    for d, col in ((dflash, "tau_0"), (eagle3, "tau_1")):
+        d.reset(run.target, run.target.max_len)
+        assert d.taus(d.select_taps(commit), seq, starts).tolist() == cols[col].tolist()
+    assert len(starts) == 24 and np.all((cols["confidence"] >= 1) & (cols["confidence"] <= dflash.block_size))
+
+
 @pytest.mark.parametrize("world_name", ["qwen3-mixed", "llama-mixed"])
 def test_a_walk_over_every_position_is_the_routed_decode(worlds, world_name):
     """The reason rows at every position exist: a router's walk over them (its slot from each row's features, the

@@ -52,6 +52,12 @@ def normalise_config(cfg: dict[str, Any], target_layers: int, mask_token_id: int
     return cfg
 
 
+def chain_tau(logits: Tensor, truth: Tensor) -> Tensor:
+    """`[R]` tau of argmax chains `logits [R, d, V]` against the tokens they should draft, `truth [R, d]`: 1 + the
+    length of each chain's leading run of matches (the bonus token counted)."""
+    return 1 + (logits.argmax(-1) == truth).long().cumprod(1).sum(1)
+
+
 class DFlashDrafter(Drafter):
     """Chain proposals: the argmax of each of the `block_size - 1` masked positions."""
 
@@ -168,9 +174,30 @@ class DFlashDrafter(Drafter):
     @without_grad
     def taus(self, taps: Tensor, ids: Tensor, starts: Tensor, tree_budget: int | None = None) -> Tensor:
         """`[R]` tau at each pending position of `starts [R]` of the block's argmax chain, or (`tree_budget`) of the
-        DDTree of that many nodes over the same block (`Drafter.taus`). Every block is in one pass: the block
-        `[ids[n], MASK x (b-1)]` at positions `n .. n+b-1` sees the context rows `t < n` and its own block, as
-        `block_logits` after a catch-up to `n`. A tree accepts its deepest node whose path is the sequence."""
+        DDTree of that many nodes over the same block (`Drafter.taus`), from `blocks_at`'s logits. A tree accepts
+        its deepest node whose path is the sequence."""
+        logits = self.blocks_at(taps, ids, starts)
+        # [R, b-1]: the tokens each depth should draft
+        truth = ids[starts[:, None] + torch.arange(1, self.block_size, device=ids.device)]
+        if tree_budget is None:
+            return chain_tau(logits, truth)
+        if tree_budget <= logits.shape[-1]:  # every position's tree at once
+            return 1 + deepest_on_path(logits, truth, tree_budget)
+        taus, truth = [], truth.tolist()
+        for i in range(len(starts)):  # a budget above the vocabulary: one padded tree a position (`build_tree_device`)
+            tree = tree_proposal(logits[i].float(), tree_budget, self.engine.tree_kernel)
+            tokens, parents, depths = (t.tolist() for t in (tree.tokens, tree.parents, tree.depths))
+            on_path = [True]  # the root, then each node in order (a parent comes before its children)
+            for token, parent, depth in zip(tokens, parents, depths):
+                on_path.append(on_path[parent] and token == truth[i][depth - 1])
+            taus.append(1 + max((d for d, ok in zip(depths, on_path[1:]) if ok), default=0))
+        return torch.tensor(taus, device=ids.device)
+
+    @without_grad
+    def blocks_at(self, taps: Tensor, ids: Tensor, starts: Tensor) -> Tensor:
+        """`[R, b-1, V]` the block's draft logits at each pending position of `starts [R]` (inputs as `taus`), in one
+        pass: the block `[ids[n], MASK x (b-1)]` at positions `n .. n+b-1` sees the context rows `t < n` and its own
+        block, as `block_logits` after a catch-up to `n`."""
         length, dev = int(starts.max()), ids.device
         cols = torch.arange(length, device=dev)
         context = self._context_kv(taps[:length], cols)
@@ -185,21 +212,7 @@ class DFlashDrafter(Drafter):
         for (k0, v0), layer in zip(context, self.layers):
             q, k, v = layer.pre(x, angles)
             x = layer.post(x, attention(q, torch.cat([k0, k], 1), torch.cat([v0, v], 1), mask))
-        logits = self.target.lm_head(self.norm(x.view(r, b, -1)[:, 1:]))
-        truth = ids[starts[:, None] + offsets[1:]]  # [R, b-1]: the tokens each depth should draft
-        if tree_budget is None:
-            return 1 + (logits.argmax(-1) == truth).long().cumprod(1).sum(1)
-        if tree_budget <= logits.shape[-1]:  # every position's tree at once
-            return 1 + deepest_on_path(logits, truth, tree_budget)
-        taus, truth = [], truth.tolist()
-        for i in range(r):  # a budget above the vocabulary: one padded tree a position (`build_tree_device`)
-            tree = tree_proposal(logits[i].float(), tree_budget, self.engine.tree_kernel)
-            tokens, parents, depths = (t.tolist() for t in (tree.tokens, tree.parents, tree.depths))
-            on_path = [True]  # the root, then each node in order (a parent comes before its children)
-            for token, parent, depth in zip(tokens, parents, depths):
-                on_path.append(on_path[parent] and token == truth[i][depth - 1])
-            taus.append(1 + max((d for d, ok in zip(depths, on_path[1:]) if ok), default=0))
-        return torch.tensor(taus, device=dev)
+        return self.target.lm_head(self.norm(x.view(r, b, -1)[:, 1:]))
 
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
         return self.draft(pending, pos, None)
