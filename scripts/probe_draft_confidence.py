@@ -9,16 +9,19 @@ its own estimate of the tokens it will get accepted, E = 1 + sum_k prod_(j<=k) p
 with DFlash every round, verifies the block when E >= theta, and otherwise drafts with EAGLE-3 and verifies that,
 having paid for a DFlash draft it threw away.
 
-For each prompt of `--source` (a datagen source, `--prompts` a category), at every position a round can start at (rows as
-`whiflash-datagen --parallel --path every` makes them): both drafters' tau, DFlash's E and the target's next-token
-entropy. Printed per category, over the same rows:
+For each prompt of `--source` (a datagen source, `--prompts` a category), at every position a round can start at
+(rows as `whiflash-datagen --parallel --path every` makes them): both drafters' tau, DFlash's E and the target's
+next-token entropy. Printed per category, over the same rows:
 
-- how well each signal ranks DFlash's tau (Spearman) and the rounds where EAGLE-3's tau is larger (AUC);
+- how well each signal ranks DFlash's tau (Spearman) and finds the rounds where EAGLE-3 yields more tokens per ms
+  of its round (AUC);
 - speeds under the latency profile (`whiflash.speed_oracle`: round + catch-up, headline rate over prompts):
   each drafter alone, the speed oracle, the entropy threshold (`whiflash-entropy`, deciding before drafting) and
-  the draft-first confidence threshold (every EAGLE-3 round + a DFlash draft and catch-up), each threshold fitted
-  on half the prompts and scored on the other half (both ways round); and the share of the speed oracle's gain
-  each gets.
+  the draft-first confidence threshold (every EAGLE-3 round + a DFlash draft and catch-up) and, as the bound of any
+  draft-first policy that reads DFlash's block alone, the same threshold on DFlash's true tau; beside it a router
+  that knew EAGLE-3's true tau before the round (slot 0 below a threshold, a neural decision's cost); each threshold
+  fitted on half the prompts and scored on the other half (both ways round); and the share of the speed oracle's
+  gain each gets.
 """
 from __future__ import annotations
 
@@ -161,7 +164,7 @@ def main() -> None:
     print(f"rows {len(cols['tau_0'])} from {len(parts)} prompts; rounds DFlash {rounds[0]:.3f} / EAGLE-3 "
           f"{rounds[1]:.3f} ms; a draft-first EAGLE-3 round also pays {wasted:.3f} ms of DFlash")
     print("category  rho(E,tau0) rho(-H,tau0)  AUC E  AUC -H | DFlash  EAGLE-3  oracle (gain) | entropy (share) "
-          "| draft-first E (share)")
+          "| draft-first E (share) | draft-first tau0 (share) | knowing tau1 (share)")
     for cat in [*sorted(set(cols["category"].tolist())), "all"]:
         sel = np.ones(len(cols["tau_0"]), bool) if cat == "all" else cols["category"] == cat
         c = {k: v[sel] for k, v in cols.items()}
@@ -171,18 +174,23 @@ def main() -> None:
         best, top = max(alone), o["tokens_per_second"]
         ent = fitted(c["entropy"], c, True, rounds, profile, profile.router_ms("entropy"))
         conf = fitted(c["confidence"], c, False, draft_first, profile, 0.0)
+        known = fitted(c["tau_0"].astype(np.float64), c, False, draft_first, profile, 0.0)
+        known1 = fitted(c["tau_1"].astype(np.float64), c, True, rounds, profile, profile.router_ms("neural"))
         row = {"rows": int(sel.sum()), "spearman_confidence_tau0": spearman(c["confidence"], c["tau_0"]),
                "spearman_neg_entropy_tau0": spearman(-c["entropy"], c["tau_0"]),
                "auc_confidence": auc(-c["confidence"], eagle_wins), "auc_neg_entropy": auc(c["entropy"], eagle_wins),
                "dflash": alone[0], "eagle3": alone[1], "oracle": top, "oracle_gain": top / best - 1,
                "entropy_policy": ent, "entropy_share": oracle_gain_share(ent, best, top),
-               "confidence_policy": conf, "confidence_share": oracle_gain_share(conf, best, top)}
+               "confidence_policy": conf, "confidence_share": oracle_gain_share(conf, best, top),
+               "known_tau0_policy": known, "known_tau0_share": oracle_gain_share(known, best, top),
+               "known_tau1_policy": known1, "known_tau1_share": oracle_gain_share(known1, best, top)}
         figures["categories"][cat] = row
         share = lambda v: "—" if v is None else f"{v:+.2f}"  # noqa: E731
         print(f"{cat:9s} {row['spearman_confidence_tau0']:10.3f} {row['spearman_neg_entropy_tau0']:11.3f} "
               f"{row['auc_confidence']:7.3f} {row['auc_neg_entropy']:7.3f} | {alone[0]:7.1f} {alone[1]:8.1f} "
               f"{top:7.1f} ({100 * row['oracle_gain']:+.1f}%) | {ent:7.1f} ({share(row['entropy_share'])}) | "
-              f"{conf:7.1f} ({share(row['confidence_share'])})")
+              f"{conf:7.1f} ({share(row['confidence_share'])}) | {known:7.1f} ({share(row['known_tau0_share'])}) | "
+              f"{known1:7.1f} ({share(row['known_tau1_share'])})")
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1))
 

@@ -728,7 +728,8 @@ def test_probe_draft_confidence_script_prices_the_signals_on_rows_like_datagens(
     figures = json.loads((tmp_path / "probe.json").read_text())["categories"]
     assert figures["all"]["rows"] > 0 and "all " in out.stdout
     for row in figures.values():
-        for policy in ("dflash", "eagle3", "entropy_policy", "confidence_policy"):
+        for policy in ("dflash", "eagle3", "entropy_policy", "confidence_policy", "known_tau0_policy",
+                       "known_tau1_policy"):
             assert row[policy] <= row["oracle"] * (1 + 1e-9), (policy, row)
 
     spec = importlib.util.spec_from_file_location("probe_draft_confidence", script)
