@@ -301,3 +301,19 @@ def test_a_drafter_given_another_target_drops_its_graphs(worlds):
         assert drafter.graphs, drafter.kind
         drafter.reset(other, 64)
         assert drafter.graphs == {}, drafter.kind
+
+
+def test_a_prefix_input_fills_the_first_rows_and_leaves_the_padding_alone():
+    """A catch-up shorter than its fixed width passes a `Prefix`: run directly (and at capture) it gets zero rows
+    appended; a replay copies it over the static input's first rows and neither allocates nor fills the rest,
+    which keeps the last call's rows (the pass must not read them; `tests/test_lossless.py` decodes through it)."""
+    from whiflash.runtime.graphs import Prefix, copy_inputs
+
+    x = torch.arange(6.0).view(3, 2)
+    assert torch.equal(Prefix(x, 5).padded(), torch.cat([x, torch.zeros(2, 2)]))
+    assert Prefix(x, 3).padded() is x
+    with pytest.raises(ValueError, match="a fixed-shape pass of 2 rows got 3"):
+        Prefix(x, 2).padded()
+    static, whole = torch.full((5, 2), 9.0), torch.zeros(4)
+    copy_inputs([static, whole], (Prefix(x, 5), torch.ones(4)))
+    assert torch.equal(static, torch.cat([x, torch.full((2, 2), 9.0)])) and torch.equal(whole, torch.ones(4))

@@ -182,10 +182,10 @@ class EmulatedGraph:
         self._kept: list[Tensor] = []
         _tensors_like(self.outputs, self._kept.append)
 
-    def __call__(self, *inputs: Tensor) -> Any:
-        for static, x in zip(self.inputs, inputs):
-            if static is not x:
-                static.copy_(x)
+    def __call__(self, *inputs: Any) -> Any:
+        from whiflash.runtime.graphs import copy_inputs
+
+        copy_inputs(self.inputs, inputs)  # a `Prefix` leaves the last call's rows in the padding, as a graph does
         fresh: list[Tensor] = []
         _tensors_like(self.fn(*self.inputs), fresh.append)
         for static, x in zip(self._kept, fresh):

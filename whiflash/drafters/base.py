@@ -181,7 +181,7 @@ class Drafter(nn.Module, FixedShapePasses):
 
         One pass of `catch_up_rows` for a backlog of one round; passes 4x as wide for the long
         backlogs that lazy switching leaves. Two captured shapes in all; caches keep
-        `4 * catch_up_rows` spare slots for the zero-padded tail of the last pass.
+        `4 * catch_up_rows` spare slots for the padded tail of the last pass.
         """
         c = self.catch_up_rows if n <= self.catch_up_rows else 4 * self.catch_up_rows
         return c, range(0, n, c)
@@ -256,12 +256,6 @@ class Drafter(nn.Module, FixedShapePasses):
         """The branch choice for a union proposal (`Proposal.branch`): the 0-dim long slot (on the device) whose
         branch the round accepts, from both slots' `[2]` taus. Default: the larger tau, ties slot 1."""
         return (taus[0] <= taus[1]).long()
-
-
-def pad_rows(x: Tensor, rows: int) -> Tensor:
-    """`x` with zero rows appended up to `rows` (fixed-shape passes over a shorter backlog)."""
-    n = x.shape[0]
-    return x if n == rows else torch.cat([x, x.new_zeros((rows - n, *x.shape[1:]))])
 
 
 def write_checkpoint(folder: str | Path, config: dict[str, Any], state: dict[str, Tensor]) -> Path:

@@ -15,12 +15,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from whiflash.drafters.base import Drafter, Proposal, pad_rows
+from whiflash.drafters.base import Drafter, Proposal
 from whiflash.drafters.trees import deepest_on_path, tree_proposal
 from whiflash.runtime import gemv
 from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import rope_from_config
-from whiflash.runtime.graphs import without_grad
+from whiflash.runtime.graphs import Prefix, without_grad
 from whiflash.runtime.layers import DecoderLayer, RMSNorm, Rotary, attention
 
 
@@ -111,7 +111,7 @@ class DFlashDrafter(Drafter):
         """Write the context K/V of every backlog position, for all layers.
 
         Eager: one pass over exactly the backlog. Fixed shapes: `catch_up_passes`, the last
-        zero-padded; padded rows write slots past the context, which the next block pass
+        padded (`Prefix`); padded rows write slots past the context, which the next block pass
         overwrites before any query can see them.
         """
         commit = self.take_backlog()
@@ -125,7 +125,7 @@ class DFlashDrafter(Drafter):
             c, passes = self.catch_up_passes(n)
             for s in passes:
                 slots = self._cols[start + s : start + s + c]
-                self.run_fixed(f"context{c}", self._context_fixed, pad_rows(taps[s : s + c], c), slots, compile=True)
+                self.run_fixed(f"context{c}", self._context_fixed, Prefix(taps[s : s + c], c), slots, compile=True)
         self._seq.kv_len = start + n
 
     def _context(self, taps: Tensor, positions: Tensor, rows: Rows) -> None:

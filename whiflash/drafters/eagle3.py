@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from whiflash.drafters.base import Drafter, Proposal, pad_rows
+from whiflash.drafters.base import Drafter, Proposal
 from whiflash.runtime import gemv
 from whiflash.runtime.cache import KVCache, Rows
 from whiflash.runtime.config import rope_from_config
-from whiflash.runtime.graphs import without_grad
+from whiflash.runtime.graphs import Prefix, without_grad
 from whiflash.runtime.layers import Attention, RMSNorm, Rotary, SwiGLU
 
 
@@ -202,9 +202,9 @@ class Eagle3Drafter(Drafter):
         """KV-only prefill of the backlog: K/V for every row, the full layer only for the last.
 
         Returns the last row's pre-norm output and logits (they start the next draft). Fixed
-        shapes: `catch_up_passes`, K/V only but for the last, which is zero-padded and also runs its
-        last row through the layer and head; padded rows write slots past the context that drafting
-        overwrites before reading them.
+        shapes: `catch_up_passes`, K/V only but for the last, which is padded (`Prefix`) and also
+        runs its last row through the layer and head; padded rows write slots past the context that
+        drafting overwrites before reading them.
         """
         commit = self.take_backlog()
         if commit is None:
@@ -223,8 +223,8 @@ class Eagle3Drafter(Drafter):
                                    compile=True)
                     continue
                 m = n - s  # rows of the last pass; the rest of its `c` is padding
-                seq.last = self.run_fixed(f"catch_up{c}", self._catch_up, pad_rows(taps[s : s + c], c),
-                                          pad_rows(tokens[s : s + c], c), slots, self._cols[m - 1 : m], compile=True)
+                seq.last = self.run_fixed(f"catch_up{c}", self._catch_up, Prefix(taps[s : s + c], c),
+                                          Prefix(tokens[s : s + c], c), slots, self._cols[m - 1 : m], compile=True)
             return seq.last
         positions = self._cols[start:end]
         x, residual = self._rows(self.fuse(taps), tokens)

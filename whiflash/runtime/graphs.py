@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Hashable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -40,8 +40,36 @@ def without_grad(fn: F) -> F:
     return call  # type: ignore[return-value]
 
 
+class Prefix(NamedTuple):
+    """A pass input of `rows` rows given by its first ones, `x`: the rest is padding whose values the pass must not
+    depend on (rows it writes where nothing reads them before they are overwritten: a catch-up shorter than its
+    fixed width). A graph replay copies `x` over its static input's first rows and leaves the rest as the last
+    call did; a direct run (and the capture) gets zero rows appended. The padding costs no allocation, fill or
+    concatenation a round on the GPU."""
+
+    x: Tensor
+    rows: int
+
+    def padded(self) -> Tensor:
+        """`x` with zero rows appended up to `rows`."""
+        n = self.x.shape[0]
+        if n > self.rows:
+            raise ValueError(f"a fixed-shape pass of {self.rows} rows got {n}")
+        return self.x if n == self.rows else torch.cat([self.x, self.x.new_zeros((self.rows - n, *self.x.shape[1:]))])
+
+
+def copy_inputs(statics: list[Tensor], inputs: tuple[Tensor | Prefix, ...]) -> None:
+    """A replay's inputs into the graph's static ones: a `Prefix` over the first rows only, a static input itself
+    (an aliased one) not at all."""
+    for static, x in zip(statics, inputs):
+        if isinstance(x, Prefix):
+            static[: x.x.shape[0]].copy_(x.x, non_blocking=True)
+        elif static is not x:
+            static.copy_(x, non_blocking=True)
+
+
 class Graphed:
-    """A captured `fn(*tensors)`; replay with new input values of the same shapes."""
+    """A captured `fn(*tensors)`; replay with new input values of the same shapes (or `Prefix`es of them)."""
 
     def __init__(self, fn: Callable[..., Any], *example_inputs: Tensor, warmup: int = 2, alias: bool = False) -> None:
         # alias: the inputs are themselves static (another graph's outputs), read in place, never copied
@@ -58,10 +86,8 @@ class Graphed:
         with torch.cuda.graph(self.graph), torch.no_grad():
             self.outputs = fn(*self.inputs)
 
-    def __call__(self, *inputs: Tensor) -> Any:
-        for static, x in zip(self.inputs, inputs):
-            if static is not x:
-                static.copy_(x, non_blocking=True)
+    def __call__(self, *inputs: Tensor | Prefix) -> Any:
+        copy_inputs(self.inputs, inputs)
         self.graph.replay()
         return self.outputs
 
@@ -117,9 +143,10 @@ class FixedShapePasses:
         if self.graphs:
             self.graphs = {}
 
-    def run_fixed(self, key: Hashable, fn: Callable[..., Any], *inputs: Tensor, compile: bool = False,
+    def run_fixed(self, key: Hashable, fn: Callable[..., Any], *inputs: Tensor | Prefix, compile: bool = False,
                   alias_inputs: bool = False) -> Any:
-        """Run a fixed-shape pass: directly, or as the CUDA graph `key` (captured on first use).
+        """Run a fixed-shape pass: directly, or as the CUDA graph `key` (captured on first use). An input may be a
+        `Prefix` of the rows the pass is fixed at.
 
         `compile`: the whole pass goes through torch.compile under `EngineOptions.compiled_layers` (the
         drafters' own passes, whose layers are not the target's `DecoderLayer`s), compiled once per key.
@@ -131,7 +158,8 @@ class FixedShapePasses:
                 compiled[key] = layers.compile_pass(fn, self.engine.compile_backend)
             fn = compiled[key]
         if self.graphs is None:
-            return fn(*inputs)
+            return fn(*(x.padded() if isinstance(x, Prefix) else x for x in inputs))
         if key not in self.graphs:
-            self.graphs[key] = Graphed(fn, *inputs, alias=alias_inputs)
+            full = [x.padded() if isinstance(x, Prefix) else x for x in inputs]
+            self.graphs[key] = Graphed(fn, *full, alias=alias_inputs)
         return self.graphs[key](*inputs)
