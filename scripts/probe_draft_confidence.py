@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.stats import spearmanr
+from sklearn.metrics import roc_auc_score
 from tqdm import tqdm
 
 import whiflash
@@ -81,17 +83,13 @@ def rows_of_prompt(target: Any, dflash: Any, eagle3: Any, ids: list[int], new: l
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
-    return float(np.corrcoef(rx, ry)[0, 1]) if len(x) > 2 else float("nan")
+    """Spearman's rank correlation, ties at their mean rank (taus are small integers: most rows tie)."""
+    return float(spearmanr(x, y).statistic) if len(x) > 2 else float("nan")
 
 
 def auc(score: np.ndarray, positive: np.ndarray) -> float:
-    """P(score of a positive row > score of a negative one), ties half."""
-    pos, neg = score[positive], score[~positive]
-    if not len(pos) or not len(neg):
-        return float("nan")
-    ranks = np.argsort(np.argsort(np.concatenate([pos, neg]), kind="stable"), kind="stable") + 1.0
-    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+    """P(score of a positive row > score of a negative one), ties counted half; NaN without both kinds."""
+    return float(roc_auc_score(positive, score)) if 0 < positive.sum() < len(positive) else float("nan")
 
 
 def rate(slot0: np.ndarray, cols: dict[str, np.ndarray], rounds: tuple[float, float], profile: LatencyProfile,
