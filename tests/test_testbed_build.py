@@ -356,8 +356,9 @@ def test_a_failed_dflash_child_is_trained_in_the_build_after_all(tmp_path: Path,
 
 def test_the_dflash_child_starts_under_a_build_read_from_stdin() -> None:
     """The GPU scripts run the build from a script on stdin (`python3 - <<EOF`): its main module's `__file__` is
-    "<stdin>", which a spawned child cannot re-run. `spawn_child` starts the child all the same (it died with exit
-    code 1 before, and the DFlash stage trained after eagle3 instead of beside it) and leaves `__file__` as it was."""
+    "<stdin>", which a spawned child cannot re-run. `spawn_child` starts the child all the same (a plain spawn dies
+    with exit code 1, and the DFlash stage then trains after eagle3 instead of beside it) and leaves `__file__` as
+    it was."""
     import subprocess
     import sys
 
