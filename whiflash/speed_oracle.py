@@ -361,7 +361,7 @@ def _prepared(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: Late
 
 
 def _per_prompt(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
-                spans: list[tuple[int, int]], costs: _Costs, lazy: bool, every: bool) -> dict[str, np.ndarray]:
+                spans: list[tuple[int, int]], costs: _Costs, every: bool) -> dict[str, np.ndarray]:
     """Per prompt (`spans` order): each slot alone (`tokens_0`, `ms_0`, `tokens_1`, `ms_1`) and the oracle
     (`tokens`, `ms`, `slot0` rounds, `rounds`, Dinkelbach `iterations`), each prompt's slot sequence of the most
     tokens per ms."""
@@ -369,7 +369,7 @@ def _per_prompt(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: La
     out: dict[str, np.ndarray] = {}
     for s in (0, 1):
         out[f"tokens_{s}"], out[f"ms_{s}"], _ = simulate_prompts(np.full(len(part["tau_0"]), s == 0), part, kinds,
-                                                                 costs.rounds, profile, 0.0, lazy, every=every)
+                                                                 costs.rounds, profile, 0.0, costs.lazy, every=every)
     start = np.maximum(out["tokens_0"] / out["ms_0"], out["tokens_1"] / out["ms_1"])  # feasible: a slot alone
     found = np.array([_oracle_ratio(lo, hi, cols, costs, float(lam), every) for (lo, hi), lam in zip(spans, start)])
     for j, name in enumerate(("tokens", "ms", "slot0", "rounds", "iterations")):
@@ -409,7 +409,7 @@ def speed_oracle(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: L
     each round's position from the taus of the slots it picks (`_best_walk`): perfect routing over every path, not
     over one path's rows."""
     cols, spans, costs = _prepared(cols, kinds, profile, tree_budget, lazy)
-    per = _per_prompt(cols, kinds, profile, spans, costs, lazy, every)
+    per = _per_prompt(cols, kinds, profile, spans, costs, every)
     category = np.array([cols["category"][lo] for lo, _ in spans])
     names = [str(cols["prompt_id"][lo]) for lo, _ in spans]
     out: dict[str, Any] = {}
