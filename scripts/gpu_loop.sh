@@ -25,9 +25,6 @@
 # router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most, 8 files and 64 MiB in all:
 # rows at every position of 640 prompts x 256 tokens do not fit), so router modelling can go on elsewhere:
 # `cat router_data_NAME.tar.* | tar xf - -C DEST` gives the dataset folder.
-# DFLASH_BESIDE_S (80): what the dflash stage adds to a build process that also trains eagle3 (the drafter stages
-# train at once there); a call runs them together once target and responses are done and eagle3's estimate plus
-# this fits.
 # TAU_RULE=auto: calibrate also replays a grid of tau rules (--whiflash-tau-rule) and keeps the fastest, or none; an
 # eval-rule step after the routed bench then benches it (WhiFlash-Entropy under the rule beside AR and the drafters).
 # ROUTER_FLAGS="--parallel --path every": router data with a row at every position
@@ -124,9 +121,6 @@ for i in "${!steps[@]}"; do
     # each build process spends 13-17 s re-checking the stages before its own
     while [[ ${steps[$skip_to]:-} == build-* ]]; do
       more=${steps[$skip_to]##*:}
-      # in the process that builds eagle3, dflash trains beside it (the presets' concurrent_drafters): it adds
-      # DFLASH_BESIDE_S, not its time alone (set DFLASH_BESIDE_S=190 for a build with concurrent_drafters=false)
-      [[ ${steps[$skip_to]} == build-dflash:* && $run == build-eagle3 ]] && more=${DFLASH_BESIDE_S:-80}
       [ $(( est + more )) -le "$left" ] || break
       est=$(( est + more )); run=${steps[$skip_to]%%:*}; skip_to=$(( skip_to + 1 ))
     done
