@@ -448,6 +448,33 @@ def test_a_drafter_data_subset_takes_the_categories_in_turn(tmp_path: Path) -> N
     assert all(int(s.loss_mask.sum()) == s.ids.numel() - 2 for s in subset)
 
 
+def test_a_drafter_mix_redraws_the_categories_to_their_shares(tmp_path: Path) -> None:
+    """``eagle3.mix`` / ``dflash.mix``: as many sequences as responses, each category its share (its responses
+    repeated where it has too few, dropped at share 0); a bad mix is refused by name before the build starts."""
+    from dataclasses import replace
+
+    from whiflash.testbed.drafter_data import response_samples
+
+    (tmp_path / "responses").mkdir()
+    rows = [{"id": f"{c}{i}", "category": c, "prompt_ids": [5], "response_ids": [i, i + 1]}
+            for c, n in (("code", 6), ("math", 2), ("prose", 2)) for i in range(n)]
+    with open(tmp_path / "responses" / "responses.jsonl", "w") as fh:
+        fh.write("\n".join(json.dumps(r) for r in rows) + "\n")
+    mixed = response_samples(tmp_path, mix={"prose": 3, "math": 1, "code": 0})
+    assert len(mixed) == 10 and [s.category for s in mixed].count("prose") == 8  # 10 x 3/4, rounded
+    prose = [s.ids.tolist() for s in mixed if s.category == "prose"]
+    assert prose == [[5, 0, 1], [5, 1, 2]] * 4  # in file order, repeated
+    assert [s.category for s in response_samples(tmp_path, 3, {"prose": 1, "math": 1})] == ["prose", "math", "prose"]
+    with pytest.raises(ValueError, match=r"eagle3\.mix: the responses hold no sequence of \['agentic'\]"):
+        response_samples(tmp_path, mix={"agentic": 1}, field="eagle3.mix")
+    cfg = get_preset("micro")
+    for bad, why in (({"poetry": 1}, r"unknown: \['poetry'\]"), ({"code": -1}, "shares >= 0"),
+                     ({"code": 0}, "not all 0"), ([0.5, 0.5], "a mapping")):
+        with pytest.raises(ValueError, match=rf"dflash\.mix: expected .*{why}"):
+            build(tmp_path / "never", replace(cfg, dflash=replace(cfg.dflash, mix=bad)))
+    assert not (tmp_path / "never").exists()
+
+
 def test_acceptance_measures_drafter_snapshots_against_training_tokens(micro: Path) -> None:
     """Snapshots taken during drafter training get tau per category, beside the final drafter, in token order."""
     from whiflash.testbed.target import Snapshots

@@ -74,6 +74,10 @@ def build(out: str | Path, config: TestbedConfig, until: str | None = None) -> d
     if set(named) - {*CATEGORIES, "every category"} or any(s not in SPLITS[:2] for s in named.values()):
         raise ValueError(f"responses.split={split!r}: expected 'train' or 'validation', or a mapping of categories "
                          f"({', '.join(CATEGORIES)}) to them (the test split is held out for evaluation)")
+    from .drafter_data import check_mix
+
+    check_mix(config.eagle3.mix, "eagle3.mix")
+    check_mix(config.dflash.mix, "dflash.mix")
     out = Path(out)
     config = resolve_precision(config)
     threads = torch.get_num_threads()

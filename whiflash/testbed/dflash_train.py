@@ -174,7 +174,7 @@ def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = 
     taps = tap_layers("dflash", tc.num_hidden_layers)
     mask_id = load_tokenizer(root / "target").mask_token_id
     target = load_target(root / "target", device=device)
-    samples = response_samples(root, cfg.sequences)
+    samples = response_samples(root, cfg.sequences, cfg.mix, field="dflash.mix")
     pad_id = int(target.config.extra.get("pad_token_id") or 0)
     config = dflash_config(cfg, tc, taps, mask_id)
     torch.manual_seed(seed)

@@ -26,8 +26,9 @@ from whiflash.drafters.eagle3 import default_layer_ids
 from .presets import CATEGORIES, ResponsesConfig
 from .prompts import held_out_prompts
 
-__all__ = ["generate_responses", "repetitive", "load_responses", "Sample", "response_samples", "TargetFeatures",
-           "load_features", "with_features", "even_layers", "released_taps", "tap_layers", "pad_batch", "sample_loader"]
+__all__ = ["generate_responses", "repetitive", "load_responses", "Sample", "response_samples", "check_mix",
+           "TargetFeatures", "load_features", "with_features", "even_layers", "released_taps", "tap_layers", "pad_batch",
+           "sample_loader"]
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +147,15 @@ class Sample:
     """Corpus category of the prompt."""
 
 
-def response_samples(root: Path, limit: int | None = None) -> list[Sample]:
+def response_samples(root: Path, limit: int | None = None, mix: dict[str, float] | None = None,
+                     field: str = "mix") -> list[Sample]:
     """Responses of the ``responses`` stage with at least two tokens, as training sequences.
 
-    ``limit`` keeps that many, taking the categories in turn (so a subset keeps the categories'
-    balance); None keeps all, in file order.
+    ``mix`` (category -> share) redraws them so that each category makes up its share of as many sequences as
+    there are responses: a category's responses in file order, repeated where its share asks for more than it
+    has (released drafters learn from data sets of their own, EAGLE-3's mostly chat, DFlash's heavy in math and
+    code). ``limit`` then keeps that many, taking the categories in turn (so a subset keeps the categories'
+    balance); None keeps all, in file order. ``field`` names the option in errors.
     """
     by_cat: dict[str, list[Sample]] = {}
     for row in load_responses(root):
@@ -160,10 +165,37 @@ def response_samples(root: Path, limit: int | None = None) -> list[Sample]:
         mask = torch.zeros(ids.numel(), dtype=torch.bool)
         mask[len(row["prompt_ids"]):] = True
         by_cat.setdefault(row["category"], []).append(Sample(ids, mask, row["category"]))
+    if mix is not None:
+        by_cat = _mixed(by_cat, mix, field)
     if limit is None:
         return [s for rows in by_cat.values() for s in rows]
     turns = [s for group in zip_longest(*by_cat.values()) for s in group if s is not None]
     return turns[:limit]
+
+
+def check_mix(mix: object, field: str) -> None:
+    """Raise a ``ValueError`` naming ``field`` unless ``mix`` is None or maps categories to shares >= 0, not all 0."""
+    if mix is None:
+        return
+    if not isinstance(mix, dict) or not mix:
+        raise ValueError(f"{field}: expected a mapping of category to share, e.g. {{\"prose\": 0.7, \"code\": 0.3}}, "
+                         f"got {mix!r}")
+    unknown = sorted(set(mix) - set(CATEGORIES))
+    bad = [v for v in mix.values() if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0]
+    if unknown or bad or sum(mix.values()) <= 0:
+        raise ValueError(f"{field}: expected shares >= 0 (not all 0) of the categories {list(CATEGORIES)}, got "
+                         f"{mix!r}" + (f" (unknown: {unknown})" if unknown else ""))
+
+
+def _mixed(by_cat: dict[str, list[Sample]], mix: dict[str, float], field: str) -> dict[str, list[Sample]]:
+    """``by_cat`` redrawn to the shares of ``mix`` (see ``response_samples``)."""
+    check_mix(mix, field)
+    empty = sorted(c for c, share in mix.items() if share > 0 and not by_cat.get(c))
+    if empty:
+        raise ValueError(f"{field}: the responses hold no sequence of {empty}, which have a share")
+    total, weight = sum(len(rows) for rows in by_cat.values()), sum(mix.values())
+    return {c: [by_cat[c][i % len(by_cat[c])] for i in range(round(total * share / weight))]
+            for c, share in mix.items() if share > 0}
 
 
 class TargetFeatures(torch.nn.Module):

@@ -174,7 +174,7 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
     tc = ModelConfig.from_json(root / "target" / "config.json")
     taps = tap_layers("eagle3", tc.num_hidden_layers)
     target = load_target(root / "target", device=device)
-    samples = response_samples(root, cfg.sequences)
+    samples = response_samples(root, cfg.sequences, cfg.mix, field="eagle3.mix")
     pad_id = int(target.config.extra.get("pad_token_id") or 0)
     used, d2t, t2d = build_draft_vocab(samples, root, tc.vocab_size, cfg.draft_vocab_size)
     config = eagle3_config(cfg, tc, taps)
