@@ -469,7 +469,7 @@ def test_a_drafter_mix_redraws_the_categories_to_their_shares(tmp_path: Path) ->
         response_samples(tmp_path, mix={"agentic": 1}, field="eagle3.mix")
     cfg = get_preset("micro")
     for bad, why in (({"poetry": 1}, r"unknown: \['poetry'\]"), ({"code": -1}, "shares >= 0"),
-                     ({"code": 0}, "not all 0"), ([0.5, 0.5], "a mapping")):
+                     ({"math": math.nan}, "nan"), ({"code": 0}, "not all 0"), ([0.5, 0.5], "a mapping")):
         with pytest.raises(ValueError, match=rf"dflash\.mix: expected .*{why}"):
             build(tmp_path / "never", replace(cfg, dflash=replace(cfg.dflash, mix=bad)))
     assert not (tmp_path / "never").exists()

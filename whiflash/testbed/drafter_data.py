@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -27,8 +28,8 @@ from .presets import CATEGORIES, ResponsesConfig
 from .prompts import held_out_prompts
 
 __all__ = ["generate_responses", "repetitive", "load_responses", "Sample", "response_samples", "check_mix",
-           "TargetFeatures", "load_features", "with_features", "even_layers", "released_taps", "tap_layers", "pad_batch",
-           "sample_loader"]
+           "TargetFeatures", "load_features", "with_features", "even_layers", "released_taps", "tap_layers",
+           "pad_batch", "sample_loader"]
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ def check_mix(mix: object, field: str) -> None:
         raise ValueError(f"{field}: expected a mapping of category to share, e.g. {{\"prose\": 0.7, \"code\": 0.3}}, "
                          f"got {mix!r}")
     unknown = sorted(set(mix) - set(CATEGORIES))
-    bad = [v for v in mix.values() if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0]
+    bad = [v for v in mix.values() if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf]
     if unknown or bad or sum(mix.values()) <= 0:
         raise ValueError(f"{field}: expected shares >= 0 (not all 0) of the categories {list(CATEGORIES)}, got "
                          f"{mix!r}" + (f" (unknown: {unknown})" if unknown else ""))
