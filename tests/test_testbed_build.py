@@ -448,6 +448,20 @@ def test_a_drafter_data_subset_takes_the_categories_in_turn(tmp_path: Path) -> N
     assert all(int(s.loss_mask.sum()) == s.ids.numel() - 2 for s in subset)
 
 
+def test_responses_take_a_count_per_category(micro: Path, tmp_path: Path) -> None:
+    """``responses.prompts_per_category`` as a mapping: that many responses of each category."""
+    from dataclasses import replace
+
+    from whiflash.testbed.drafter_data import generate_responses
+
+    counts = {"code": 1, "math": 3, "prose": 2, "agentic": 1}
+    cfg = replace(get_preset("micro").responses, prompts_per_category=counts, max_new_tokens=4)
+    figures = generate_responses(micro, cfg, tmp_path)
+    assert {c: f["prompts"] for c, f in figures["per_category"].items()} == counts
+    rows = [json.loads(line) for line in (tmp_path / "responses.jsonl").read_text().splitlines()]
+    assert [r["category"] for r in rows] == ["code", "math", "math", "math", "prose", "prose", "agentic"]
+
+
 def test_a_drafter_mix_redraws_the_categories_to_their_shares(tmp_path: Path) -> None:
     """``eagle3.mix`` / ``dflash.mix``: as many sequences as responses, each category its share (its responses
     repeated where it has too few, dropped at share 0); a bad mix is refused by name before the build starts."""

@@ -149,6 +149,9 @@ def test_build_refuses_an_unknown_stage_before_writing(tmp_path: Path) -> None:
     for bad in ("test", '{"prose": "test"}', '{"poetry": "validation"}'):
         with pytest.raises(ValueError, match=r"responses.split=.*: expected 'train' or 'validation', or a mapping"):
             build(tmp_path / "tb", apply_overrides(get_preset("micro"), [f"responses.split={bad}"]))
+    for bad in ("0", '{"prose": 8}', '{"code": 1, "math": 1, "prose": 0, "agentic": 1}', '"many"'):
+        with pytest.raises(ValueError, match=r"responses.prompts_per_category=.*: expected a count >= 1, or a mapping"):
+            build(tmp_path / "tb", apply_overrides(get_preset("micro"), [f"responses.prompts_per_category={bad}"]))
     assert not (tmp_path / "tb").exists()
 
 

@@ -67,17 +67,7 @@ def build(out: str | Path, config: TestbedConfig, until: str | None = None) -> d
     """
     if until is not None and until not in STAGES:
         raise ValueError(f"until={until!r}: expected one of {', '.join(STAGES)}")
-    from .corpus import SPLITS
-
-    split = config.responses.split  # checked before hours of training, not after
-    named = split if isinstance(split, dict) else {"every category": split}
-    if set(named) - {*CATEGORIES, "every category"} or any(s not in SPLITS[:2] for s in named.values()):
-        raise ValueError(f"responses.split={split!r}: expected 'train' or 'validation', or a mapping of categories "
-                         f"({', '.join(CATEGORIES)}) to them (the test split is held out for evaluation)")
-    from .drafter_data import check_mix
-
-    check_mix(config.eagle3.mix, "eagle3.mix")
-    check_mix(config.dflash.mix, "dflash.mix")
+    _check(config)
     out = Path(out)
     config = resolve_precision(config)
     threads = torch.get_num_threads()
@@ -189,6 +179,29 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
                                   "switching": rec.get("switching"), "training_curve": rec.get("training_curve"),
                                   "tau_definition": rec["tau_definition"]}
     return _finish(man, t_start)
+
+
+def _check(config: TestbedConfig) -> None:
+    """Refuse, naming the field, the options that would otherwise fail only after hours of training."""
+    from .corpus import SPLITS
+    from .drafter_data import check_mix
+
+    split = config.responses.split
+    named = split if isinstance(split, dict) else {"every category": split}
+    if set(named) - {*CATEGORIES, "every category"} or any(s not in SPLITS[:2] for s in named.values()):
+        raise ValueError(f"responses.split={split!r}: expected 'train' or 'validation', or a mapping of categories "
+                         f"({', '.join(CATEGORIES)}) to them (the test split is held out for evaluation)")
+    counts = config.responses.prompts_per_category
+    if not (_count(counts) or isinstance(counts, dict) and set(counts) == set(CATEGORIES)
+            and all(map(_count, counts.values()))):
+        raise ValueError(f"responses.prompts_per_category={counts!r}: expected a count >= 1, or a mapping of every "
+                         f"category ({', '.join(CATEGORIES)}) to one")
+    check_mix(config.eagle3.mix, "eagle3.mix")
+    check_mix(config.dflash.mix, "dflash.mix")
+
+
+def _count(n: object) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 1
 
 
 def _cores_hold_two(device: str) -> bool:

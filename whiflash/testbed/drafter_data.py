@@ -53,7 +53,7 @@ def generate_responses(root: Path, cfg: ResponsesConfig, out_dir: Path, *,
     stats: dict[str, dict[str, float]] = {}
     t0 = time.perf_counter()
     for cat in CATEGORIES:
-        prompts = held_out_prompts(root, cat, cfg.prompts_per_category, split=cfg.split_of(cat), seed=seed,
+        prompts = held_out_prompts(root, cat, cfg.count_of(cat), split=cfg.split_of(cat), seed=seed,
                                    max_passes=cfg.max_passes)
         ids = [tok(p.prompt, add_special_tokens=False)["input_ids"][-cfg.max_prompt_tokens:] for p in prompts]
         conts = continue_prompts(model, ids, cfg.max_new_tokens, eos=eos, pad_id=pad, batch_size=cfg.batch_size,

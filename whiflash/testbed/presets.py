@@ -155,8 +155,10 @@ class TargetConfig:
 class ResponsesConfig:
     """Target-generated continuations that the drafters are trained on."""
 
-    prompts_per_category: int = 64
-    """Prefixes per category to continue."""
+    prompts_per_category: int | dict[str, int] = 64
+    """Prefixes per category to continue, the same for every category or one count per category
+    (``{"code": 4096, "math": 4096, "prose": 8192, "agentic": 4096}``): a drafter ``mix`` that favours a category
+    gains from new responses of it, not from repeats."""
     split: str | dict[str, str] = "train"
     """Corpus split the prefixes come from, for every category or per category (``{"prose": "validation"}``;
     categories not named take ``train``). A target that has seen its training text many times over
@@ -175,6 +177,11 @@ class ResponsesConfig:
     def split_of(self, category: str) -> str:
         """The split whose prefixes ``category`` is continued from."""
         return self.split if isinstance(self.split, str) else self.split.get(category, "train")
+
+    def count_of(self, category: str) -> int:
+        """How many of ``category``'s prefixes are continued."""
+        n = self.prompts_per_category
+        return n if isinstance(n, int) else n[category]
 
 
 @dataclass
