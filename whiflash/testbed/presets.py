@@ -157,8 +157,8 @@ class ResponsesConfig:
 
     prompts_per_category: int | dict[str, int] = 64
     """Prefixes per category to continue, the same for every category or one count per category
-    (``{"code": 4096, "math": 4096, "prose": 8192, "agentic": 4096}``): a drafter ``mix`` that favours a category
-    gains from new responses of it, not from repeats."""
+    (``{"code": 4096, "math": 4096, "prose": 8192, "agentic": 4096}``: new responses for a category a drafter
+    ``mix`` favours, where its repeats would not do)."""
     split: str | dict[str, str] = "train"
     """Corpus split the prefixes come from, for every category or per category (``{"prose": "validation"}``;
     categories not named take ``train``). A target that has seen its training text many times over
