@@ -201,6 +201,7 @@ def _check(config: TestbedConfig) -> None:
 
 
 def _count(n: object) -> bool:
+    """Whether ``n`` is a count of prompts (an int >= 1)."""
     return isinstance(n, int) and not isinstance(n, bool) and n >= 1
 
 

@@ -156,9 +156,8 @@ class ResponsesConfig:
     """Target-generated continuations that the drafters are trained on."""
 
     prompts_per_category: int | dict[str, int] = 64
-    """Prefixes per category to continue, the same for every category or one count per category
-    (``{"code": 4096, "math": 4096, "prose": 8192, "agentic": 4096}``: new responses for a category a drafter
-    ``mix`` favours, where its repeats would not do)."""
+    """Prefixes per category to continue: one count for every category, or a count per category
+    (``{"code": 4096, "math": 4096, "prose": 8192, "agentic": 4096}``)."""
     split: str | dict[str, str] = "train"
     """Corpus split the prefixes come from, for every category or per category (``{"prose": "validation"}``;
     categories not named take ``train``). A target that has seen its training text many times over
