@@ -206,8 +206,9 @@ def _count(n: object) -> bool:
 
 
 def _cores_hold_two(device: str) -> bool:
-    """Whether two trainings at once gain here: on a GPU, or on a CPU whose cores hold both stages' threads (two
-    OpenMP pools on too few cores thrash)."""
+    """Whether two trainings can run at once here without thrashing: on a GPU (whether they gain there is the
+    preset's call: `small`'s do not), or on a CPU whose cores hold both stages' threads (two OpenMP pools on too
+    few cores thrash)."""
     return device != "cpu" or 2 * torch.get_num_threads() <= (os.cpu_count() or 1)
 
 
