@@ -247,6 +247,46 @@ def test_warm_up_drafts_with_every_slot_of_a_routed_method(micro: Path, tmp_path
     assert calls[-3:][[c[0] for c in calls[-3:]].index("routed")][1] == {1}  # the timed decode: the policy again
 
 
+def test_warm_up_runs_every_fixed_shape_pass_a_timed_decode_runs(micro: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fixed-shape pass a timed decode runs (a CUDA graph on the GPU, captured on its first use: ~0.1 s
+    inside a sample of a few ms) has run in the warm-up. A round `stick_tau` keeps verifies with no decision
+    inside the pass, under a key of its own, which a warm-up whose slot-0 rounds never reach `stick_tau` did not
+    run (chat prompts, where DFlash accepts little): the first kept round of the timed samples captured it. Here
+    the warm-up runs under a `stick_tau` no round reaches and the timed decodes keep every round they can."""
+    from whiflash.eval.bench import Runner
+    from whiflash.runtime.graphs import FixedShapePasses
+
+    timed = False
+    keys: dict[bool, set] = {False: set(), True: set()}
+    real_run, real_prepare = FixedShapePasses.run_fixed, Runner.prepare
+
+    def spy_run(self, key, fn, *inputs, **kw):
+        keys[timed].add((type(self).__name__, key))
+        return real_run(self, key, fn, *inputs, **kw)
+
+    def spy_prepare(self, samples):
+        nonlocal timed
+        out = real_prepare(self, samples)
+        timed = True
+        for m in self._methods.values():
+            if isinstance(m.drafter, whiflash.RoutedDrafter):
+                m.drafter.stick_tau = 1  # the bench's --whiflash-stick-tau 1000 until now
+        return out
+
+    monkeypatch.setattr(FixedShapePasses, "fixed_shapes", property(lambda self: True))  # as under CUDA graphs
+    monkeypatch.setattr(FixedShapePasses, "run_fixed", spy_run)
+    monkeypatch.setattr(Runner, "prepare", spy_prepare)
+    # slot 0 (DFlash, blocks of 4) every round; 8 warm-up tokens take at least two rounds
+    args = ["--testbed", str(micro), "--max-samples", "2", "--methods", "whiflash-entropy",
+            "--whiflash-entropy-threshold", "1e9", "--whiflash-stick-tau", "1000", "--warmup-tokens", "8",
+            "--name", "k", "--no-plots"]
+    assert _bench(tmp_path, *args) == 0
+    rows = [r for r in _rows(_run_dir(tmp_path, "k")) if r["method"] == "whiflash-entropy"]
+    assert any(len(r["taus"]) > 2 for r in rows)  # the timed decodes had rounds to keep
+    assert keys[True] and not keys[True] - keys[False], f"first run in a timed decode: {keys[True] - keys[False]}"
+
+
 def _write(path: Path, records: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path

@@ -158,6 +158,10 @@ class RoutedDrafter(DrafterPair):
     """Draft with this slot every round whatever the policy decides (a warm-up sets it, so every slot's passes,
     the policy's verify graph at that slot's width among them, are captured before anything is timed); None:
     the policy's slot."""
+    force_stick: bool = False
+    """With `stick_tau`: every slot-0 round is one `stick_tau` keeps (its verify pass decides nothing, a graph of
+    its own), whatever the rounds before it accepted. A warm-up sets it beside `force_slot` 0, since its own
+    slot-0 rounds may never reach `stick_tau` where the timed ones do."""
 
     def __init__(self, pair: str | Pair, router: Any, stick_tau: int | None = None,
                  tau_rule: tuple[int, int] | None = None, **options: Any) -> None:
@@ -196,8 +200,9 @@ class RoutedDrafter(DrafterPair):
         round and the one before it drafted with slot 0, and that earlier round (the last whose tau the host has
         read) accepted at least `stick_tau` tokens. Known before the verify pass is launched."""
         state = getattr(self, "_seq", None)
-        return (self.stick_tau is not None and state is not None and state.proposed and state.slot == 0
-                and state.seen is not None and state.seen[0] == 0 and state.seen[1] >= self.stick_tau)
+        if self.stick_tau is None or state is None or not state.proposed or state.slot != 0:
+            return False
+        return self.force_stick or (state.seen is not None and state.seen[0] == 0 and state.seen[1] >= self.stick_tau)
 
     @property
     def reads_state(self) -> bool:  # type: ignore[override]
