@@ -28,7 +28,9 @@
 #                 the router refitted on both datasets (--data.extra_paths) and calibrated again (gs-calibrate's
 #                 knobs, CALIBRATE_DECODE included) -> TESTBED_DIR/thresholds_neural_dagger_PAIR.json
 #   eval-routed[@PAIR]  the routed bench: AR, EAGLE-3, DFlash, DDTree, WhiFlash-Entropy (calibrated thresholds when
-#                 the calibrate step left them), WhiFlash-Neural and the oracle; E0_SAMPLES prompts, E_TOKENS tokens
+#                 the calibrate step left them), WhiFlash-Neural and the oracle; E0_SAMPLES prompts, E_TOKENS tokens;
+#                 df-e3's runs DDTree at TREE_BUDGETS (16,32,64) unless EVAL_FLAGS says otherwise, so it holds
+#                 eval-t0's table too (gpu_loop.sh then counts eval-t0 done)
 #   eval-rule[@PAIR]  with TAU_RULE=auto: the tau rule calibrate chose (--whiflash-tau-rule, WhiFlash-Entropy at the
 #                 rule's thresholds) beside AR, EAGLE-3 and DFlash on the same prompts; nothing when it chose none
 # The router loop on a built testbed: gs-latency:90 gs-router:300 gs-calibrate:60 eval-routed:300
@@ -102,9 +104,12 @@ for item in "$@"; do
                [ -d "$router" ] && PAIR=$pair NEURAL_ONLY=1 CALIBRATE_TIMEOUT=$left bash scripts/gpu_session.sh "$L" "$TB" calibrate && \
                  [ -f "$thr" ] && cp "$thr" "$TB/thresholds_neural_dagger_$pair.json" && cp "$TB"/thresholds_neural_*"$pair".json "$L/" ;;
     eval-routed) methods=()  # df-e3: the eval step's default list (+ WhiFlash-Neural when the router is there)
+               flags=${EVAL_FLAGS:-}  # df-e3: DDTree's budget sweep too (eval-t0's, at one bench fewer)
+               [ "$pair" = df-e3 ] && flags=${EVAL_FLAGS:---tree-budget ${TREE_BUDGETS:-16,32,64}}
                [ "$pair" != df-e3 ] && methods=(METHODS=ar,eagle3,ddtree,whiflash-neural)
                env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
-                 "${methods[@]}" TAU_RULE="$rule" EVAL_TAG=_routed bash scripts/gpu_session.sh "$L" "$TB" eval ;;
+                 "${methods[@]}" EVAL_FLAGS="$flags" TAU_RULE="$rule" EVAL_TAG=_routed \
+                 bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     eval-rule) # the tau rule calibrate chose (TAU_RULE=auto), WhiFlash-Entropy at its thresholds, beside the drafters
                env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
                  METHODS=ar,eagle3,dflash,whiflash-entropy TAU_RULE=auto EVAL_TAG=_rule \

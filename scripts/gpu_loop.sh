@@ -4,7 +4,8 @@
 # router data on the test split's prompts (a replay of the benchmark's own prompts: does what the router
 # learned hold there?) and the benchmark prompt files; then the same router loop for the ddt-e3 pair; then,
 # while the budget lasts, the DDTree budget sweep with the oracle (E0_SAMPLES), the bench at temperature 1
-# (E1_SAMPLES prompts) and the testbed's acceptance stage. Each call runs, in order, every step not yet done
+# (E1_SAMPLES prompts) and the testbed's acceptance stage (the sweep is done when the routed bench ran DDTree at
+# its budgets beside the oracle, as df-e3's does by default). Each call runs, in order, every step not yet done
 # whose estimate fits in what is left of BUDGET_S, and stops before the first that does not; call it again
 # with the same arguments (on the same warm machine: /tmp is not kept) to go on. A step is done when its
 # output is there: a build stage in the testbed's manifest, profile.json, the router data's manifest, the
@@ -76,7 +77,9 @@ done_() {  # is step $1 done for pair $2?
     prompts-calibrate) [ -f "$TB/thresholds_neural_prompts_$2.json" ] ;;
     dagger) [ -f "$TB/thresholds_neural_dagger_$2.json" ] ;;
     eval-prompts) [ -f "$L/eval_$2_prompts_results.md" ] ;;
-    eval-t1|eval-t0) [ -f "$L/eval_$2_${1#eval-}_results.md" ] ;;
+    eval-t1) [ -f "$L/eval_$2_t1_results.md" ] ;;
+    eval-t0) [ -f "$L/eval_$2_t0_results.md" ] || { f=$L/eval_$2_routed_results.md  # the routed bench held the sweep
+               [ -f "$f" ] && grep -q "| ddtree-b" "$f" && grep -q "| oracle |" "$f"; } ;;
   esac
 }
 
