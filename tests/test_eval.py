@@ -247,14 +247,18 @@ def test_warm_up_drafts_with_every_slot_of_a_routed_method(micro: Path, tmp_path
     assert calls[-3:][[c[0] for c in calls[-3:]].index("routed")][1] == {1}  # the timed decode: the policy again
 
 
-def test_warm_up_runs_every_fixed_shape_pass_a_timed_decode_runs(micro: Path, tmp_path: Path,
+@pytest.mark.parametrize("policy", ["entropy-stick", "entropy-switching", "neural", "ddt-e3-stick", "tau-rule"])
+def test_warm_up_runs_every_fixed_shape_pass_a_timed_decode_runs(micro: Path, tmp_path: Path, policy: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Every fixed-shape pass a timed decode runs (a CUDA graph on the GPU, captured on its first use: ~0.1 s
     inside a sample of a few ms) has run in the warm-up. A round `stick_tau` keeps verifies with no decision
     inside the pass, under a key of its own, which a warm-up whose slot-0 rounds never reach `stick_tau` did not
     run (chat prompts, where DFlash accepts little): the first kept round of the timed samples captured it. Here
-    the warm-up runs under a `stick_tau` no round reaches and the timed decodes keep every round they can."""
+    the warm-up runs under a `stick_tau` no round reaches and the timed decodes keep every round they can; the
+    other policies switch slots (an entropy threshold inside `micro`'s entropies), decide with a neural router, draft
+    trees, or follow a tau rule."""
     from whiflash.eval.bench import Runner
+    from whiflash.router import NeuralRouter, export_single_file
     from whiflash.runtime.graphs import FixedShapePasses
 
     timed = False
@@ -270,20 +274,33 @@ def test_warm_up_runs_every_fixed_shape_pass_a_timed_decode_runs(micro: Path, tm
         out = real_prepare(self, samples)
         timed = True
         for m in self._methods.values():
-            if isinstance(m.drafter, whiflash.RoutedDrafter):
+            if isinstance(m.drafter, whiflash.RoutedDrafter) and m.drafter.stick_tau is not None:
                 m.drafter.stick_tau = 1  # the bench's --whiflash-stick-tau 1000 until now
         return out
 
     monkeypatch.setattr(FixedShapePasses, "fixed_shapes", property(lambda self: True))  # as under CUDA graphs
     monkeypatch.setattr(FixedShapePasses, "run_fixed", spy_run)
     monkeypatch.setattr(Runner, "prepare", spy_prepare)
-    # slot 0 (DFlash, blocks of 4) every round; 8 warm-up tokens take at least two rounds
-    args = ["--testbed", str(micro), "--max-samples", "2", "--methods", "whiflash-entropy",
-            "--whiflash-entropy-threshold", "1e9", "--whiflash-stick-tau", "1000", "--warmup-tokens", "8",
-            "--name", "k", "--no-plots"]
+    # 8 warm-up tokens take at least two rounds of DFlash's blocks of 4
+    args = ["--testbed", str(micro), "--max-samples", "2", "--warmup-tokens", "8", "--name", "k", "--no-plots"]
+    stick = ["--whiflash-stick-tau", "1000"]
+    if policy == "neural":
+        router = export_single_file(NeuralRouter(hidden_size=128, mlp_dim=8, drafters="df-e3"), tmp_path / "r.safetensors")
+        args += ["--methods", "whiflash-neural", "--whiflash-neural-router-path", str(router),
+                 "--whiflash-neural-router-threshold", "0.0", *stick]
+    elif policy == "entropy-switching":
+        args += ["--methods", "whiflash-entropy", "--whiflash-entropy-threshold", "5", *stick]
+    elif policy == "tau-rule":
+        args += ["--methods", "whiflash-entropy", "--whiflash-entropy-threshold", "1e9", "--whiflash-tau-rule", "3,1"]
+    else:  # slot 0 (DFlash, or DDTree) every round
+        args += ["--methods", "whiflash-entropy", "--whiflash-entropy-threshold", "1e9", *stick]
+        if policy == "ddt-e3-stick":
+            args += ["--whiflash-drafters", "ddt-e3", "--ddtree-tree-budget", "3"]
     assert _bench(tmp_path, *args) == 0
-    rows = [r for r in _rows(_run_dir(tmp_path, "k")) if r["method"] == "whiflash-entropy"]
+    rows = [r for r in _rows(_run_dir(tmp_path, "k")) if r["method"].startswith("whiflash")]
     assert any(len(r["taus"]) > 2 for r in rows)  # the timed decodes had rounds to keep
+    if policy == "entropy-switching":
+        assert any(len(set(r["slots"])) == 2 for r in rows)  # and switched
     assert keys[True] and not keys[True] - keys[False], f"first run in a timed decode: {keys[True] - keys[False]}"
 
 
