@@ -303,6 +303,10 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
         log.error("lossless: %s differs from AR on %s turn %d at token %d (AR %s, method %s; fp32 margin %s)",
                   m["method"], m["sample"], m["turn"], m["position"], m["ar_token"], m["method_token"],
                   m["margin_fp32"])
+    for o in results["timing_outliers"]:
+        log.warning("timing: %s on %s turn %d took %.3f ms a round against its median %.3f (+%.1f ms once: a graph "
+                    "captured or code compiled inside the timing, or a host stall)", o["method"], o["sample"],
+                    o["turn"], o["ms_per_round"], o["median_ms_per_round"], o["excess_ms"])
     log.info("%d rows, %d mismatches; results in %s", len(rows), len(mismatches), run)
     code = 1 if cfg.strict and bad else 0
     distributed.barrier()

@@ -12,6 +12,8 @@ baseline's TPOT on the same prompt in the same process. Per category (and per da
 * routed methods: slot-0 share of rounds, switch rate, catch-up share of decode time (only when
   catch-up was timed), and the cost of their rounds against their drafters' own (`ROUTED_ROUND_DEFINITION`);
   their gains over each standalone drafter with a paired bootstrap interval (`gains`).
+
+Beside the figures, the decodes whose time a round is far above their method's median (`timing_outliers`).
 """
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ from whiflash.decoding.stats import TAU_DEFINITION
 
 from .families import best_of_families
 
-__all__ = ["METRICS_VERSION", "PROTOCOL", "ROUTED_ROUND_DEFINITION", "SPEEDUP_DEFINITION", "aggregate",
-           "alone_round_ms", "alone_seconds", "bootstrap_ci", "decode_tokens", "gains", "ratio_of_means_ci"]
+__all__ = ["METRICS_VERSION", "OUTLIER_FACTOR", "PROTOCOL", "ROUTED_ROUND_DEFINITION", "SPEEDUP_DEFINITION",
+           "aggregate", "alone_round_ms", "alone_seconds", "bootstrap_ci", "decode_tokens", "gains",
+           "ratio_of_means_ci", "timing_outliers"]
 
 METRICS_VERSION = 2
 """Version of the figures in results.json: 2 = speedup as a ratio of mean TPOTs (1, unmarked: a mean of ratios)."""
@@ -124,6 +127,31 @@ def alone_seconds(row: dict[str, Any], alone: dict[tuple[str, int, str], float])
     return n0 * per[0] + (len(slots) - n0) * per[1]
 
 
+OUTLIER_FACTOR = 3.0
+"""A decode is a timing outlier when its ms a round exceed this many times its method's median over the run."""
+
+
+def timing_outliers(rows: list[dict[str, Any]], factor: float = OUTLIER_FACTOR) -> list[dict[str, Any]]:
+    """Decodes whose time a round is more than `factor` times the median of their method's decodes in the run,
+    largest excess first. A round costs a method about the same on every prompt (a long context adds a little),
+    so such a decode paid for something once (a graph captured or code compiled inside the timing, a host stall)
+    and carries its category's mean TPOT: a finding to explain, as a mismatch is."""
+    per: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+    for r in rows:
+        if r.get("taus"):
+            per.setdefault(r["method"], []).append((r["decode_seconds"] * 1e3 / len(r["taus"]), r))
+    out = []
+    for method, timed in per.items():
+        median = statistics.median(ms for ms, _ in timed)
+        for ms, r in timed:
+            if median > 0 and ms > factor * median:
+                out.append({"sample": r.get("sample"), "turn": r.get("turn", 0), "method": method,
+                            "category": r.get("category"), "rounds": len(r["taus"]), "ms_per_round": round(ms, 3),
+                            "median_ms_per_round": round(median, 3),
+                            "excess_ms": round(r["decode_seconds"] * 1e3 - len(r["taus"]) * median, 1)})
+    return sorted(out, key=lambda o: -o["excess_ms"])
+
+
 def summarize_rows(rows: list[dict[str, Any]], seed: int = 0, iterations: int = 1000,
                    alone: dict[tuple[str, int, str], float] | None = None) -> dict[str, Any]:
     """The figures of one cell (one category, dataset or all, for one method); see the module doc. `alone`:
@@ -192,6 +220,7 @@ def aggregate(rows: list[dict[str, Any]], methods: list[str], seed: int = 0,
             "gains": gains(cells, rows, seed, iterations),
             "best": {"categories": best_of_families(cells), "datasets": best_of_families(by_dataset)},
             "categories": sorted({r["category"] for r in rows}), "methods": methods,
+            "timing_outliers": timing_outliers(rows),
             "tau_definition": TAU_DEFINITION, "speedup_definition": SPEEDUP_DEFINITION,
             "routed_round_definition": ROUTED_ROUND_DEFINITION, "protocol": PROTOCOL}
 

@@ -32,7 +32,7 @@ from whiflash.io import append_text, atomic_write_json, atomic_write_text
 from whiflash.locks import claim
 from whiflash.versions import package_versions
 
-from .metrics import SPEEDUP_DEFINITION
+from .metrics import OUTLIER_FACTOR, SPEEDUP_DEFINITION
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +249,13 @@ def markdown_table(results: dict[str, Any], run_label: str = "") -> str:
         text += f"Catch-up: {results['catchup_note']}.\n"
     if results.get("lossless_check"):
         text += f"Lossless check: {results['lossless_check']}; {len(results.get('mismatches') or [])} mismatches.\n"
+    outliers = results.get("timing_outliers") or []
+    if outliers:
+        text += (f"Timing outliers ({len(outliers)}; a decode's ms a round > {OUTLIER_FACTOR:g}x its method's median: "
+                 "something paid once inside the timing): " + "; ".join(
+                     f"{o['method']} on {o['sample']} (turn {o['turn']}) {o['ms_per_round']} ms a round against "
+                     f"{o['median_ms_per_round']}, +{o['excess_ms']} ms" for o in outliers[:5])
+                 + ("; ..." if len(outliers) > 5 else "") + ".\n")
     if results.get("protocol"):
         text += f"\nProtocol: {results['protocol']}\n"
     return text

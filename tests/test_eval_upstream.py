@@ -97,6 +97,23 @@ def test_gains_carry_a_paired_interval_that_the_spread_between_prompts_does_not_
     assert -2.5 < lo < 0 < hi < 2.5
 
 
+def test_a_decode_far_slower_a_round_than_its_method_is_reported_as_a_timing_outlier() -> None:
+    # every decode 5 rounds at ~1.7 ms a round (a little more on longer prompts), but one routed decode
+    # paid 125 ms once inside its timing (a graph captured on its first use): it alone is named, with its excess
+    rows = []
+    for i in range(8):
+        for m, ms in (("ar", 1.2), ("eagle3", 1.7 + 0.05 * i), ("whiflash-neural", 1.75 + 0.1 * i)):
+            rows.append({**_row(m, ms * 5e-3, 6e-3), "sample": f"s{i}", "turn": 0})
+    rows[-1]["decode_seconds"] += 0.125
+    res = aggregate(rows, ["ar", "eagle3", "whiflash-neural"], iterations=50)
+    (o,) = res["timing_outliers"]
+    assert (o["sample"], o["method"], o["rounds"]) == ("s7", "whiflash-neural", 5)
+    assert o["ms_per_round"] == pytest.approx(27.45) and o["excess_ms"] == pytest.approx(125.0 + 5 * (2.45 - 2.1), abs=0.1)
+    assert "Timing outliers (1;" in markdown_table(res) and "whiflash-neural on s7" in markdown_table(res)
+    rows[-1]["decode_seconds"] -= 0.125
+    assert aggregate(rows, ["ar", "eagle3", "whiflash-neural"], iterations=50)["timing_outliers"] == []
+
+
 # ---------------------------------------------------------------- the fast engine by default
 
 
