@@ -158,8 +158,8 @@ class Runner:
         # catch-up after a switch, the target's verify at its width with this policy deciding inside it, keyed
         # by the policy and its threshold) would then be captured inside a timed sample (+0.5 s once), so a
         # routed method is also warmed up with each slot forced; with `stick_tau`, once more with slot 0 kept
-        # every round (its verify decides nothing: a graph of its own, which the warm-up's slot-0 rounds need not
-        # reach; a chat sample captured it, +125 ms in a 31 ms decode).
+        # every round (its verify decides nothing: a graph of its own, which the warm-up's slot-0 rounds reach only
+        # if they accept `stick_tau` tokens; DFlash on chat prompts seldom does, and a capture costs ~0.1 s).
         runs: list[tuple[Method, int | None, bool]] = [(m, None, False) for m in self._methods.values()]
         for m in self._methods.values():
             if isinstance(m.drafter, whiflash.RoutedDrafter):
