@@ -86,6 +86,17 @@ def test_after_the_routed_benches_come_the_budget_sweep_temperature_1_and_accept
     assert re.search(r"=== would run: gpu_budget\.sh \S+ \S+ 1[45]\d eval-t1@df-e3:100", out)
 
 
+def test_a_routed_bench_with_the_budget_sweep_and_the_oracle_stands_for_the_sweep(tmp_path: Path) -> None:
+    tb, log = tmp_path / "tb", tmp_path / "log"
+    finished_testbed(tb, log)
+    (log / "eval_df-e3_t0_results.md").unlink()
+    routed = log / "eval_df-e3_routed_results.md"
+    routed.write_text("| code | ddtree-b16 | 8.37× |\n| code | ddtree-b32 | 8.20× |\n")
+    assert "=== eval-t0@df-e3: done before" not in loop(log, tb, 150)  # no oracle beside the budgets: not the sweep
+    routed.write_text(routed.read_text() + "| code | oracle | 6.72× |\n")
+    assert "=== eval-t0@df-e3: done before" in loop(log, tb, 150)
+
+
 def test_skipped_steps_are_neither_run_nor_waited_for(tmp_path: Path) -> None:
     tb, log = tmp_path / "tb", tmp_path / "log"
     finished_testbed(tb, log, stages=STAGES[:-1])

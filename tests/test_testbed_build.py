@@ -202,6 +202,27 @@ def test_batched_generation_equals_the_transformers_forward() -> None:
     assert sampled != got
 
 
+def test_the_generator_benchmark_times_each_attention_backend_or_says_why_not() -> None:
+    """scripts/bench_generate.py on the CPU at `micro`'s shape: a rate per batch and backend, or the reason that
+    backend cannot run the step's attention; a backend it does not know is refused by its flag."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_generate.py"
+    args = [sys.executable, str(script), "--preset", "micro", "--batches", "2,4", "--prompt-tokens", "8",
+            "--new-tokens", "3", "--device", "cpu"]
+    done = subprocess.run([*args, "--backends", "default,math,efficient"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines()[2:]]
+    assert [(r[0], r[1]) for r in rows] == [(b, n) for b in ("2", "4") for n in ("default", "math", "efficient")]
+    for r in rows:
+        assert r[2] == "cannot" or (float(r[2]) > 0 and float(r[3]) > 0), r
+    assert all(r[2] != "cannot" for r in rows if r[1] in ("default", "math"))
+    bad = subprocess.run([*args, "--backends", "fast"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "--backends: unknown ['fast']" in bad.stderr
+
+
 def test_sharpening_fine_tunes_the_target_on_its_own_continuations(micro: Path) -> None:
     rec = _manifest(micro)["stages"]["target"]
     sharpen, cfg = rec["sharpen"], get_preset("micro").target.sharpen
