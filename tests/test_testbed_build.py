@@ -175,10 +175,11 @@ def test_batched_target_features_equal_the_runtime_forward(micro: Path) -> None:
 
 
 def test_batched_generation_equals_the_transformers_forward() -> None:
-    """The static-cache batch decoder gives the tokens of a plain full-recompute greedy loop, row by row."""
+    """The static-cache batch decoder gives the tokens of a plain full-recompute greedy loop, row by row, with
+    grouped K/V heads or with the query heads folded into query rows."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from whiflash.testbed.generate import continue_prompts
+    from whiflash.testbed.generate import continue_prompts, decode_batch
 
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -188,6 +189,7 @@ def test_batched_generation_equals_the_transformers_forward() -> None:
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(2, 97, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (7,), generator=g)]
     got = continue_prompts(model, prompts, 8, eos=1, pad_id=0, batch_size=3)  # prompts of other lengths share batches
+    assert decode_batch(model, prompts, 8, eos=1, pad_id=0, fold_heads=True) == got
     for p, cont in zip(prompts, got):
         ids, ref = torch.tensor([p]), []
         with torch.no_grad():
@@ -203,8 +205,8 @@ def test_batched_generation_equals_the_transformers_forward() -> None:
 
 
 def test_the_generator_benchmark_times_each_attention_backend_or_says_why_not() -> None:
-    """scripts/bench_generate.py on the CPU at `micro`'s shape: a rate per batch and backend, or the reason that
-    backend cannot run the step's attention; a backend it does not know is refused by its flag."""
+    """scripts/bench_generate.py on the CPU at `micro`'s shape: a rate per batch, backend and attention layout, or
+    the reason that backend cannot run the layout's attention; an unknown backend or layout is refused by its flag."""
     import subprocess
     import sys
 
@@ -215,12 +217,15 @@ def test_the_generator_benchmark_times_each_attention_backend_or_says_why_not() 
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.splitlines()[2:]]
-    assert [(r[0], r[1]) for r in rows] == [(b, n) for b in ("2", "4") for n in ("default", "math", "efficient")]
+    assert [tuple(r[:3]) for r in rows] == [(b, n, lay) for b in ("2", "4") for n in ("default", "math", "efficient")
+                                            for lay in ("grouped", "folded")]
     for r in rows:
-        assert r[2] == "cannot" or (float(r[2]) > 0 and float(r[3]) > 0), r
-    assert all(r[2] != "cannot" for r in rows if r[1] in ("default", "math"))
+        assert r[3] == "cannot" or (float(r[3]) > 0 and float(r[4]) > 0), r
+    assert all(r[3] != "cannot" for r in rows if r[1] in ("default", "math"))
     bad = subprocess.run([*args, "--backends", "fast"], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "--backends: unknown ['fast']" in bad.stderr
+    bad = subprocess.run([*args, "--layouts", "flat"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "--layouts: expected grouped and/or folded, got 'flat'" in bad.stderr
 
 
 def test_sharpening_fine_tunes_the_target_on_its_own_continuations(micro: Path) -> None:

@@ -39,13 +39,28 @@ class _StaticCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
 
 
-def _forward(model, cache: _StaticCache, ids: torch.Tensor, cols: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, fold_heads: bool) -> torch.Tensor:
+    """Attention of queries ``[B, H, T, D]`` over the cache's grouped K/V ``[B, KV, C, D]`` under ``visible``
+    ``[B, T, C]``. ``fold_heads``: the ``H / KV`` query heads of each K/V head become query rows of one head
+    (query head ``h`` reads K/V head ``h // (H / KV)``), so the kernel needs no grouped-head support; the
+    same sums, in another layout."""
+    if not fold_heads:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None], enable_gqa=True)
+    b, h, t, d = q.shape
+    g = h // k.shape[1]
+    mask = visible[:, None].expand(b, g, t, visible.shape[-1]).reshape(b, 1, g * t, visible.shape[-1])
+    out = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], g * t, d), k, v, attn_mask=mask)
+    return out.reshape(b, h, t, d)
+
+
+def _forward(model, cache: _StaticCache, ids: torch.Tensor, cols: torch.Tensor, pad: torch.Tensor,
+             fold_heads: bool = False) -> torch.Tensor:
     """Logits of the last column of ``ids`` ``[B, T]``, written at cache columns ``cols`` ``[T]``.
 
     Row ``b`` holds ``pad[b]`` padding columns before its prompt: its positions count from there and its
     queries see its own columns only (a padding query sees itself, so softmax has a key). The columns
     are a device tensor, not host integers, so a decode step has no host values and can be captured
-    as a CUDA graph once per batch.
+    as a CUDA graph once per batch. ``fold_heads``: see ``_attend``.
     """
     inner = model.model
     b, t = ids.shape
@@ -68,8 +83,7 @@ def _forward(model, cache: _StaticCache, ids: torch.Tensor, cols: torch.Tensor, 
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         cache.k[i].index_copy_(2, cols, k.to(cache.k[i].dtype))
         cache.v[i].index_copy_(2, cols, v.to(cache.v[i].dtype))
-        out = F.scaled_dot_product_attention(q.to(cache.k[i].dtype), cache.k[i], cache.v[i], attn_mask=visible[:, None],
-                                             enable_gqa=True)
+        out = _attend(q.to(cache.k[i].dtype), cache.k[i], cache.v[i], visible, fold_heads)
         x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return model.lm_head(inner.norm(x[:, -1])).float()
@@ -103,14 +117,15 @@ DONE_CHECK_EVERY = 8
 @torch.no_grad()
 def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: int, pad_id: int,
                  temperature: float = 0.0, generator: torch.Generator | None = None,
-                 cuda_graphs: bool = True) -> list[list[int]]:
+                 cuda_graphs: bool = True, fold_heads: bool = False) -> list[list[int]]:
     """Continuations of ``prompts`` (token-id lists, one batch): greedy, or sampled at ``temperature``.
 
     Each continuation is cut after its first ``eos`` (kept: drafters learn to predict it). Rows that
     ended keep decoding until every row has (checked every ``DONE_CHECK_EVERY`` steps); their extra
     tokens are dropped. On CUDA with ``cuda_graphs`` the decode step is captured once and replayed:
     eager, a step of a deep, narrow model is bound by kernel launches, not by the GPU. If capture
-    fails the batch decodes eagerly (with a warning).
+    fails the batch decodes eagerly (with a warning). ``fold_heads``: attention with the query heads of
+    each K/V head folded into its query rows (``_attend``; `scripts/bench_generate.py --fold-heads` times it).
     """
     device = next(model.parameters()).device
     cfg = model.config
@@ -122,14 +137,14 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: i
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     cache = _StaticCache(cfg.num_hidden_layers, len(prompts), cfg.num_key_value_heads, width + max_new_tokens,
                          head_dim, kv_dtype, device)
-    logits = _forward(model, cache, ids, torch.arange(width, device=device), pad)
+    logits = _forward(model, cache, ids, torch.arange(width, device=device), pad, fold_heads)
     tokens: list[torch.Tensor] = []
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     tok = torch.zeros(len(prompts), dtype=torch.long, device=device)  # the step's static input token and column
     col = torch.full((1,), width, dtype=torch.long, device=device)
 
     def step() -> torch.Tensor:
-        return _forward(model, cache, tok[:, None], col, pad)
+        return _forward(model, cache, tok[:, None], col, pad, fold_heads)
 
     graph: torch.cuda.CUDAGraph | None = None
     for i in range(max_new_tokens):
