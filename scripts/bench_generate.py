@@ -127,7 +127,10 @@ def main() -> None:
                     decode_seconds(model, prompts, 2, eos, bf16, folded)  # lazy initialisation outside the timing
                     short = decode_seconds(model, prompts, args.new_tokens, eos, bf16, folded)
                     long = decode_seconds(model, prompts, 2 * args.new_tokens, eos, bf16, folded)
-                step = max(long - short, 1e-9) / args.new_tokens
+                if long <= short:  # another load on the machine outweighed N steps
+                    print(f"{batch:>6} {name:>10} {layout:>8} too noisy: t(2N) <= t(N); raise --new-tokens")
+                    continue
+                step = (long - short) / args.new_tokens
                 print(f"{batch:>6} {name:>10} {layout:>8} {batch / step:>10.0f} {step * 1e3:>8.2f} "
                       f"{kv_bytes / 1e9:>11.2f} {floor_ms:>9.2f}")
 
