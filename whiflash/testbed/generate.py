@@ -125,7 +125,7 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: i
     tokens are dropped. On CUDA with ``cuda_graphs`` the decode step is captured once and replayed:
     eager, a step of a deep, narrow model is bound by kernel launches, not by the GPU. If capture
     fails the batch decodes eagerly (with a warning). ``fold_heads``: attention with the query heads of
-    each K/V head folded into its query rows (``_attend``; `scripts/bench_generate.py --fold-heads` times it).
+    each K/V head folded into its query rows (``_attend``; `scripts/bench_generate.py --layouts folded` times it).
     """
     device = next(model.parameters()).device
     cfg = model.config

@@ -240,9 +240,9 @@ class DFlashConfig:
     """Train on this many response sequences, the categories in turn (None: all); with ``max_steps`` the
     knob of a drafter's data-scaling curve."""
     mix: dict[str, float] | None = None
-    """Share of each category among the training sequences, e.g. ``{"prose": 0.7, "code": 0.1, "math": 0.1,
-    "agentic": 0.1}`` for a drafter that, like released EAGLE-3 drafters, learned from chat (None: the responses
-    as generated, about as many of each category); as many sequences in all as there are responses."""
+    """Share of each category among the training sequences, e.g. ``{"math": 0.4, "code": 0.4, "prose": 0.1,
+    "agentic": 0.1}`` for a drafter that, like released DFlash drafters, learned mostly from math and code (None:
+    the responses as generated); as many sequences in all as there are responses (`Eagle3Config.mix`)."""
     snapshots: list[float] = field(default_factory=list)
     """Fractions of ``max_steps`` after which a copy of the drafter goes to ``snapshots/step_N`` (with the
     response tokens it has learned from): the acceptance stage measures their tau, a curve of tau against
