@@ -3,6 +3,7 @@ and in the corpus as code documents of their own groups (fast, no model training
 
 from __future__ import annotations
 
+import doctest
 import random
 import re
 from collections import Counter
@@ -73,19 +74,35 @@ def _expected(doc: str, arg: Any) -> tuple[str, Any]:
     raise AssertionError(f"no rule reads the docstring {doc!r}")
 
 
-@pytest.mark.parametrize("names", [False, True])
-def test_generated_functions_do_what_their_docstrings_say(names: bool) -> None:
+@pytest.mark.parametrize(("names", "examples"), [(False, 0), (True, 0), (True, 2)])
+def test_generated_functions_do_what_their_docstrings_say(names: bool, examples: int) -> None:
     shapes = set()
-    for module in generate_modules(300, seed=3, names=names):
+    for module in generate_modules(300, seed=3, names=names, examples=examples):
         namespace: dict[str, Any] = {}
         exec(compile(module, "<generated>", "exec", dont_inherit=True), namespace)  # valid Python, every module
         for fn in (v for k, v in namespace.items() if callable(v) and not k.startswith("__")):
             text_arg = next(iter(fn.__annotations__.values())) is str
             for arg in TEXTS if text_arg else NUMBERS:
-                shape, promised = _expected(fn.__doc__, arg)
+                shape, promised = _expected(fn.__doc__.splitlines()[0], arg)
                 assert fn(arg) == promised, (fn.__name__, arg)
                 shapes.add(shape)
     assert shapes == {pattern for pattern, _ in RULES}  # every family, both all and any, was checked
+
+
+def test_doctest_examples_hold_and_vary_and_leave_the_plain_modules_alone() -> None:
+    modules = list(generate_modules(200, seed=0, names=True, examples=2))
+    runner, finder, calls = doctest.DocTestRunner(verbose=False), doctest.DocTestFinder(), []
+    for i, module in enumerate(modules):
+        namespace: dict[str, Any] = {}
+        exec(compile(module, f"<generated {i}>", "exec", dont_inherit=True), namespace)
+        for fn in (v for k, v in namespace.items() if callable(v) and not k.startswith("__")):
+            for test in finder.find(fn, fn.__name__, globs=namespace):
+                assert len(test.examples) == 2 and all(e.want.strip() not in ("", "None") for e in test.examples)
+                calls += [e.source for e in test.examples]
+                runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0  # every written value is what the function returns
+    assert len(set(calls)) > 0.9 * len(calls)  # drawn arguments, not a few fixed calls
+    assert list(generate_modules(50, seed=0, names=True, examples=0)) == list(generate_modules(50, seed=0, names=True))
 
 
 def test_modules_are_seeded_varied_and_pep8_spaced() -> None:

@@ -10,8 +10,11 @@ and the code prompts cut at any header of a module, with the module's earlier fu
 With ``names`` the local names are free too (``x`` may be ``n`` or ``value``, ``result`` ``out``): a choice no
 header or docstring decides, which a real model's code is full of, and where a drafter that follows the target
 everywhere else must guess.
-Every generated module is valid Python whose functions return what their docstrings say
-(``tests/test_testbed_codegen.py`` executes them).
+With ``examples`` each docstring ends with that many doctest examples, a call on drawn arguments and the value
+it returns, as HumanEval's prompts carry them: the value is computed by running the function, so a target
+writing its own examples must work them out (as ``mathgen``'s results) and a drafter cannot copy them.
+Every generated module is valid Python whose functions return what their docstrings say, examples included
+(``tests/test_testbed_codegen.py`` executes them and runs their doctests).
 """
 
 from __future__ import annotations
@@ -56,6 +59,11 @@ _WORD_MAPS = (
     ("strip_words", "every word stripped of punctuation", 'word.strip(".,;:!?")'),
 )
 _LISTS = ("numbers", "values", "items", "scores")
+# example arguments: lists of a few small ints, texts of a few words with the capitals, digits and punctuation
+# the character and word families test for
+_EXAMPLE_INTS = (-9, 30)
+_EXAMPLE_WORDS = ("apple", "Bread", "cat", "dog", "Eagle", "sky,", "moon.", "Tea", "river", "stone!", "owl",
+                  "42", "7", "blue", "Green", "rain;", "sun", "ice")
 _TEXTS = ("text", "line", "sentence")
 
 # every local name a body uses -> the names a function may use in its place (``names``); the sets are disjoint
@@ -195,20 +203,49 @@ def _renamed(rng: random.Random, body: list[str]) -> list[str]:
     return [_LOCAL.sub(lambda m: pick[m.group(1)], line) for line in body]
 
 
-def generate_function(rng: random.Random, names: bool = False) -> str:
+def _argument(rng: random.Random, header: str) -> list[int] | str:
+    if "list[int]" in header.split("->")[0]:
+        return [rng.randint(*_EXAMPLE_INTS) for _ in range(rng.randint(3, 6))]
+    return " ".join(rng.choice(_EXAMPLE_WORDS) for _ in range(rng.randint(2, 5)))
+
+
+def _examples(rng: random.Random, header: str, body: list[str], n: int) -> list[str]:
+    """``n`` doctest lines pairs (call, value) for the function ``header`` and ``body`` define, each value what
+    running it returns. A call returning None (no doctest output line) is drawn again, up to 64 times."""
+    name = header[4:header.index("(")]
+    namespace: dict[str, object] = {}
+    exec("\n".join([header, *("    " + line for line in body)]), namespace)  # our own generated source
+    lines: list[str] = []
+    for _ in range(n):
+        for _ in range(64):
+            arg = _argument(rng, header)
+            value = namespace[name](arg.copy() if isinstance(arg, list) else arg)
+            if value is not None:
+                lines += [f">>> {name}({arg!r})", repr(value)]
+                break
+    return lines
+
+
+def generate_function(rng: random.Random, names: bool = False, examples: int = 0) -> str:
     """One function's source: its header, its docstring and its body, at module level. ``names``: local
-    names drawn per function (``_LOCALS``) instead of the house style's fixed ones."""
+    names drawn per function (``_LOCALS``) instead of the house style's fixed ones; ``examples``: doctest
+    examples at the end of the docstring (none: the docstring is its one line)."""
     header, doc, body = rng.choice(FAMILIES)(rng)
     if names:
         body = _renamed(rng, body)
-    return "\n".join([header, f'    """{doc}"""', *("    " + line for line in body)]) + "\n"
+    docstring = [f'    """{doc}"""']
+    if examples:
+        docstring = [f'    """{doc}', "", *("    " + line for line in _examples(rng, header, body, examples)),
+                     '    """']
+    return "\n".join([header, *docstring, *("    " + line for line in body)]) + "\n"
 
 
-def generate_module(rng: random.Random, functions: tuple[int, int] = (3, 6), names: bool = False) -> str:
+def generate_module(rng: random.Random, functions: tuple[int, int] = (3, 6), names: bool = False,
+                    examples: int = 0) -> str:
     """A module of a few functions with distinct names, two blank lines apart (PEP 8)."""
     seen, parts = set(), []
     for _ in range(rng.randint(*functions)):
-        source = generate_function(rng, names)
+        source = generate_function(rng, names, examples)
         name = source[4:source.index("(")]
         if name not in seen:
             seen.add(name)
@@ -216,8 +253,9 @@ def generate_module(rng: random.Random, functions: tuple[int, int] = (3, 6), nam
     return "\n\n".join(parts)
 
 
-def generate_modules(n: int, seed: int, names: bool = False) -> Iterator[str]:
-    """``n`` modules; module ``i`` depends only on ``seed``, ``i`` and ``names``, so any prefix of a run is the
-    same (without ``names`` the draws, and so the modules, are those of a generator that has no such option)."""
+def generate_modules(n: int, seed: int, names: bool = False, examples: int = 0) -> Iterator[str]:
+    """``n`` modules; module ``i`` depends only on ``seed``, ``i``, ``names`` and ``examples``, so any prefix of a
+    run is the same (without ``names`` and ``examples`` the draws, and so the modules, are those of a generator
+    that has no such options)."""
     for i in range(n):
-        yield generate_module(random.Random(f"{seed}:codegen:{i}"), names=names)
+        yield generate_module(random.Random(f"{seed}:codegen:{i}"), names=names, examples=examples)

@@ -51,6 +51,10 @@ class CorpusConfig:
     code_names: bool = False
     """Generated functions draw their local names (``x`` or ``n`` or ``value``, ``result`` or ``out``, ...) anew
     each, instead of the house style's fixed ones: choices no header decides, where a drafter must guess."""
+    code_examples: int = 0
+    """Doctest examples at the end of each generated function's docstring: a call on drawn arguments and the value
+    running the function returns, which a target writing its own examples must compute and a drafter cannot copy
+    (0: one-line docstrings)."""
     math_scale: int = 1
     """Math problems draw their magnitudes (prices, rates, speeds, page and item counts) up to this many times the
     default bounds (``mathgen``): worked products of more digits, which a target computes rather than recalls and
