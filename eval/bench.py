@@ -8,6 +8,7 @@ a run folder. Under `torchrun --nproc-per-node N` each rank benches every N-th s
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
@@ -131,8 +132,15 @@ class Runner:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def generate(self, method: Method, ids: list[int], max_new_tokens: int | None = None) -> tuple[list[int], Any]:
-        return whiflash.generate(self.target, method.drafter, ids, max_new_tokens or self.cfg.max_new_tokens,
-                                 temperature=self.cfg.temperature, stop_token_ids=self.stops, seed=self.cfg.seed)
+        """One decode, after a full garbage collection and with the collector off during it (as `timeit` times):
+        a collection triggered by the garbage of the methods before would otherwise land inside this timing."""
+        gc.collect()
+        gc.disable()
+        try:
+            return whiflash.generate(self.target, method.drafter, ids, max_new_tokens or self.cfg.max_new_tokens,
+                                     temperature=self.cfg.temperature, stop_token_ids=self.stops, seed=self.cfg.seed)
+        finally:
+            gc.enable()
 
     def build_all(self, samples: list[Sample]) -> None:
         """Load every drafter and router the samples need (incompatible checkpoints fail here)."""

@@ -392,11 +392,14 @@ def _small() -> TestbedConfig:
     # the target at 3.4 nats on code and code the slowest category (1.4-1.6x); with them code loss is 1.6 nats
     # and prose holds (results/2026-12-05-small-generated-code-bench.md). Held-out code prompts are then mostly
     # generated functions, which the target answers with little entropy left (DFlash accepts whole blocks).
-    # Generated functions draw their local names (code_names) and math problems their magnitudes up to 4x the
-    # default bounds (math_scale): choices a drafter must guess and products it must compute. At T = 0 they move
-    # little (code DFlash tau 15.5 either way, math 11.0 -> 10.4, EAGLE-3 math 6.1 -> 5.7: a greedy target
-    # resolves each draw the same way and the drafters follow it; results/2026-12-05-small-math-scale-code-names-
-    # h100.md); where the target samples they make drafting harder.
+    # Generated functions draw their local names (code_names) and end their docstrings with two doctest examples
+    # (code_examples), and math problems draw their magnitudes up to 10x the default bounds (math_scale): choices a
+    # drafter must guess and values it must compute. EAGLE-3 learns mostly from chat (eagle3.mix), as released
+    # EAGLE-3 drafters learn from ShareGPT and UltraChat. Together, on an H100 (results/2026-12-06-small-code-
+    # examples-h100.md): EAGLE-3 tau code 6.1, math 3.9, prose 4.1, agentic 5.8; DFlash 13.9 / 8.7 / 3.1 / 12.5
+    # (without the examples, mix and scale 10: EAGLE-3 6.4 / 5.6 / 3.3 / 6.2, DFlash 15.3 / 10.4 / 2.5 / 12.1).
+    # A greedy target still resolves most draws the same way each time (its examples call a few modal arguments)
+    # and the drafters follow it; where the target samples the draws make drafting harder.
     return TestbedConfig(
         name="small",
         device="cuda",
@@ -404,7 +407,8 @@ def _small() -> TestbedConfig:
         compile_layers=True,
         corpus=CorpusConfig(math_problems=100_000, agent_transcripts=20_000, max_file_chars=400_000,
                             include_tests=True, validation_fraction=0.3, agent_code_excerpts=0.5,
-                            chat_prose=1.0, code_modules=10_000, code_names=True, math_scale=4),
+                            chat_prose=1.0, code_modules=10_000, code_names=True, code_examples=2,
+                            math_scale=10),
         tokenizer=TokenizerConfig(vocab_size=8192, train_chars_per_category=6_000_000),
         target=TargetConfig(
             hidden_size=512, intermediate_size=1408, num_hidden_layers=36, num_attention_heads=8,
@@ -422,7 +426,8 @@ def _small() -> TestbedConfig:
         responses=ResponsesConfig(prompts_per_category=4096, split={"prose": "validation", "agentic": "validation"},
                                   max_new_tokens=256, max_prompt_tokens=256, batch_size=1024, max_passes=64),
         eagle3=Eagle3Config(draft_vocab_size=4096, intermediate_size=1408, ttt_length=7, max_steps=1200,
-                            batch_size=32, lr=1e-3, snapshots=[0.25, 0.5]),
+                            batch_size=32, lr=1e-3, snapshots=[0.25, 0.5],
+                            mix={"prose": 0.7, "code": 0.1, "math": 0.1, "agentic": 0.1}),
         dflash=DFlashConfig(block_size=16, num_hidden_layers=5, intermediate_size=1408, num_anchors=128,
                             loss_decay_gamma=7.0, max_steps=1000, batch_size=32, lr=1e-3,
                             snapshots=[0.25, 0.5]),
