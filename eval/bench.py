@@ -132,9 +132,8 @@ class Runner:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def generate(self, method: Method, ids: list[int], max_new_tokens: int | None = None) -> tuple[list[int], Any]:
-        """One decode, after a full garbage collection and with the collector off during it (as `timeit` times):
-        a collection triggered by the garbage of the methods before would otherwise land inside this timing."""
-        gc.collect()
+        """One decode with Python's garbage collector off (as `timeit` times): a collection that the allocations
+        of the methods before made due would otherwise land inside this timing; it runs between decodes instead."""
         gc.disable()
         try:
             return whiflash.generate(self.target, method.drafter, ids, max_new_tokens or self.cfg.max_new_tokens,

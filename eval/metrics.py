@@ -52,7 +52,7 @@ PROTOCOL = (
     "allocated for the longest sample and every method runs one untimed warm-up decode, a routed method one "
     "more with each of its slots forced and, with a stick rule, one with every slot-0 round kept (capturing CUDA "
     "graphs when enabled). "
-    "Each decode starts after a full garbage collection and runs with the collector off (as timeit times). "
+    "Each decode runs with Python's garbage collector off (as timeit times). "
     "Timings are device-synchronised; prefill is excluded: time per output token (TPOT) = decode seconds / "
     "decode tokens, where decode tokens = new tokens - 1 (the first new token comes from the prefill). "
     "Speedup = mean AR TPOT / mean method TPOT over the same samples (bootstrap 95% interval over samples); "

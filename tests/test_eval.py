@@ -304,32 +304,22 @@ def test_warm_up_runs_every_fixed_shape_pass_a_timed_decode_runs(micro: Path, tm
     assert keys[True] and not keys[True] - keys[False], f"first run in a timed decode: {keys[True] - keys[False]}"
 
 
-def test_every_decode_runs_after_a_collection_with_the_collector_off(micro: Path, tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """A garbage collection the methods before leave due lands in no decode's timing (as `timeit` times)."""
+def test_every_decode_runs_with_the_collector_off(micro: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A garbage collection the methods before made due lands in no decode's timing (as `timeit` times)."""
     import gc
 
-    real_generate, real_collect = whiflash.generate, gc.collect
-    seen: list[tuple[bool, int]] = []
-    collections = 0
-
-    def spy_collect(*args, **kw):
-        nonlocal collections
-        collections += 1
-        return real_collect(*args, **kw)
+    real_generate = whiflash.generate
+    enabled: list[bool] = []
 
     def spy_generate(*args, **kw):
-        seen.append((gc.isenabled(), collections))
+        enabled.append(gc.isenabled())
         return real_generate(*args, **kw)
 
-    monkeypatch.setattr(gc, "collect", spy_collect)
     monkeypatch.setattr(whiflash, "generate", spy_generate)
     assert gc.isenabled()
     assert _bench(tmp_path, "--testbed", str(micro), "--max-samples", "2", "--methods", "eagle3,dflash",
                   "--warmup-tokens", "4", "--name", "g", "--no-plots") == 0
-    assert len(seen) >= 2 * 3  # warm-up and two samples of AR, EAGLE-3, DFlash
-    assert not any(enabled for enabled, _ in seen)
-    assert [n for _, n in seen] == sorted(set(n for _, n in seen))  # a collection before each decode
+    assert len(enabled) >= 2 * 3 and not any(enabled)  # warm-up and two samples of AR, EAGLE-3, DFlash
     assert gc.isenabled()
 
 

@@ -103,6 +103,8 @@ def test_doctest_examples_hold_and_vary_and_leave_the_plain_modules_alone() -> N
     assert runner.summarize(verbose=False).failed == 0  # every written value is what the function returns
     assert len(set(calls)) > 0.9 * len(calls)  # drawn arguments, not a few fixed calls
     assert list(generate_modules(50, seed=0, names=True, examples=0)) == list(generate_modules(50, seed=0, names=True))
+    with pytest.raises(ValueError, match=r"corpus.code_examples: expected an integer >= 0, got -1"):
+        list(generate_modules(1, seed=0, examples=-1))
 
 
 def test_modules_are_seeded_varied_and_pep8_spaced() -> None:

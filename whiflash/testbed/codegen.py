@@ -204,15 +204,18 @@ def _renamed(rng: random.Random, body: list[str]) -> list[str]:
 
 
 def _argument(rng: random.Random, header: str) -> list[int] | str:
+    """One drawn argument of the type the function ``header`` takes (a list of ints, or a text)."""
     if "list[int]" in header.split("->")[0]:
         return [rng.randint(*_EXAMPLE_INTS) for _ in range(rng.randint(3, 6))]
     return " ".join(rng.choice(_EXAMPLE_WORDS) for _ in range(rng.randint(2, 5)))
 
 
 def _examples(rng: random.Random, header: str, body: list[str], n: int) -> list[str]:
-    """``n`` doctest lines pairs (call, value) for the function ``header`` and ``body`` define, each value what
-    running it returns. A call returning None (no doctest output line) is drawn again, up to 64 times."""
+    """``n`` doctest examples, as line pairs (call, value), for the function ``header`` and ``body`` define, each
+    value what running it returns. A call returning None (no doctest output line) is drawn again, up to 64 times."""
     name = header[4:header.index("(")]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"corpus.code_examples: expected an integer >= 0, got {n!r}")
     namespace: dict[str, object] = {}
     exec("\n".join([header, *("    " + line for line in body)]), namespace)  # our own generated source
     lines: list[str] = []
