@@ -74,10 +74,11 @@ def _expected(doc: str, arg: Any) -> tuple[str, Any]:
     raise AssertionError(f"no rule reads the docstring {doc!r}")
 
 
-@pytest.mark.parametrize(("names", "examples"), [(False, 0), (True, 0), (True, 2)])
-def test_generated_functions_do_what_their_docstrings_say(names: bool, examples: int) -> None:
+@pytest.mark.parametrize(("names", "examples", "module_data"), [(False, 0, False), (True, 0, False), (True, 2, False),
+                                                                  (True, 2, True)])
+def test_generated_functions_do_what_their_docstrings_say(names: bool, examples: int, module_data: bool) -> None:
     shapes = set()
-    for module in generate_modules(300, seed=3, names=names, examples=examples):
+    for module in generate_modules(300, seed=3, names=names, examples=examples, module_data=module_data):
         namespace: dict[str, Any] = {}
         exec(compile(module, "<generated>", "exec", dont_inherit=True), namespace)  # valid Python, every module
         for fn in (v for k, v in namespace.items() if callable(v) and not k.startswith("__")):
@@ -89,8 +90,8 @@ def test_generated_functions_do_what_their_docstrings_say(names: bool, examples:
     assert shapes == {pattern for pattern, _ in RULES}  # every family, both all and any, was checked
 
 
-def test_doctest_examples_hold_and_vary_and_leave_the_plain_modules_alone() -> None:
-    modules = list(generate_modules(200, seed=0, names=True, examples=2))
+def _doctests(modules: list[str]) -> tuple[doctest.TestResults, list[str]]:
+    """Every generated function's doctest run in its module's namespace: (the results, the example calls)."""
     runner, finder, calls = doctest.DocTestRunner(verbose=False), doctest.DocTestFinder(), []
     for i, module in enumerate(modules):
         namespace: dict[str, Any] = {}
@@ -100,9 +101,15 @@ def test_doctest_examples_hold_and_vary_and_leave_the_plain_modules_alone() -> N
                 assert len(test.examples) == 2 and all(e.want.strip() not in ("", "None") for e in test.examples)
                 calls += [e.source for e in test.examples]
                 runner.run(test)
-    assert runner.summarize(verbose=False).failed == 0  # every written value is what the function returns
+    return runner.summarize(verbose=False), calls
+
+
+def test_doctest_examples_hold_and_vary_and_leave_the_plain_modules_alone() -> None:
+    results, calls = _doctests(list(generate_modules(200, seed=0, names=True, examples=2)))
+    assert results.failed == 0 and results.attempted == len(calls)  # every written value is what it returns
     assert len(set(calls)) > 0.9 * len(calls)  # drawn arguments, not a few fixed calls
     assert list(generate_modules(50, seed=0, names=True, examples=0)) == list(generate_modules(50, seed=0, names=True))
+    assert list(generate_modules(20, seed=0, examples=0, module_data=True)) == list(generate_modules(20, seed=0))
     with pytest.raises(ValueError, match=r"corpus.code_examples: expected an integer >= 0, got -1"):
         list(generate_modules(1, seed=0, examples=-1))
 
@@ -136,12 +143,25 @@ def test_drawn_names_vary_within_the_house_style() -> None:
 def test_corpus_code_modules_are_code_documents_of_their_own_groups(tmp_path: Path) -> None:
     base = CorpusConfig(math_problems=100, agent_transcripts=100, max_file_chars=5_000, test_fraction=0.2)
     plain = write_corpus(base, tmp_path / "plain")
-    mixed = write_corpus(CorpusConfig(**{**base.__dict__, "code_modules": 40}), tmp_path / "mixed")
+    mixed = write_corpus(CorpusConfig(**{**base.__dict__, "code_modules": 40, "code_examples": 2,
+                                         "code_module_data": True}), tmp_path / "mixed")
     records = [(s, r) for s in SPLITS for r in read_corpus(tmp_path / "mixed", s)]
     generated = [(s, r) for s, r in records if r["group"].startswith("codegen/")]
     assert {r["category"] for _, r in generated} == {"code"}
-    assert sorted(r["text"] for _, r in generated) == sorted(generate_modules(40, base.seed))
+    assert sorted(r["text"] for _, r in generated) == sorted(generate_modules(40, base.seed, examples=2,
+                                                                              module_data=True))
     assert {s for s, _ in generated} == set(SPLITS)  # split by group, like every document
     rest = [r for _, r in records if not r["group"].startswith("codegen/")]
     assert rest == [r for s in SPLITS for r in read_corpus(tmp_path / "plain", s)]  # nothing else moves
     assert plain["sha256"] != mixed["sha256"]
+
+
+def test_module_data_examples_call_the_modules_own_samples_by_name() -> None:
+    modules = list(generate_modules(100, seed=0, names=True, examples=2, module_data=True))
+    results, calls = _doctests(modules)
+    assert results.failed == 0 and results.attempted == len(calls)
+    assert all(re.fullmatch(r"\w+\((NUMBERS|TEXT)_[12]\)( is None)?\n", call) for call in calls)
+    for module in modules:  # the data opens the module, before its first function, and differs between modules
+        head = module.split("\n\n\n")[0]
+        assert re.fullmatch(r"NUMBERS_1 = \[.*\]\nTEXT_1 = '.*'\nNUMBERS_2 = \[.*\]\nTEXT_2 = '.*'", head)
+    assert len({m.split("\n\n\n")[0] for m in modules}) == len(modules)

@@ -15,6 +15,9 @@ it returns, as HumanEval's prompts carry them: the value is computed by running 
 writing its own examples must work them out (as ``mathgen``'s results) and a drafter cannot copy them.
 Every generated module is valid Python whose functions return what their docstrings say, examples included
 (``tests/test_testbed_codegen.py`` executes them and runs their doctests).
+A greedy target writing its own examples calls a few modal arguments, whose values a drafter learns with them;
+with ``module_data`` a module opens with its own sample data (``NUMBERS_1 = [...]``, ``TEXT_1 = '...'``) and every
+example calls its function on that data by name, so the values depend on what the prompt holds, not on a mode.
 """
 
 from __future__ import annotations
@@ -210,45 +213,80 @@ def _argument(rng: random.Random, header: str) -> list[int] | str:
     return " ".join(rng.choice(_EXAMPLE_WORDS) for _ in range(rng.randint(2, 5)))
 
 
-def _examples(rng: random.Random, header: str, body: list[str], n: int) -> list[str]:
+def _takes_numbers(header: str) -> bool:
+    return "list[int]" in header.split("->")[0]
+
+
+def _argument(rng: random.Random, header: str) -> list[int] | str:
+    """One drawn argument of the type the function ``header`` takes (a list of ints, or a text)."""
+    if _takes_numbers(header):
+        return [rng.randint(*_EXAMPLE_INTS) for _ in range(rng.randint(3, 6))]
+    return " ".join(rng.choice(_EXAMPLE_WORDS) for _ in range(rng.randint(2, 5)))
+
+
+def _module_data(rng: random.Random, n: int) -> dict[str, list[int] | str]:
+    """The module's own sample data for ``n`` examples a function: ``NUMBERS_1``.. and ``TEXT_1``.. by name."""
+    data: dict[str, list[int] | str] = {}
+    for i in range(1, n + 1):
+        data[f"NUMBERS_{i}"] = [rng.randint(*_EXAMPLE_INTS) for _ in range(rng.randint(5, 8))]
+        data[f"TEXT_{i}"] = " ".join(rng.choice(_EXAMPLE_WORDS) for _ in range(rng.randint(4, 7)))
+    return data
+
+
+def _examples(rng: random.Random, header: str, body: list[str], n: int,
+              data: dict[str, list[int] | str] | None = None) -> list[str]:
     """``n`` doctest examples, as line pairs (call, value), for the function ``header`` and ``body`` define, each
-    value what running it returns. A call returning None (no doctest output line) is drawn again, up to 64 times."""
-    name = header[4:header.index("(")]
+    value what running it returns. Drawn arguments: a call returning None (no doctest output line) is drawn
+    again, up to 64 times. With ``data`` (the module's sample data) the i-th example calls the function on the
+    module's i-th sample of its type by name, and a None is written as ``... is None`` / ``True``."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"corpus.code_examples: expected an integer >= 0, got {n!r}")
+    name = header[4:header.index("(")]
     namespace: dict[str, object] = {}
     exec("\n".join([header, *("    " + line for line in body)]), namespace)  # our own generated source
+    run = lambda arg: namespace[name](arg.copy() if isinstance(arg, list) else arg)  # noqa: E731
     lines: list[str] = []
-    for _ in range(n):
+    for i in range(1, n + 1):
+        if data is not None:
+            var = f"{'NUMBERS' if _takes_numbers(header) else 'TEXT'}_{i}"
+            value = run(data[var])
+            lines += [f">>> {name}({var}) is None", "True"] if value is None else [f">>> {name}({var})", repr(value)]
+            continue
         for _ in range(64):
             arg = _argument(rng, header)
-            value = namespace[name](arg.copy() if isinstance(arg, list) else arg)
+            value = run(arg)
             if value is not None:
                 lines += [f">>> {name}({arg!r})", repr(value)]
                 break
     return lines
 
 
-def generate_function(rng: random.Random, names: bool = False, examples: int = 0) -> str:
+def generate_function(rng: random.Random, names: bool = False, examples: int = 0,
+                      data: dict[str, list[int] | str] | None = None) -> str:
     """One function's source: its header, its docstring and its body, at module level. ``names``: local
     names drawn per function (``_LOCALS``) instead of the house style's fixed ones; ``examples``: doctest
-    examples at the end of the docstring (none: the docstring is its one line)."""
+    examples at the end of the docstring (none: the docstring is its one line), on drawn arguments or, with
+    ``data``, on the module's sample data."""
     header, doc, body = rng.choice(FAMILIES)(rng)
     if names:
         body = _renamed(rng, body)
     docstring = [f'    """{doc}"""']
     if examples:
-        docstring = [f'    """{doc}', "", *("    " + line for line in _examples(rng, header, body, examples)),
-                     '    """']
+        lines = _examples(rng, header, body, examples, data)
+        docstring = [f'    """{doc}', "", *("    " + line for line in lines), '    """']
     return "\n".join([header, *docstring, *("    " + line for line in body)]) + "\n"
 
 
 def generate_module(rng: random.Random, functions: tuple[int, int] = (3, 6), names: bool = False,
-                    examples: int = 0) -> str:
-    """A module of a few functions with distinct names, two blank lines apart (PEP 8)."""
+                    examples: int = 0, module_data: bool = False) -> str:
+    """A module of a few functions with distinct names, two blank lines apart (PEP 8). ``module_data`` (with
+    ``examples``): the module opens with its sample data, which every example calls its function on."""
+    data = _module_data(rng, examples) if module_data and examples else None
     seen, parts = set(), []
+    if data:
+        parts.append("".join(f"{var} = {value!r}\n" for var, value in data.items()))
     for _ in range(rng.randint(*functions)):
-        source = generate_function(rng, names, examples)
+        source = generate_function(rng, names, examples, data)
         name = source[4:source.index("(")]
         if name not in seen:
             seen.add(name)
@@ -256,9 +294,11 @@ def generate_module(rng: random.Random, functions: tuple[int, int] = (3, 6), nam
     return "\n\n".join(parts)
 
 
-def generate_modules(n: int, seed: int, names: bool = False, examples: int = 0) -> Iterator[str]:
-    """``n`` modules; module ``i`` depends only on ``seed``, ``i``, ``names`` and ``examples``, so any prefix of a
-    run is the same (without ``names`` and ``examples`` the draws, and so the modules, are those of a generator
-    that has no such options)."""
+def generate_modules(n: int, seed: int, names: bool = False, examples: int = 0,
+                     module_data: bool = False) -> Iterator[str]:
+    """``n`` modules; module ``i`` depends only on ``seed``, ``i``, ``names``, ``examples`` and ``module_data``, so
+    any prefix of a run is the same (without these options the draws, and so the modules, are those of a
+    generator that has none of them)."""
     for i in range(n):
-        yield generate_module(random.Random(f"{seed}:codegen:{i}"), names=names, examples=examples)
+        yield generate_module(random.Random(f"{seed}:codegen:{i}"), names=names, examples=examples,
+                              module_data=module_data)

@@ -162,7 +162,8 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[D
         if len(text) >= cfg.min_docstring_chars:
             yield prose(f"prose:topic:{name}", f"topic/{name}", text,
                         lambda rng, name=name, text=text: render_topic(name, text, rng))
-    for i, module in enumerate(generate_modules(cfg.code_modules, cfg.seed, cfg.code_names, cfg.code_examples)):
+    for i, module in enumerate(generate_modules(cfg.code_modules, cfg.seed, cfg.code_names, cfg.code_examples,
+                                                  cfg.code_module_data)):
         yield Document(f"code:generated:{i}", "code", f"codegen/{i}", module)
     for i, problem in enumerate(generate_problems(cfg.math_problems, cfg.seed, cfg.math_scale)):
         yield Document(f"math:{i}", "math", f"math/{i}", problem.text)
