@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from whiflash.testbed.codegen import FAMILIES, generate_module, generate_modules
+from whiflash.testbed.codegen import FAMILIES, generate_module, generate_modules, has_module_data
 from whiflash.testbed.corpus import SPLITS, read_corpus, write_corpus
 from whiflash.testbed.presets import CorpusConfig
+from whiflash.testbed.prompts import cut_prompt
 
 NUMBERS = [[], [0], [3, -4, 10, 7, 12, -1, 20, 5, 0, 40], [-6, -3], [2, 4, 6], [11, 13, 17, 19, 21]]
 TEXTS = ["", "Hello, World! 42 apples.", "the cat and THE hat, the end", "  spaced   out  "]
@@ -161,7 +162,20 @@ def test_module_data_examples_call_the_modules_own_samples_by_name() -> None:
     results, calls = _doctests(modules)
     assert results.failed == 0 and results.attempted == len(calls)
     assert all(re.fullmatch(r"\w+\((NUMBERS|TEXT)_[12]\)( is None)?\n", call) for call in calls)
-    for module in modules:  # the data opens the module, before its first function, and differs between modules
+    for module in modules:  # the data opens the module, two blank lines before its one or two functions
         head = module.split("\n\n\n")[0]
         assert re.fullmatch(r"NUMBERS_1 = \[.*\]\nTEXT_1 = '.*'\nNUMBERS_2 = \[.*\]\nTEXT_2 = '.*'", head)
+        assert has_module_data(module) and module.count("\n\n\ndef ") == module.count("def ") in (1, 2)
+        assert "\n\n\n\n" not in module
     assert len({m.split("\n\n\n")[0] for m in modules}) == len(modules)
+    assert not any(has_module_data(m) for m in generate_modules(20, seed=0, examples=2))
+
+
+def test_a_code_prompt_of_a_module_with_data_keeps_the_data() -> None:
+    """Code prompts keep 600 characters of context, but a module whose examples call its data keeps it whole."""
+    rng = random.Random(0)
+    for module in generate_modules(200, seed=0, names=True, examples=2, module_data=True):
+        cut = cut_prompt("code", module, rng, max_chars=100)
+        if cut:
+            prompt, rest = cut
+            assert prompt.startswith("NUMBERS_1 = [") and prompt + rest == module

@@ -26,7 +26,7 @@ import random
 import re
 from collections.abc import Callable, Iterator
 
-__all__ = ["FAMILIES", "generate_function", "generate_module", "generate_modules"]
+__all__ = ["DATA_FUNCTIONS", "FAMILIES", "generate_function", "generate_module", "generate_modules", "has_module_data"]
 
 # (name part, docstring phrase, condition on x); "{k}" is a drawn constant
 _NUMBER_TESTS = (
@@ -213,6 +213,18 @@ def _argument(rng: random.Random, header: str) -> list[int] | str:
     return " ".join(rng.choice(_EXAMPLE_WORDS) for _ in range(rng.randint(2, 5)))
 
 
+DATA_FUNCTIONS = (1, 2)
+"""Functions in a module that opens with its sample data: few, so that a prompt cut at any of its headers holds
+the data and whole functions within the code prompts' context (``prompts.cut_prompt`` keeps such a module whole),
+and a greedy answer ends soon after the asked-for function, as an instruction-tuned model's does."""
+_DATA_START = "NUMBERS_1 = ["
+
+
+def has_module_data(text: str) -> bool:
+    """Whether ``text`` is a generated module that opens with its sample data (``module_data``)."""
+    return text.startswith(_DATA_START)
+
+
 def _takes_numbers(header: str) -> bool:
     return "list[int]" in header.split("->")[0]
 
@@ -280,11 +292,13 @@ def generate_function(rng: random.Random, names: bool = False, examples: int = 0
 def generate_module(rng: random.Random, functions: tuple[int, int] = (3, 6), names: bool = False,
                     examples: int = 0, module_data: bool = False) -> str:
     """A module of a few functions with distinct names, two blank lines apart (PEP 8). ``module_data`` (with
-    ``examples``): the module opens with its sample data, which every example calls its function on."""
+    ``examples``): the module opens with its sample data, which every example calls its function on, and holds
+    ``DATA_FUNCTIONS`` functions instead of ``functions``."""
     data = _module_data(rng, examples) if module_data and examples else None
     seen, parts = set(), []
     if data:
         parts.append("".join(f"{var} = {value!r}\n" for var, value in data.items()))
+        functions = DATA_FUNCTIONS
     for _ in range(rng.randint(*functions)):
         source = generate_function(rng, names, examples, data)
         name = source[4:source.index("(")]

@@ -57,8 +57,9 @@ class CorpusConfig:
     (0: one-line docstrings)."""
     code_module_data: bool = False
     """With ``code_examples``: each generated module opens with its own sample data (``NUMBERS_1 = [...]``,
-    ``TEXT_1 = '...'``) and every example calls its function on that data by name, so the values an answer writes
-    depend on the data its prompt holds rather than on arguments a greedy target picks the same way each time."""
+    ``TEXT_1 = '...'``), holds one or two functions, and every example calls its function on that data by name;
+    code prompts keep such a module whole, so the values an answer writes depend on the data its prompt holds
+    rather than on arguments a greedy target picks the same way each time."""
     math_scale: int = 1
     """Math problems draw their magnitudes (prices, rates, speeds, page and item counts) up to this many times the
     default bounds (``mathgen``): worked products of more digits, which a target computes rather than recalls and

@@ -4,7 +4,8 @@ Each category is cut where a user of that kind of model would stop typing:
 
 * math  — ``Question: ...\\nAnswer:`` (the worked solution is the continuation);
 * code  — the file up to the end of a ``def``/``class`` header line, before its newline (the body
-  follows), keeping at most ``max_chars`` characters of preceding context;
+  follows), keeping at most ``max_chars`` characters of preceding context (a generated module that opens with
+  its sample data, ``codegen.has_module_data``, whole);
 * prose — the first sentence(s) of a docstring or topic, cut at a word boundary; a chat exchange
   (``chatgen``) at its ``Assistant:`` label (the answer is the continuation);
 * agentic — the transcript up to a ``Thought:`` label (the tool list, the task and any earlier
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .chatgen import ASSISTANT
+from .codegen import has_module_data
 from .corpus import SPLITS, read_corpus
 from .presets import CATEGORIES
 
@@ -87,7 +89,8 @@ def cut_prompt(category: str, text: str, rng: random.Random, max_chars: int = 60
         if not offsets:
             return None
         cut = rng.choice(offsets)
-        start = max(0, cut - max_chars)
+        # a generated module that opens with its sample data is kept whole: its examples call that data by name
+        start = 0 if has_module_data(text) else max(0, cut - max_chars)
         start = text.find("\n", start) + 1 if start > 0 else 0  # begin on a whole line
         return text[start:cut], text[cut:]
     if category == "agentic":
