@@ -77,7 +77,8 @@ def probe_decisions(features: np.ndarray, wins0: np.ndarray, folds: np.ndarray, 
             continue
         if len(set(wins0[train].tolist())) < 2:  # one slot wins every training round: the probe is that slot
             prob[test] = float(not wins0[train][0]) if train.any() else 0.0
-            slot0[test], _ = prob[test] < 0.5, chosen.append(0.5)
+            slot0[test] = prob[test] < 0.5
+            chosen.append(0.5)
             continue
         probe = LogisticRegression(max_iter=500, C=0.1).fit(features[train], ~wins0[train])
         p_val = probe.predict_proba(features[val])[:, 1] if val.any() else np.zeros(0)

@@ -206,13 +206,6 @@ def _renamed(rng: random.Random, body: list[str]) -> list[str]:
     return [_LOCAL.sub(lambda m: pick[m.group(1)], line) for line in body]
 
 
-def _argument(rng: random.Random, header: str) -> list[int] | str:
-    """One drawn argument of the type the function ``header`` takes (a list of ints, or a text)."""
-    if "list[int]" in header.split("->")[0]:
-        return [rng.randint(*_EXAMPLE_INTS) for _ in range(rng.randint(3, 6))]
-    return " ".join(rng.choice(_EXAMPLE_WORDS) for _ in range(rng.randint(2, 5)))
-
-
 DATA_FUNCTIONS = (1, 2)
 """Functions in a module that opens with its sample data: few, so that a prompt cut at any of its headers holds
 the data and whole functions within the code prompts' context (``prompts.cut_prompt`` keeps such a module whole),
@@ -229,19 +222,24 @@ def _takes_numbers(header: str) -> bool:
     return "list[int]" in header.split("->")[0]
 
 
+def _numbers(rng: random.Random, lengths: tuple[int, int]) -> list[int]:
+    return [rng.randint(*_EXAMPLE_INTS) for _ in range(rng.randint(*lengths))]
+
+
+def _text(rng: random.Random, lengths: tuple[int, int]) -> str:
+    return " ".join(rng.choice(_EXAMPLE_WORDS) for _ in range(rng.randint(*lengths)))
+
+
 def _argument(rng: random.Random, header: str) -> list[int] | str:
     """One drawn argument of the type the function ``header`` takes (a list of ints, or a text)."""
-    if _takes_numbers(header):
-        return [rng.randint(*_EXAMPLE_INTS) for _ in range(rng.randint(3, 6))]
-    return " ".join(rng.choice(_EXAMPLE_WORDS) for _ in range(rng.randint(2, 5)))
+    return _numbers(rng, (3, 6)) if _takes_numbers(header) else _text(rng, (2, 5))
 
 
 def _module_data(rng: random.Random, n: int) -> dict[str, list[int] | str]:
     """The module's own sample data for ``n`` examples a function: ``NUMBERS_1``.. and ``TEXT_1``.. by name."""
     data: dict[str, list[int] | str] = {}
     for i in range(1, n + 1):
-        data[f"NUMBERS_{i}"] = [rng.randint(*_EXAMPLE_INTS) for _ in range(rng.randint(5, 8))]
-        data[f"TEXT_{i}"] = " ".join(rng.choice(_EXAMPLE_WORDS) for _ in range(rng.randint(4, 7)))
+        data[f"NUMBERS_{i}"], data[f"TEXT_{i}"] = _numbers(rng, (5, 8)), _text(rng, (4, 7))
     return data
 
 
