@@ -140,3 +140,34 @@ def test_code_excerpts_come_from_the_transcripts_own_split() -> None:
     assert shown > 1000
     plain = [d for d in collect_documents(get_preset("micro").corpus) if d.category == "agentic"]
     assert not any(intro in d.text for d in plain for intro in _CODE_INTROS)
+
+
+def test_explanations_answer_names_the_task_gives_from_the_transcripts_own_split() -> None:
+    """With `agent_explanations`, each step's thought explains, in the chat house style, an object the task
+    names, documented in a library file of the transcript's own split (off: no task asks for one)."""
+    import re
+
+    from whiflash.testbed.agentgen import explanation
+    from whiflash.testbed.chatgen import documented
+    from whiflash.testbed.corpus import _stdlib_files, assign_split, collect_documents, stdlib_root
+    from whiflash.testbed.presets import apply_overrides, get_preset
+
+    cfg = apply_overrides(get_preset("micro"), ["corpus.agent_explanations=1.0"]).corpus
+    said: dict[str, dict[str, str]] = {}  # split -> dotted name -> what a thought says about it
+    for rel, source in _stdlib_files(stdlib_root(), cfg.max_file_chars, cfg.include_tests):
+        for item in documented(rel, source):
+            if len(item.doc) >= cfg.min_docstring_chars and explanation(item):
+                said.setdefault(assign_split(f"stdlib/{rel}", cfg), {})[item.dotted] = explanation(item)
+    explained = 0
+    for d in (d for d in collect_documents(cfg) if d.category == "agentic"):
+        split = assign_split(d.group, cfg)
+        task = next(line for line in d.text.splitlines() if line.startswith("User: "))
+        names = re.findall(r"`([^`]+)`", task.split("Along the way, explain ")[1].split(". Summarise")[0])
+        thoughts = d.text.split("\nThought: ")[1:-1]
+        assert len(names) == len(thoughts)  # one per step, in step order
+        for name, thought in zip(names, thoughts):
+            assert f"`{name}`: {said[split][name]}" in thought, (d.id, name)
+            explained += 1
+    assert explained > 1000
+    plain = [d for d in collect_documents(get_preset("micro").corpus) if d.category == "agentic"]
+    assert not any("Along the way, explain" in d.text for d in plain)

@@ -28,6 +28,13 @@ pool the sentences come from the tools' module documentation, a small set a deep
 Optionally (``code_share``: half the thoughts in ``small``, none in the other presets) a thought ends
 with a few lines of its split's library code (``code_of``): held-out code stays uncertain even for a
 deep target, a regime a strong target's greedy thoughts otherwise lack (docs/testbed.md).
+
+A greedy target answers background it cannot know with its modal sentences, which every drafter learns.
+With ``explain_share`` (``explain_of``: documented objects of the transcript's own split) the task also asks
+the agent to explain some objects by name, and the step's thought does so in the chat house style
+(``chatgen.introduce`` and the docstring's first paragraph) instead of quoting background: what the target
+writes there depends on a name in the prompt, as a chat answer does, so it stays as uncertain as the chat
+prose category for as long as the explanation lasts, between the JSON regimes before and after it.
 """
 
 from __future__ import annotations
@@ -42,7 +49,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-__all__ = ["Tool", "tools", "generate_transcript", "generate_transcripts", "sentences"]
+from .chatgen import Documented, introduce
+
+__all__ = ["Tool", "tools", "explanation", "generate_transcript", "generate_transcripts", "sentences"]
 
 WORDS = ("alpha", "report", "budget", "notes", "draft", "summary", "orders", "archive", "config", "invoice",
          "backup", "photos", "music", "ledger", "schedule", "inventory", "results", "metrics", "readme", "index")
@@ -120,6 +129,8 @@ _BACKGROUND = ("Some background first:", "From what I remember of the documentat
 _CODE_INTROS = ("A similar piece of library code:", "For comparison, code that does something related:",
                 "This is how related code in the library reads:")
 _OPENERS = ("Next I need", "Now I want", "The next step is", "I still need", "Then I have to", "After that I need")
+_EXPLAIN_INTROS = ("As asked, about", "The user also wants to know about", "Now the explanation of",
+                   "Before the call, as requested:")
 
 
 @dataclass(frozen=True)
@@ -204,11 +215,20 @@ def _ask(tool: Tool, args: dict[str, Any]) -> str:
     return f"{tool.name} with " + ", ".join(f"{k}={_fmt(v)}" for k, v in args.items())
 
 
+def explanation(item: Documented) -> str | None:
+    """What a thought says about a documented object: the chat house style's introduction and the docstring's
+    first paragraph on one line; None where that paragraph is too short to say anything or too long for a thought."""
+    first = " ".join(item.doc.split("\n\n")[0].split())
+    return f"{introduce(item)} {first}" if 40 <= len(first) <= 400 else None
+
+
 def _thought(rng: random.Random, tool: Tool, first: bool, pool: Sequence[str], code: Sequence[str] = (),
-             code_share: float = 0.0) -> str:
+             code_share: float = 0.0, explain: Documented | None = None) -> str:
     parts = [f"{'First I need' if first else rng.choice(_OPENERS)} {tool.name}. Its documentation says: "
              f"{tool.summary}"]
-    if pool:
+    if explain is not None:  # in place of background: an answer about a name the task gave
+        parts.append(f"{rng.choice(_EXPLAIN_INTROS)} `{explain.dotted}`: {explanation(explain)}")
+    elif pool:
         parts.append(f"{rng.choice(_BACKGROUND)} " + " ".join(rng.choice(pool) for _ in range(rng.randint(1, 3))))
     else:
         module = tool.name.rpartition(".")[0]
@@ -223,10 +243,11 @@ def _thought(rng: random.Random, tool: Tool, first: bool, pool: Sequence[str], c
 
 
 def generate_transcript(rng: random.Random, pool: Sequence[str] = (), code: Sequence[str] = (),
-                        code_share: float = 0.0) -> str:
+                        code_share: float = 0.0, explain: Sequence[Documented] = (), explain_share: float = 0.0) -> str:
     """One transcript: a tool list, a task, 2-4 thought/call/result steps, arithmetic, an answer; thoughts
     quote background sentences from ``pool`` when given, and a share ``code_share`` of them end with a snippet
-    from ``code``."""
+    from ``code``; with ``explain``, a share ``explain_share`` of the steps explain an object of it that the
+    task names (``explanation``) in place of the background."""
     offered = tools()
     chosen = rng.sample(offered, rng.randint(2, min(4, len(offered))))
     values = [t.make_args(rng) for t in chosen]
@@ -235,11 +256,16 @@ def generate_transcript(rng: random.Random, pool: Sequence[str] = (), code: Sequ
     listed = rng.sample(offered, min(len(offered), len(chosen) + 2))
     listed = list(dict.fromkeys([*chosen, *listed]))[: len(chosen) + 2]
     rng.shuffle(listed)
+    # draws nothing when off, so corpora without explanations stay the same
+    asked = [rng.choice(explain) if explain and explain_share > 0 and rng.random() < explain_share else None
+             for _ in chosen]
+    named = [f"`{d.dotted}`" for d in asked if d is not None]
     lines = ["Tools:"]
     lines += [_fmt({"name": t.name, "parameters": t.params, "description": t.summary}) for t in listed]
-    lines.append("User: Use " + ", then ".join(_ask(t, a) for t, a in zip(chosen, args)) + ". Summarise the results.")
+    lines.append("User: Use " + ", then ".join(_ask(t, a) for t, a in zip(chosen, args)) + ". "
+                 + (f"Along the way, explain {' and '.join(named)}. " if named else "") + "Summarise the results.")
     for i, (tool, a, res) in enumerate(zip(chosen, args, results)):
-        lines.append(f"Thought: {_thought(rng, tool, i == 0, pool, code, code_share)}")
+        lines.append(f"Thought: {_thought(rng, tool, i == 0, pool, code, code_share, asked[i])}")
         lines.append("Call: " + _fmt({"name": tool.name, "arguments": a}))
         lines.append(f"Result: {_fmt(res)}")
     numbers = [r for r in results if isinstance(r, int) and not isinstance(r, bool)]
@@ -252,10 +278,13 @@ def generate_transcript(rng: random.Random, pool: Sequence[str] = (), code: Sequ
 
 
 def generate_transcripts(n: int, seed: int, pool_of: Callable[[int], Sequence[str]] | None = None,
-                         code_of: Callable[[int], Sequence[str]] | None = None,
-                         code_share: float = 0.0) -> Iterator[str]:
+                         code_of: Callable[[int], Sequence[str]] | None = None, code_share: float = 0.0,
+                         explain_of: Callable[[int], Sequence[Documented]] | None = None,
+                         explain_share: float = 0.0) -> Iterator[str]:
     """``n`` transcripts, deterministic for a seed (and an interpreter version); transcript ``i`` quotes
-    background sentences from ``pool_of(i)`` and code snippets from ``code_of(i)`` when given."""
+    background sentences from ``pool_of(i)``, code snippets from ``code_of(i)`` and explains objects of
+    ``explain_of(i)`` when given."""
     rng = random.Random(f"agentic:{seed}")
     for i in range(n):
-        yield generate_transcript(rng, pool_of(i) if pool_of else (), code_of(i) if code_of else (), code_share)
+        yield generate_transcript(rng, pool_of(i) if pool_of else (), code_of(i) if code_of else (), code_share,
+                                  explain_of(i) if explain_of else (), explain_share)

@@ -33,7 +33,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Documented", "documented", "render", "render_topic", "ASSISTANT"]
+__all__ = ["Documented", "documented", "introduce", "render", "render_topic", "ASSISTANT"]
 
 ASSISTANT = "\nAssistant:"
 """Where a chat prompt ends: the answer is the continuation (`prompts.cut_prompt`)."""
@@ -71,6 +71,11 @@ class Documented:
     """Argument names a caller passes (a method's receiver left out, as in ``signature``)."""
     doc: str
     """The cleaned docstring."""
+
+    @property
+    def dotted(self) -> str:
+        """The name a user would ask about: ``json.decoder.JSONDecoder.decode``, a module's by its own name."""
+        return self.module if self.kind == "module" else f"{self.module}.{self.name}"
 
 
 def _module_name(rel: str) -> str:
@@ -125,18 +130,29 @@ def _paragraphs(doc: str) -> list[str]:
     return [p.strip() for p in doc.split("\n\n") if p.strip()]
 
 
-def render(item: Documented, rng: random.Random) -> str:
-    """One exchange: a question about ``item`` and an answer in a fixed house style around its docstring."""
-    sig = item.signature if len(item.signature) <= 80 else ""
-    question = rng.choice(_QUESTIONS[item.kind]).format(name=item.name, module=item.module, sig=sig, kind=item.kind)
+def _shown_signature(item: Documented) -> str:
+    return item.signature if len(item.signature) <= 80 else ""
+
+
+def introduce(item: Documented, opener: str = "") -> str:
+    """The house style's first sentence(s) about ``item``: what it is, where it lives, its signature."""
     if item.kind == "module":
         package = item.module.rpartition(".")[0]
         where = f"the `{package}` package." if package else "the standard library."
     else:
         where = f"the `{item.module}` module."
-    head = f"{rng.choice(_OPENERS)}`{item.name}` is {_KIND_PHRASE[item.kind]} {where}"
+    head = f"{opener}`{item.name}` is {_KIND_PHRASE[item.kind]} {where}"
+    sig = _shown_signature(item)
     if sig:
         head += f" Its signature is `{item.name.rpartition('.')[2]}{sig}`."
+    return head
+
+
+def render(item: Documented, rng: random.Random) -> str:
+    """One exchange: a question about ``item`` and an answer in a fixed house style around its docstring."""
+    sig = _shown_signature(item)
+    question = rng.choice(_QUESTIONS[item.kind]).format(name=item.name, module=item.module, sig=sig, kind=item.kind)
+    head = introduce(item, rng.choice(_OPENERS))
     paras = _paragraphs(item.doc)
     lines = [f"User: {question}{ASSISTANT} {head}", "", paras[0]]
     if len(paras) > 1:

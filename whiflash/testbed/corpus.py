@@ -9,7 +9,8 @@ Four categories:
 * ``prose`` — English from the standard library: module/class/function docstrings and the
   ``pydoc_data`` topic texts, a share of them (``chat_prose``) as user-assistant exchanges (``chatgen``);
 * ``agentic`` — seeded agent transcripts that switch regime within a sequence: free prose
-  interleaved with JSON calls of real standard-library functions and their results (``agentgen``).
+  interleaved with JSON calls of real standard-library functions and their results (``agentgen``), with
+  ``agent_explanations`` some thoughts explaining a documented object of their split in the chat house style.
 
 Splits are assigned per *group* by a seeded hash, not per document: a source file's code
 document and its docstring documents share the group ``stdlib/<path>``, so no held-out code
@@ -32,8 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .agentgen import generate_transcripts, sentences
-from .chatgen import documented, render, render_topic
+from .agentgen import explanation, generate_transcripts, sentences
+from .chatgen import Documented, documented, render, render_topic
 from .codegen import generate_modules
 from .mathgen import generate_problems
 from .presets import CATEGORIES, CorpusConfig
@@ -141,6 +142,7 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[D
     n_files = 0
     pools: dict[str, list[str]] = {}  # split -> background sentences of its prose (agent transcripts quote them)
     code_pools: dict[str, list[str]] = {}  # split -> snippets of its code (when cfg.agent_code_excerpts > 0)
+    explain_pools: dict[str, list[Documented]] = {}  # split -> objects agents explain (cfg.agent_explanations > 0)
 
     def prose(id_: str, group: str, text: str, chat: Callable[[random.Random], str]) -> Document:
         # agent transcripts quote the plain docstring; a seeded share of prose documents are chat exchanges
@@ -157,6 +159,8 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[D
         for i, item in enumerate(documented(rel, source)):
             if len(item.doc) >= cfg.min_docstring_chars:
                 yield prose(f"prose:{rel}:{i}", group, item.doc, lambda rng, item=item: render(item, rng))
+                if cfg.agent_explanations > 0 and explanation(item) is not None:
+                    explain_pools.setdefault(assign_split(group, cfg), []).append(item)
     for name, text in sorted(_topics().items()):
         text = inspect.cleandoc(text)
         if len(text) >= cfg.min_docstring_chars:
@@ -169,10 +173,12 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[D
         yield Document(f"math:{i}", "math", f"math/{i}", problem.text)
     # A transcript quotes the prose of its own split: held-out transcripts never quote training prose and
     # training transcripts never leak held-out prose.
+    split_of = lambda i: assign_split(f"agentic/{i}", cfg)  # noqa: E731
     for i, text in enumerate(generate_transcripts(cfg.agent_transcripts, cfg.seed,
-                                                  lambda i: pools.get(assign_split(f"agentic/{i}", cfg), []),
-                                                  lambda i: code_pools.get(assign_split(f"agentic/{i}", cfg), []),
-                                                  cfg.agent_code_excerpts)):
+                                                  lambda i: pools.get(split_of(i), []),
+                                                  lambda i: code_pools.get(split_of(i), []), cfg.agent_code_excerpts,
+                                                  lambda i: explain_pools.get(split_of(i), []),
+                                                  cfg.agent_explanations)):
         yield Document(f"agentic:{i}", "agentic", f"agentic/{i}", _clean(text))
     log.info("collected %d standard-library files from %s", n_files, root)
 

@@ -38,6 +38,9 @@ class CorpusConfig:
     """Number of generated agent transcripts (prose + JSON tool calls; all splits together)."""
     agent_code_excerpts: float = 0.0
     """Share of agent thoughts that end with a few lines of their split's standard-library code (0: none)."""
+    agent_explanations: float = 0.0
+    """Share of agent steps whose task names a documented object of the transcript's split and whose thought
+    explains it in the chat house style (``agentgen.explanation``) in place of background sentences (0: none)."""
     validation_fraction: float = 0.05
     """Share of document groups (source files, topics, problems) assigned to validation."""
     test_fraction: float = 0.05
