@@ -337,9 +337,9 @@ def merge_rows(shares: list[list[dict[str, Any]]], samples: list[Sample]) -> lis
 
 
 def rotations(samples: list[Sample]) -> dict[str, int]:
-    """How far each sample rotates the method order: its index among the samples of its category, so that
-    within every category each method runs at each position equally often (a rotation by the sample's
-    index alone repeats one order per category when categories interleave as often as there are methods)."""
+    """Which method order (`method_order`) each sample takes: its index among the samples of its category, so
+    that within every category the orders cycle (an index over all samples repeats one order per category when
+    categories interleave as often as there are orders)."""
     seen: dict[str, int] = {}
     out: dict[str, int] = {}
     for s in samples:
@@ -348,11 +348,24 @@ def rotations(samples: list[Sample]) -> dict[str, int]:
     return out
 
 
+def method_order(names: list[str], k: int) -> list[str]:
+    """Order `k` of a Williams design over `names`: a Latin square in which, over one cycle (len(names) orders,
+    twice that for an odd count), every method runs at every position equally often and directly after every
+    other method equally often. A plain rotation balances positions only: each method would always follow the
+    same one, and a decode measurably runs slower after some methods than after others (a heavy tree verify
+    before it), a bias that would land on one method alone."""
+    n = len(names)
+    base = [0] + [(i + 1) // 2 if i % 2 else n - i // 2 for i in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
+    k %= n if n % 2 == 0 else 2 * n
+    row = [names[(b + k) % n] for b in base]
+    return row[::-1] if k >= n else row  # an odd count needs the mirrored square too
+
+
 def run_samples(runner: Runner, samples: list[Sample], run: Path, desc: str,
                 log_name: str = "samples.jsonl", rotation: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """Every turn of every sample through `run_turn`, rows appended to `run/<log_name>` (resumable);
     returns all rows of that file, earlier ones included. `rotation` (default `rotations(samples)`; a sharded
-    bench passes the whole run's) turns each sample's method order."""
+    bench passes the whole run's) picks each sample's method order."""
     rotation = rotations(samples) if rotation is None else rotation
     rows_log = SampleLog(run / log_name)
     probe = MarginProbe(runner.paths["target"], device=runner.cfg.device)
@@ -365,9 +378,9 @@ def run_samples(runner: Runner, samples: list[Sample], run: Path, desc: str,
 
 def run_turn(runner: Runner, rows_log: SampleLog, probe: MarginProbe, sample: Sample, turn: int, k: int,
               replies: list[str]) -> None:
-    """Every method on one turn of one sample (its order turned by `k`), the lossless check, and the rows."""
+    """Every method on one turn of one sample (in order `k` of `method_order`), the lossless check, and the rows."""
     names = runner.names_for(sample.category)
-    order = names[k % len(names):] + names[: k % len(names)]
+    order = method_order(names, k)
     ar_row = rows_log.find(sample.id, turn, "ar")
     ids = runner.encode(sample, turn, replies)
     if all(rows_log.find(sample.id, turn, n) for n in names):  # resumed: this turn is done

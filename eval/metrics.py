@@ -48,7 +48,8 @@ ROUTED_ROUND_DEFINITION = ("vs alone = a routed method's decode time / what its 
 
 PROTOCOL = (
     "Per sample, every method (AR included) decodes the same prompt in the same process, in an order that "
-    "rotates from one sample of a category to the next. Before the first timed sample the target cache is "
+    "changes from one sample of a category to the next (a Williams design: each method at each position and "
+    "right after each other method equally often). Before the first timed sample the target cache is "
     "allocated for the longest sample and every method runs one untimed warm-up decode, a routed method one "
     "more with each of its slots forced and, with a stick rule, one with every slot-0 round kept (capturing CUDA "
     "graphs when enabled). "

@@ -146,6 +146,25 @@ def test_every_category_sees_every_method_order() -> None:
     assert rotations(samples[1::4]) == {f"b-{i}": i for i in range(4)}
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 9])
+def test_method_orders_balance_positions_and_predecessors(n: int) -> None:
+    """Over one cycle of orders every method runs at every position and right after every other method equally
+    often (a rotation balances positions only: each method then always follows the same one)."""
+    from collections import Counter
+
+    from whiflash.eval.bench import method_order
+
+    names = [f"m{i}" for i in range(n)]
+    cycle = n if n % 2 == 0 else 2 * n
+    orders = [method_order(names, k) for k in range(cycle)]
+    assert all(sorted(o) == names for o in orders) and method_order(names, 0)[0] == names[0]
+    assert method_order(names, cycle + 1) == orders[1]
+    positions = Counter((pos, m) for o in orders for pos, m in enumerate(o))
+    assert set(positions.values()) == {cycle // n} and len(positions) == n * n
+    follows = Counter((a, b) for o in orders for a, b in zip(o, o[1:]))
+    assert len(follows) == n * (n - 1) and set(follows.values()) == {cycle // n}
+
+
 def test_bench_writes_every_output_and_is_lossless(bench_run: Path) -> None:
     for name in ("config.json", "config.yaml", "manifest.json", "samples.jsonl", "results.json", "results.csv",
                  "results.md", "plots/speedup.png", "plots/tau_hist.png", "plots/slots.png"):
