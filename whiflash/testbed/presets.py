@@ -407,7 +407,13 @@ def _small() -> TestbedConfig:
     # examples-h100.md): EAGLE-3 tau code 6.1, math 3.9, prose 4.1, agentic 5.8; DFlash 13.9 / 8.7 / 3.1 / 12.5
     # (without the examples, mix and scale 10: EAGLE-3 6.4 / 5.6 / 3.3 / 6.2, DFlash 15.3 / 10.4 / 2.5 / 12.1).
     # A greedy target still resolves most draws the same way each time (its examples call a few modal arguments)
-    # and the drafters follow it; where the target samples the draws make drafting harder.
+    # and the drafters follow it; where the target samples the draws make drafting harder. So generated modules
+    # open with their own sample data that their examples call (code_module_data), and every agent step explains
+    # an object its task names, in the chat house style (agent_explanations): text whose words depend on the
+    # prompt, where the greedy target's modal background sentences taught every drafter the same thing. Agentic
+    # then mixes regimes within a sequence: DFlash tau 14.4 in calls, 5.6 in explanations, where a router takes
+    # EAGLE-3 on a third of the rounds and is 7.9% faster than DFlash (results/2026-12-06-small-agent-
+    # explanations-h100.md; EAGLE-3 tau 5.9 / 3.6 / 3.2 / 5.4, DFlash 13.3 / 8.4 / 2.3 / 8.6 there).
     return TestbedConfig(
         name="small",
         device="cuda",
@@ -416,7 +422,7 @@ def _small() -> TestbedConfig:
         corpus=CorpusConfig(math_problems=100_000, agent_transcripts=20_000, max_file_chars=400_000,
                             include_tests=True, validation_fraction=0.3, agent_code_excerpts=0.5,
                             chat_prose=1.0, code_modules=10_000, code_names=True, code_examples=2,
-                            math_scale=10),
+                            code_module_data=True, math_scale=10, agent_explanations=1.0),
         tokenizer=TokenizerConfig(vocab_size=8192, train_chars_per_category=6_000_000),
         target=TargetConfig(
             hidden_size=512, intermediate_size=1408, num_hidden_layers=36, num_attention_heads=8,
