@@ -23,6 +23,7 @@ def test_segments_follow_labels_and_explanations() -> None:
     assert segment("Thought: a\nCall: {\"name\"") == "Call"
     assert segment("Thought: a\nResult: 4\nThought: Now `a.b`: it\ndef f():\n    return") == "Thought/explain"
     assert segment("Thought: a `x` b\nAnswer: done") == "Answer"
+    assert segment("Thought: a\nCall: {}", at=10) == "Call"  # a round that opens on a newline drafts the next line
 
 
 def test_rounds_are_labelled_by_their_first_token_and_slots_counted(tmp_path, capsys) -> None:

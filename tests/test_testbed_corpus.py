@@ -69,6 +69,20 @@ def test_math_generator_is_seeded() -> None:
     assert a != [p.text for p in generate_problems(50, seed=8)]
 
 
+@pytest.mark.parametrize("field, value", [("agent_explanations", "half"), ("agent_explanations", 1.5),
+                                          ("chat_prose", -0.1), ("agent_code_excerpts", True), ("test_fraction", None)])
+def test_a_share_out_of_range_is_refused_before_a_corpus_is_touched(corpus_dir: Path, field: str, value) -> None:
+    from whiflash.testbed.corpus import collect_documents
+
+    before = {s: (corpus_dir / f"{s}.jsonl").read_bytes() for s in SPLITS}
+    bad = apply_overrides(get_preset("micro"), [f"corpus.{field}={json.dumps(value)}"]).corpus
+    with pytest.raises(ValueError, match=rf"corpus\.{field}=.*expected a share, a number from 0 to 1"):
+        collect_documents(bad)  # at the call, not at the first document
+    with pytest.raises(ValueError, match=rf"corpus\.{field}="):
+        write_corpus(bad, corpus_dir)
+    assert {s: (corpus_dir / f"{s}.jsonl").read_bytes() for s in SPLITS} == before
+
+
 def test_corpus_split_is_by_group_and_deterministic(corpus_dir: Path, tmp_path: Path) -> None:
     groups: dict[str, str] = {}
     cats: dict[str, Counter] = {s: Counter() for s in SPLITS}
@@ -152,6 +166,8 @@ def test_build_refuses_an_unknown_stage_before_writing(tmp_path: Path) -> None:
     for bad in ("0", '{"prose": 8}', '{"code": 1, "math": 1, "prose": 0, "agentic": 1}', '"many"'):
         with pytest.raises(ValueError, match=r"responses.prompts_per_category=.*: expected a count >= 1, or a mapping"):
             build(tmp_path / "tb", apply_overrides(get_preset("micro"), [f"responses.prompts_per_category={bad}"]))
+    with pytest.raises(ValueError, match=r"corpus.agent_explanations=2: expected a share, a number from 0 to 1"):
+        build(tmp_path / "tb", apply_overrides(get_preset("micro"), ["corpus.agent_explanations=2"]))
     assert not (tmp_path / "tb").exists()
 
 

@@ -183,9 +183,10 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
 
 def _check(config: TestbedConfig) -> None:
     """Refuse, naming the field, the options that would otherwise fail only after hours of training."""
-    from .corpus import SPLITS
+    from .corpus import SPLITS, check_shares
     from .drafter_data import check_mix
 
+    check_shares(config.corpus)
     split = config.responses.split
     named = split if isinstance(split, dict) else {"every category": split}
     if set(named) - {*CATEGORIES, "every category"} or any(s not in SPLITS[:2] for s in named.values()):

@@ -136,9 +136,27 @@ def _snippets(source: str, lines: int = 6, most: int = 8) -> list[str]:
     return out
 
 
+SHARES = ("agent_code_excerpts", "agent_explanations", "chat_prose", "validation_fraction", "test_fraction")
+"""The corpus options that are shares of something, each a number from 0 to 1."""
+
+
+def check_shares(cfg: CorpusConfig) -> None:
+    """Refuse a share option that is not a number from 0 to 1 (an override such as
+    ``corpus.agent_explanations=half`` would otherwise fail deep inside a generator, or silently mean 0 or 1)."""
+    for name in SHARES:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ValueError(f"corpus.{name}={value!r}: expected a share, a number from 0 to 1")
+
+
 def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[Document]:
-    """All documents of the corpus in a deterministic order (before splitting)."""
-    root = root or stdlib_root()
+    """All documents of the corpus in a deterministic order (before splitting); the options are checked at the
+    call, before anything is drawn or written."""
+    check_shares(cfg)
+    return _documents(cfg, root or stdlib_root())
+
+
+def _documents(cfg: CorpusConfig, root: Path) -> Iterator[Document]:
     n_files = 0
     pools: dict[str, list[str]] = {}  # split -> background sentences of its prose (agent transcripts quote them)
     code_pools: dict[str, list[str]] = {}  # split -> snippets of its code (when cfg.agent_code_excerpts > 0)
@@ -200,12 +218,13 @@ def write_corpus(cfg: CorpusConfig, out_dir: Path, root: Path | None = None) -> 
     The hash covers the ordered records of all splits, so it changes whenever the standard
     library, the generator or the split rule changes.
     """
+    documents = collect_documents(cfg, root)  # checks the options before a file is opened
     out_dir.mkdir(parents=True, exist_ok=True)
     handles = {s: open(out_dir / f"{s}.jsonl", "w", encoding="utf-8") for s in SPLITS}
     stats = {s: {c: {"documents": 0, "chars": 0} for c in CATEGORIES} for s in SPLITS}
     hasher = hashlib.sha256()
     try:
-        for doc in collect_documents(cfg, root):
+        for doc in documents:
             split = assign_split(doc.group, cfg)
             line = json.dumps({"id": doc.id, "category": doc.category, "group": doc.group, "text": doc.text},
                               ensure_ascii=False)
