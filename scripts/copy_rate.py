@@ -19,7 +19,9 @@ build's config, so a copy rebuilt elsewhere from the same preset and overrides s
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -34,17 +36,35 @@ def ngram_keys(words: list[str], n: int) -> np.ndarray:
     return np.fromiter((hash(tuple(words[i : i + n])) for i in range(len(words) - n + 1)), dtype=np.int64)
 
 
-def covered(words: list[str], known: np.ndarray, n: int) -> float:
-    """Share of `words` inside at least one run of `n` words whose key is in the sorted array `known`."""
-    if not words:
-        return 0.0
+def _mask(starts: np.ndarray, length: int, n: int) -> np.ndarray:
+    """Which of `length` words lie inside at least one run of `n` words starting where `starts` is True."""
+    hit = np.zeros(length, dtype=bool)
+    for start in np.flatnonzero(starts):
+        hit[start : start + n] = True
+    return hit
+
+
+def recalled(words: list[str], known: np.ndarray, n: int) -> np.ndarray:
+    """Which of `words` lie inside at least one run of `n` words whose key is in the sorted array `known`."""
     keys = ngram_keys(words, n)
-    hit = np.zeros(len(words), dtype=bool)
-    if len(keys) and len(known):
-        at = np.searchsorted(known, keys).clip(max=len(known) - 1)
-        for start in np.flatnonzero(known[at] == keys):
-            hit[start : start + n] = True
-    return float(hit.mean())
+    if not len(keys) or not len(known):
+        return np.zeros(len(words), dtype=bool)
+    return _mask(known[np.searchsorted(known, keys).clip(max=len(known) - 1)] == keys, len(words), n)
+
+
+def in_context(words: list[str], context: list[str], n: int) -> np.ndarray:
+    """Which of `words` lie inside at least one run of `n` words found in `context` or earlier in `words`: what a
+    drafter could copy from the sequence it is drafting for, without knowing the training text."""
+    seen = set(ngram_keys(context, n).tolist())
+    starts = np.zeros(max(len(words) - n + 1, 0), dtype=bool)
+    for i, key in enumerate(ngram_keys(words, n).tolist()):
+        starts[i] = key in seen
+        seen.add(key)
+    return _mask(starts, len(words), n)
+
+
+def share(mask: np.ndarray) -> float:
+    return float(mask.mean()) if len(mask) else 0.0
 
 
 def read_documents(path: Path) -> Iterable[dict[str, Any]]:
@@ -64,47 +84,95 @@ def training_keys(path: Path, n: int) -> np.ndarray:
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
 
-def reference(sample: str, documents: dict[str, dict[str, str]]) -> str | None:
-    """What followed the prompt of bench sample `sample` (`testbed-SPLIT-DOCUMENT@OFFSET`) in its document, or None
-    where `documents` (split -> document id -> text) does not hold it (a prompt file's sample; another corpus)."""
+def reference(sample: str, documents: dict[str, dict[str, str]]) -> tuple[str, str] | None:
+    """The text of bench sample `sample`'s document (`testbed-SPLIT-DOCUMENT@OFFSET`) before and after its prompt's
+    cut, or None where `documents` (split -> document id -> text) does not hold it (a prompt file's sample)."""
     head, _, offset = sample.rpartition("@")
     for split, docs in documents.items():
         prefix = f"testbed-{split}-"
         if head.startswith(prefix) and head[len(prefix):] in docs and offset.isdigit():
-            return docs[head[len(prefix):]][int(offset):]
+            text = docs[head[len(prefix):]]
+            return text[: int(offset)], text[int(offset) :]
     return None
 
 
 def copy_table(rows: Iterable[dict[str, Any]], decode: Callable[[list[int]], str], known: np.ndarray,
                documents: dict[str, dict[str, str]], n: int = 8, method: str = "ar") -> dict[str, dict[str, Any]]:
-    """category -> {answers, words, copied and copied_median (the answers' shares of words inside a known run),
-    reference (the mean share of each prompt's true continuation, cut to its answer's length in words; None where
-    no prompt's document is in `documents`) and references (how many prompts' documents were)}."""
-    copied: dict[str, list[float]] = defaultdict(list)
-    ref: dict[str, list[float]] = defaultdict(list)
-    words: dict[str, list[int]] = defaultdict(list)
+    """category -> {answers, words; recalled and recalled_median: the answers' shares of words inside a run of the
+    training text; in_context: inside a run of the prompt's document before the cut or earlier in the answer;
+    reference_recalled, reference_in_context: the same for each prompt's true continuation, cut to its answer's
+    length in words (None where no prompt's document is in `documents`); references: how many were}."""
+    acc: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         if row["method"] != method:
             continue
         answer = decode(row["tokens"]).split()
-        copied[row["category"]].append(covered(answer, known, n))
-        words[row["category"]].append(len(answer))
-        truth = reference(row["sample"], documents)
-        if truth is not None:
-            ref[row["category"]].append(covered(truth.split()[: max(len(answer), n)], known, n))
-    return {cat: {"answers": len(s), "words": statistics.mean(words[cat]), "copied": statistics.mean(s),
-                  "copied_median": statistics.median(s),
-                  "reference": statistics.mean(ref[cat]) if ref[cat] else None, "references": len(ref[cat])}
-            for cat, s in sorted(copied.items())}
+        cut = reference(row["sample"], documents)
+        a = acc[row["category"]]
+        a["words"].append(len(answer))
+        a["recalled"].append(share(recalled(answer, known, n)))
+        a["in_context"].append(share(in_context(answer, cut[0].split() if cut else [], n)))
+        if cut is not None:
+            truth = cut[1].split()[: max(len(answer), n)]
+            a["reference_recalled"].append(share(recalled(truth, known, n)))
+            a["reference_in_context"].append(share(in_context(truth, cut[0].split(), n)))
+    table: dict[str, dict[str, Any]] = {}
+    for cat, a in sorted(acc.items()):
+        mean = {k: statistics.mean(v) if v else None for k, v in a.items()}
+        table[cat] = {"answers": len(a["words"]), "words": mean["words"], "recalled": mean["recalled"],
+                      "recalled_median": statistics.median(a["recalled"]), "in_context": mean["in_context"],
+                      "reference_recalled": mean.get("reference_recalled"),
+                      "reference_in_context": mean.get("reference_in_context"),
+                      "references": len(a["reference_recalled"])}
+    return table
+
+
+def round_taus(rows: Iterable[dict[str, Any]], decode: Callable[[list[int]], str], known: np.ndarray,
+               n: int = 8) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+    """category -> method -> {"recalled", "new"} -> {rounds, tokens, mean_tau}: each speculative method's rounds,
+    split by whether the word the round's first token falls in (the next word, on whitespace) is recalled."""
+    acc: dict = defaultdict(lambda: defaultdict(lambda: {k: {"rounds": 0, "tokens": 0} for k in ("recalled", "new")}))
+    for row in rows:
+        if row["method"] == "ar" or not row.get("taus"):  # AR's rows count one token a step
+            continue
+        tokens, text = row["tokens"], decode(row["tokens"])
+        ends = [m.end() for m in re.finditer(r"\S+", text)]
+        hit = recalled(text.split(), known, n)
+        pos = 0
+        for tau in row["taus"]:
+            word = bisect.bisect_right(ends, len(decode(tokens[:pos])))
+            c = acc[row["category"]][row["method"]]["recalled" if word < len(hit) and hit[word] else "new"]
+            c["rounds"] += 1
+            c["tokens"] += tau
+            pos += tau
+    return {cat: {m: {k: {**c, "mean_tau": c["tokens"] / c["rounds"] if c["rounds"] else float("nan")}
+                      for k, c in per.items()} for m, per in sorted(methods.items())}
+            for cat, methods in sorted(acc.items())}
 
 
 def markdown(table: dict[str, dict[str, Any]], n: int) -> str:
-    lines = [f"| category | answers | words an answer | answer words in a training {n}-gram (median) | "
-             "reference words in one (prompts) |", "|---|---|---|---|---|"]
+    def pct(v: float | None) -> str:
+        return "—" if v is None else f"{v:.1%}"
+
+    lines = [f"Share of words inside a run of {n} words found verbatim in the training text (recalled) or in the "
+             "prompt's document / earlier in the same text (in context).", "",
+             "| category | answers | words an answer | answers: recalled (median) | in context | "
+             "true continuations (prompts): recalled | in context |", "|---|---|---|---|---|---|---|"]
     for cat, r in table.items():
-        ref = "—" if r["reference"] is None else f"{r['reference']:.1%} ({r['references']})"
-        lines.append(f"| {cat} | {r['answers']} | {r['words']:.0f} | {r['copied']:.1%} ({r['copied_median']:.1%}) | "
-                     f"{ref} |")
+        lines.append(f"| {cat} | {r['answers']} | {r['words']:.0f} | {pct(r['recalled'])} "
+                     f"({pct(r['recalled_median'])}) | {pct(r['in_context'])} | {pct(r['reference_recalled'])} "
+                     f"({r['references']}) | {pct(r['reference_in_context'])} |")
+    return "\n".join(lines)
+
+
+def tau_markdown(taus: dict[str, dict[str, dict[str, dict[str, float]]]]) -> str:
+    lines = ["τ of the rounds that open on a recalled word / on a new one (share of the method's tokens in recalled "
+             "rounds):", "", "| category | method | τ recalled | τ new | recalled tokens |", "|---|---|---|---|---|"]
+    for cat, methods in taus.items():
+        for m, c in methods.items():
+            tokens = c["recalled"]["tokens"] + c["new"]["tokens"]
+            lines.append(f"| {cat} | {m} | {c['recalled']['mean_tau']:.2f} | {c['new']['mean_tau']:.2f} | "
+                         f"{c['recalled']['tokens'] / tokens if tokens else 0:.0%} |")
     return "\n".join(lines)
 
 
@@ -134,13 +202,15 @@ def main(argv: list[str] | None = None) -> None:
     splits = {r["dataset"].partition(":")[2] for r in rows if str(r.get("dataset", "")).startswith("testbed:")}
     documents = {split: {d["id"]: d["text"] for d in read_documents(corpus / f"{split}.jsonl")}
                  for split in sorted(splits) if (corpus / f"{split}.jsonl").is_file()}
-    table = copy_table(rows, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                       training_keys(corpus / "train.jsonl", args.n), documents, args.n, args.method)
+    decode: Callable[[list[int]], str] = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    known = training_keys(corpus / "train.jsonl", args.n)
+    table = copy_table(rows, decode, known, documents, args.n, args.method)
     if not table:
         raise SystemExit(f"{samples}: no rows of method {args.method!r}")
-    print(markdown(table, args.n))
+    taus = round_taus(rows, decode, known, args.n)
+    print(markdown(table, args.n) + "\n\n" + tau_markdown(taus))
     if args.json:
-        args.json.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps({"answers": table, "rounds": taus}, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
