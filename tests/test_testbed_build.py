@@ -232,10 +232,24 @@ def test_sharpening_fine_tunes_the_target_on_its_own_continuations(micro: Path) 
     rec = _manifest(micro)["stages"]["target"]
     sharpen, cfg = rec["sharpen"], get_preset("micro").target.sharpen
     assert sharpen["steps"] == cfg.steps and sharpen["sequences"] + sharpen["dropped_repetitive"] == 4 * cfg.prompts_per_category
+    assert sharpen["splits"] == {cat: "train" for cat in CATEGORIES}
     for key in ("own_entropy_before", "own_entropy_after"):
         assert set(sharpen[key]) == set(CATEGORIES) and all(v >= 0 for v in sharpen[key].values())
     assert set(rec["pretrained_test"]) == set(rec["test"]) == set(CATEGORIES)
     assert rec["test"] != rec["pretrained_test"]  # the saved target is the fine-tuned one
+
+
+def test_sharpening_prompts_follow_their_split_and_count_per_category(monkeypatch) -> None:
+    from whiflash.testbed import sharpen
+    from whiflash.testbed.presets import SharpenConfig
+
+    calls = []
+    monkeypatch.setattr(sharpen, "held_out_prompts",
+                        lambda root, cat, n, split, seed, max_passes: calls.append((cat, n, split)) or [])
+    cfg = SharpenConfig(split={"prose": "validation"}, prompts_per_category={"code": 1, "math": 2, "prose": 3,
+                                                                             "agentic": 4})
+    assert sharpen._prompt_ids(Path("."), None, cfg.split_of, cfg.count_of, 8, 0) == []
+    assert calls == [("code", 1, "train"), ("math", 2, "train"), ("prose", 3, "validation"), ("agentic", 4, "train")]
 
 
 def test_repetitive_continuations_are_recognised() -> None:

@@ -160,12 +160,13 @@ def test_build_refuses_an_unknown_stage_before_writing(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match=r"until='taget': expected one of corpus, tokenizer"):
         build(tmp_path / "tb", get_preset("micro"), until="taget")
-    for bad in ("test", '{"prose": "test"}', '{"poetry": "validation"}'):
-        with pytest.raises(ValueError, match=r"responses.split=.*: expected 'train' or 'validation', or a mapping"):
-            build(tmp_path / "tb", apply_overrides(get_preset("micro"), [f"responses.split={bad}"]))
-    for bad in ("0", '{"prose": 8}', '{"code": 1, "math": 1, "prose": 0, "agentic": 1}', '"many"'):
-        with pytest.raises(ValueError, match=r"responses.prompts_per_category=.*: expected a count >= 1, or a mapping"):
-            build(tmp_path / "tb", apply_overrides(get_preset("micro"), [f"responses.prompts_per_category={bad}"]))
+    for stage in ("responses", "target.sharpen"):
+        for bad in ("test", '{"prose": "test"}', '{"poetry": "validation"}'):
+            with pytest.raises(ValueError, match=rf"{stage}.split=.*: expected 'train' or 'validation', or a mapping"):
+                build(tmp_path / "tb", apply_overrides(get_preset("micro"), [f"{stage}.split={bad}"]))
+        for bad in ("0", '{"prose": 8}', '{"code": 1, "math": 1, "prose": 0, "agentic": 1}', '"many"'):
+            with pytest.raises(ValueError, match=rf"{stage}.prompts_per_category=.*: expected a count >= 1, or a map"):
+                build(tmp_path / "tb", apply_overrides(get_preset("micro"), [f"{stage}.prompts_per_category={bad}"]))
     with pytest.raises(ValueError, match=r"corpus.agent_explanations=2: expected a share, a number from 0 to 1"):
         build(tmp_path / "tb", apply_overrides(get_preset("micro"), ["corpus.agent_explanations=2"]))
     assert not (tmp_path / "tb").exists()

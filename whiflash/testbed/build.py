@@ -187,16 +187,17 @@ def _check(config: TestbedConfig) -> None:
     from .drafter_data import check_mix
 
     check_shares(config.corpus)
-    split = config.responses.split
-    named = split if isinstance(split, dict) else {"every category": split}
-    if set(named) - {*CATEGORIES, "every category"} or any(s not in SPLITS[:2] for s in named.values()):
-        raise ValueError(f"responses.split={split!r}: expected 'train' or 'validation', or a mapping of categories "
-                         f"({', '.join(CATEGORIES)}) to them (the test split is held out for evaluation)")
-    counts = config.responses.prompts_per_category
-    if not (_count(counts) or isinstance(counts, dict) and set(counts) == set(CATEGORIES)
-            and all(map(_count, counts.values()))):
-        raise ValueError(f"responses.prompts_per_category={counts!r}: expected a count >= 1, or a mapping of every "
-                         f"category ({', '.join(CATEGORIES)}) to one")
+    for name, source in (("target.sharpen", config.target.sharpen), ("responses", config.responses)):
+        split = source.split
+        named = split if isinstance(split, dict) else {"every category": split}
+        if set(named) - {*CATEGORIES, "every category"} or any(s not in SPLITS[:2] for s in named.values()):
+            raise ValueError(f"{name}.split={split!r}: expected 'train' or 'validation', or a mapping of categories "
+                             f"({', '.join(CATEGORIES)}) to them (the test split is held out for evaluation)")
+        counts = source.prompts_per_category
+        if not (_count(counts) or isinstance(counts, dict) and set(counts) == set(CATEGORIES)
+                and all(map(_count, counts.values()))):
+            raise ValueError(f"{name}.prompts_per_category={counts!r}: expected a count >= 1, or a mapping of every "
+                             f"category ({', '.join(CATEGORIES)}) to one")
     check_mix(config.eagle3.mix, "eagle3.mix")
     check_mix(config.dflash.mix, "dflash.mix")
 

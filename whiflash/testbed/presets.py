@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 __all__ = [
-    "CATEGORIES", "CorpusConfig", "TokenizerConfig", "SharpenConfig", "TargetConfig", "ResponsesConfig",
+    "CATEGORIES", "CorpusConfig", "TokenizerConfig", "PromptSource", "SharpenConfig", "TargetConfig", "ResponsesConfig",
     "Eagle3Config", "DFlashConfig", "AcceptanceConfig", "TestbedConfig", "PRESETS", "get_preset", "apply_overrides",
 ]
 
@@ -87,16 +87,36 @@ class TokenizerConfig:
     """Minimum pair frequency for a merge."""
 
 
+class PromptSource:
+    """Where a stage's prompts come from: ``split`` and ``prompts_per_category``, each one value for every category
+    or a mapping per category (the stage's dataclass holds the two fields)."""
+
+    split: str | dict[str, str]
+    prompts_per_category: int | dict[str, int]
+
+    def split_of(self, category: str) -> str:
+        """The split whose prefixes ``category`` is continued from (``train`` where a mapping does not name it)."""
+        return self.split if isinstance(self.split, str) else self.split.get(category, "train")
+
+    def count_of(self, category: str) -> int:
+        """How many of ``category``'s prefixes are continued."""
+        n = self.prompts_per_category
+        return n if isinstance(n, int) else n[category]
+
+
 @dataclass
-class SharpenConfig:
+class SharpenConfig(PromptSource):
     """The target fine-tuned on its own low-temperature continuations (the testbed's instruction tuning)."""
 
     steps: int = 0
     """Fine-tuning steps after pre-training (0: no sharpening)."""
-    split: str = "train"
-    """Corpus split whose prompts the target continues for its own fine-tuning data."""
-    prompts_per_category: int = 128
-    """Prompts per category continued once each."""
+    split: str | dict[str, str] = "train"
+    """Corpus split whose prompts the target continues for its own fine-tuning data, for every category or per
+    category (``{"prose": "validation"}``; categories not named take ``train``). On its training split a target
+    recalls what it memorised and sharpening confirms the recall; on ``validation`` it answers prompts it never
+    saw, as instruction tuning teaches a real model to, and becomes confident in its own style there."""
+    prompts_per_category: int | dict[str, int] = 128
+    """Prompts per category continued once each: one count for every category, or a count per category."""
     temperature: float = 0.5
     """Sampling temperature of those continuations (low: the target's confident modes, greedy loops avoided)."""
     max_new_tokens: int = 128
@@ -164,7 +184,7 @@ class TargetConfig:
 
 
 @dataclass
-class ResponsesConfig:
+class ResponsesConfig(PromptSource):
     """Target-generated continuations that the drafters are trained on."""
 
     prompts_per_category: int | dict[str, int] = 64
@@ -184,15 +204,6 @@ class ResponsesConfig:
     """Sequences generated at once."""
     max_passes: int = 8
     """Passes over a split's documents for further cuts when it has fewer documents than prompts asked for."""
-
-    def split_of(self, category: str) -> str:
-        """The split whose prefixes ``category`` is continued from."""
-        return self.split if isinstance(self.split, str) else self.split.get(category, "train")
-
-    def count_of(self, category: str) -> int:
-        """How many of ``category``'s prefixes are continued."""
-        n = self.prompts_per_category
-        return n if isinstance(n, int) else n[category]
 
 
 @dataclass

@@ -3,8 +3,8 @@
 A pre-trained language model continues open text (code, prose) with a broad next-token
 distribution; instruction tuning is what makes real chat and code models predictable on their own
 answers, and that predictability is what speculative decoding feeds on. The testbed's stand-in is
-self-distillation: the target samples continuations of training-split prompts at a low temperature,
-loops are dropped (a target trained on its own loops becomes a copy machine), and the target is
+self-distillation: the target samples continuations of prompts at a low temperature (from the training
+split, or per category from validation: prompts it never saw, as instruction tuning answers), loops are dropped (a target trained on its own loops becomes a copy machine), and the target is
 fine-tuned on them (loss on the continuation tokens only) beside a replayed share of pre-training
 windows, which keeps it a language model of the corpus. The figures say what it did: held-out
 loss and entropy on corpus windows, and the mean entropy along the target's own greedy
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -70,10 +71,11 @@ def _collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, 
     return {"ids": ids, "labels": labels}
 
 
-def _prompt_ids(root: Path, tok, split: str, n: int, max_tokens: int, seed: int) -> list[tuple[str, list[int]]]:
+def _prompt_ids(root: Path, tok, split_of: Callable[[str], str], count_of: Callable[[str], int], max_tokens: int,
+                seed: int) -> list[tuple[str, list[int]]]:
     out = []
     for cat in CATEGORIES:
-        for p in held_out_prompts(root, cat, n, split=split, seed=seed, max_passes=64):
+        for p in held_out_prompts(root, cat, count_of(cat), split=split_of(cat), seed=seed, max_passes=64):
             out.append((cat, tok(p.prompt, add_special_tokens=False)["input_ids"][-max_tokens:]))
     return out
 
@@ -85,7 +87,7 @@ def continuation_entropy(model: torch.nn.Module, root: Path, tok, n: int, new_to
     ``n`` test prompts: how predictable the target is where drafters draft it."""
     out: dict[str, float] = {}
     bf16 = str(device).startswith("cuda")
-    every = _prompt_ids(root, tok, "test", n, 128, seed)
+    every = _prompt_ids(root, tok, lambda cat: "test", lambda cat: n, 128, seed)
     for cat in CATEGORIES:
         prompts = [ids for c, ids in every if c == cat]
         conts = continue_prompts(model, prompts, new_tokens, eos=tok.eos_token_id, pad_id=tok.pad_token_id,
@@ -112,12 +114,13 @@ def sharpen_target(model_dir: Path, root: Path, cfg: SharpenConfig, mix: dict[st
     figures: dict = {"own_entropy_before": continuation_entropy(model, root, tok, cfg.eval_prompts, 64,
                                                                 device=device, seed=seed)}
     t0 = time.perf_counter()
-    prompts = _prompt_ids(root, tok, cfg.split, cfg.prompts_per_category, cfg.max_prompt_tokens, seed)
+    prompts = _prompt_ids(root, tok, cfg.split_of, cfg.count_of, cfg.max_prompt_tokens, seed)
     conts = continue_prompts(model, [ids for _, ids in prompts], cfg.max_new_tokens, eos=tok.eos_token_id,
                              pad_id=tok.pad_token_id, batch_size=cfg.generate_batch_size,
                              temperature=cfg.temperature, seed=seed, bf16=str(device).startswith("cuda"),
                              desc="sharpen: continuations")
     rows = [(ids, c) for (_, ids), c in zip(prompts, conts) if len(c) >= 2 and not repetitive(c)]
+    figures["splits"] = {cat: cfg.split_of(cat) for cat in CATEGORIES}
     figures["generate_seconds"] = round(time.perf_counter() - t0, 1)
     figures["sequences"] = len(rows)
     figures["dropped_repetitive"] = len(prompts) - len(rows)
