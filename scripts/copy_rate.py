@@ -1,20 +1,27 @@
-"""How much of its answers the target recalls from its training text: per category of a bench run on testbed
-prompts, the share of the greedy answers' words that lie inside a run of `--n` words (8) found verbatim in the
-testbed corpus's training split, beside the same share for what truly followed each prompt in its document.
+"""How much of its answers the target recalls from its training text, and what that is worth to each drafter: per
+category of a bench run on testbed prompts,
+
+- *recalled*: the share of the greedy answers' words inside a run of `--n` words (8) found verbatim in the
+  corpus's training split;
+- *in context*: the share inside a run found in the prompt's document before the cut or earlier in the answer
+  (what a drafter could copy from the sequence itself);
+- the same two shares for what truly followed each prompt, cut to its answer's length in words: the phrases the
+  world itself repeats (templates, signatures, house style), which a target that generalises matches and a
+  copy machine exceeds;
+- each speculative method's τ over the rounds that open on a recalled word and over those that open on a new one.
 
     python scripts/copy_rate.py RUN_DIR --testbed TB [--corpus DIR] [--n 8] [--method ar] [--json FILE]
 
 A drafter predicts well what its target says often, and a small target says most confidently what it has
-memorised: recalled training text is one way a testbed's answers become predictable, and a target that recalls
-everything is a copy machine rather than a model of an instruction-tuned one. The reference column is the
-baseline: the same share over each prompt's true continuation, cut to its answer's length in words (the phrases
-the world itself repeats across documents: templates, signatures, house style), which a target that generalises
-matches and one that recalls exceeds. Words are whitespace-separated; `--method` (AR by default) picks the rows
-read: the benchmark is lossless, so every method's answer is the same text up to bf16 near-ties. A sample names
-its prompt `testbed-SPLIT-DOCUMENT@OFFSET` (`eval.datasets`), which finds the document in the corpus's SPLIT.
+memorised, so recall is one way a testbed's answers become predictable. Words are whitespace-separated;
+`--method` (AR by default) picks the answers read: the benchmark is lossless, so every method's answer is the
+same text up to bf16 near-ties. A sample names its prompt `testbed-SPLIT-DOCUMENT@OFFSET` (`eval.datasets`),
+which finds the document in the corpus's SPLIT; a prompt file's sample has no true continuation, and its
+context is its answer alone.
 
 `--corpus` is the folder of the corpus stage's split files (default `TB/corpus`); the corpus is a function of the
-build's config, so a copy rebuilt elsewhere from the same preset and overrides serves too.
+build's config and of the interpreter's standard library, so a copy rebuilt elsewhere serves where the Python
+version matches.
 """
 from __future__ import annotations
 

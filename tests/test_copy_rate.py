@@ -97,7 +97,8 @@ def test_table_compares_answers_with_their_prompts_true_continuations(tmp_path, 
     Tokenizer(models.WordLevel(vocab, unk_token=" ")).save(str(tmp_path / "tb" / "tokenizer" / "tokenizer.json"))
     copy_rate.main([str(run), "--testbed", str(tmp_path / "tb"), "--n", "3", "--json", str(tmp_path / "t.json")])
     out = capsys.readouterr().out
-    assert "| prose | 1 |" in out and json.loads((tmp_path / "t.json").read_text())["answers"]["prose"]["references"] == 1
+    assert "| prose | 1 |" in out
+    assert json.loads((tmp_path / "t.json").read_text())["answers"]["prose"]["references"] == 1
     (corpus / "train.jsonl").write_text('{"id": "x"}\n')
     with pytest.raises(SystemExit, match=r"train.jsonl:1: expected a corpus document"):
         copy_rate.main([str(run), "--testbed", str(tmp_path / "tb")])
