@@ -71,6 +71,7 @@ def in_context(words: list[str], context: list[str], n: int) -> np.ndarray:
 
 
 def share(mask: np.ndarray) -> float:
+    """The share of True in a word mask (0 for no words)."""
     return float(mask.mean()) if len(mask) else 0.0
 
 
