@@ -31,7 +31,7 @@
 #                 the calibrate step left them), WhiFlash-Neural and the oracle; E0_SAMPLES prompts, E_TOKENS tokens;
 #                 df-e3's runs DDTree at TREE_BUDGETS (16,32,64) unless EVAL_FLAGS says otherwise, so it holds
 #                 eval-t0's table too (gpu_loop.sh then counts eval-t0 done); then scripts/copy_rate.py on its AR answers
-#                 -> LOG_DIR/copy_rate_PAIR.md / .json (the target's recall of its training text)
+#                 -> LOG_DIR/copy_rate.md / .json, after the first pair's (the target's recall of its training text)
 #   eval-rule[@PAIR]  with TAU_RULE=auto: the tau rule calibrate chose (--whiflash-tau-rule, WhiFlash-Entropy at the
 #                 rule's thresholds) beside AR, EAGLE-3 and DFlash on the same prompts; nothing when it chose none
 # The router loop on a built testbed: gs-latency:90 gs-router:300 gs-calibrate:60 eval-routed:300
@@ -111,10 +111,11 @@ for item in "$@"; do
                env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
                  "${methods[@]}" EVAL_FLAGS="$flags" TAU_RULE="$rule" EVAL_TAG=_routed \
                  bash scripts/gpu_session.sh "$L" "$TB" eval
-               # how much of the answers the target recalls from its training text (~15 s of CPU)
+               # how much of the answers the target recalls from its training text (~15 s of CPU), once: every
+               # pair's bench decodes the same answers
                samples=$L/eval_${pair}_routed_samples.jsonl
-               [ -f "$samples" ] && [ -d "$TB/corpus" ] && timeout 120 python3 scripts/copy_rate.py "$samples" \
-                 --testbed "$TB" --json "$L/copy_rate_$pair.json" > "$L/copy_rate_$pair.md" ;;
+               [ ! -f "$L/copy_rate.md" ] && [ -f "$samples" ] && [ -d "$TB/corpus" ] && timeout 120 \
+                 python3 scripts/copy_rate.py "$samples" --testbed "$TB" --json "$L/copy_rate.json" > "$L/copy_rate.md" ;;
     eval-rule) # the tau rule calibrate chose (TAU_RULE=auto), WhiFlash-Entropy at its thresholds, beside the drafters
                env PAIR=$pair EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
                  METHODS=ar,eagle3,dflash,whiflash-entropy TAU_RULE=auto EVAL_TAG=_rule \
