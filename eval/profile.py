@@ -22,7 +22,7 @@ from torch import Tensor
 
 import whiflash
 from whiflash.decoding.verify import row
-from whiflash.drafters import Commit, DFlashDrafter, Drafter, Eagle3Drafter
+from whiflash.drafters import Commit, DDTreeDrafter, DFlashDrafter, Drafter, Eagle3Drafter
 from whiflash.drafters.trees import ancestor_mask
 from whiflash.engine import describe, engine_options, resolve_engine
 from whiflash.folders import check_folder
@@ -34,7 +34,7 @@ from whiflash.session import Session
 
 from .checks import check_profile_config
 from .config import BACKLOGS, ProfileConfig
-from whiflash.latency import AFTER_PASS, LatencyProfile
+from whiflash.latency import AFTER_PASS, LatencyProfile, catchup_model
 from .methods import model_paths
 from .outputs import check_output_file, device_info, prepare_run_dir, write_manifest
 from .timing import copy_bandwidth, device_ms, sync, wall_ms
@@ -126,7 +126,7 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
             prof.round[key] = prof.draft[key] + prof.tree_verify[w]
         prof.router.update(_router_ms(target, neural, timed, ids[: max(widths.values(), default=1)], context, taps))
         sync(device)
-        loop, routed, decision = _loop_rounds(target, drafters, context, neural=neural)
+        loop, routed, decision = _loop_rounds(target, drafters, context, neural=neural, tree_budgets=tree_budgets)
         prof.meta["loop_round_wall_ms"], prof.meta["loop_host_ms"] = loop, host_ms(prof, loop)
         if routed:  # and what those rounds paid for their decisions (LatencyProfile.routed_extra_ms leaves it out)
             prof.meta["loop_routed_round_wall_ms"], prof.meta["loop_routed_decision"] = routed, decision
@@ -144,10 +144,12 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
 
 
 def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_tokens: int = 48,
-                 neural: NeuralRouter | None = None,
+                 neural: NeuralRouter | None = None, tree_budgets: tuple[int, ...] | list[int] = (),
                  repeats: int = 5) -> tuple[dict[str, float], dict[str, float], str | None]:
     """Wall milliseconds a round of the real loop (`whiflash.generate`) takes after a random prompt of `context`
-    tokens (rounds then commit about one token each): AR and each chain drafter alone, then (with both drafters)
+    tokens (rounds then commit about one token each): AR, each chain drafter alone and DDTree at each of
+    `tree_budgets` (`ddtree-bN`, on the DFlash drafter's weights: its tree, acceptance walk and cache compaction
+    dispatch work that DFlash's round does not, so it pays a host share of its own), then (with both drafters)
     each of them as a slot of a df-e3 routed drafter whose neural policy always picks that slot. Beside the
     components' device times the first is what the host adds to a round (launches outside captured passes, the
     round's one read); the second what routing adds to that slot's round (the pair's taps in the verify pass,
@@ -156,9 +158,11 @@ def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_to
     repeat, so neither drift nor going second favours a routed slot against its drafter alone. The third value
     names the decision the routed rounds made every round (a `router` key of the profile; None without them)."""
     prompt = torch.randint(0, target.config.vocab_size, (context,)).tolist()
-    room = target.config.max_position_embeddings - context - 2 * max([d.max_nodes for d in drafters.values()] + [0])
-    new_tokens = max(2, min(new_tokens, room - 2))
     methods: dict[str, Drafter | None] = {"ar": None, **drafters}
+    if "dflash" in drafters:
+        methods.update({f"ddtree-b{b}": DDTreeDrafter.over(drafters["dflash"], b) for b in tree_budgets})
+    nodes = max([d.max_nodes for d in methods.values() if d is not None] + [0])
+    new_tokens = max(2, min(new_tokens, target.config.max_position_embeddings - context - 2 * nodes - 2))
     decision = None
     if "eagle3" in drafters and "dflash" in drafters:
         # the given router where it is df-e3's (its context decides whether it routes inside the pass), else
@@ -191,7 +195,7 @@ def host_ms(prof: LatencyProfile, loop: dict[str, float]) -> dict[str, float]:
     def parts(kind: str) -> float:
         if kind == "ar":
             return prof.ar_step
-        catchup = prof.catchup.get(kind) or {}
+        catchup = prof.catchup.get(catchup_model(kind)) or {}  # DDTree catches up with the DFlash model
         return prof.round[kind] + (catchup[min(catchup)] if catchup else 0.0)
 
     return {kind: max(0.0, ms - parts(kind)) for kind, ms in loop.items()}

@@ -102,8 +102,10 @@ def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytes
     (run,) = tmp_path.glob("*_profile-qwen3-8b")
     assert json.loads((run / "profile.json").read_text())["ratios"]["verify 7"] > 0
     assert json.loads((run / "manifest.json").read_text())["tool"] == "whiflash-eval profile"
-    # the real loop's wall ms a round, AR and each chain drafter, and what the host adds to the components
-    assert set(prof.meta["loop_round_wall_ms"]) == set(prof.meta["loop_host_ms"]) == {"ar", "eagle3", "dflash"}
+    # the real loop's wall ms a round, AR, each chain drafter and DDTree at its budget, and what the host adds
+    # to the components
+    assert set(prof.meta["loop_round_wall_ms"]) == set(prof.meta["loop_host_ms"]) == {
+        "ar", "eagle3", "dflash", "ddtree-b4"}
     assert all(ms > 0 for ms in prof.meta["loop_round_wall_ms"].values())
     assert all(ms >= 0 for ms in prof.meta["loop_host_ms"].values())
     # and each chain drafter's round as a slot of a routed drafter that always picks it
@@ -133,12 +135,14 @@ def test_the_host_share_of_a_loop_round_is_its_wall_time_less_its_components() -
                           catchup={"dflash": {4: 0.3, 1: 0.1}, "eagle3": {}})
     host = host_ms(prof, {"ar": 1.25, "dflash": 2.5, "eagle3": 1.25})
     assert host == pytest.approx({"ar": 0.25, "dflash": 0.4, "eagle3": 0.0})  # smallest backlog; never below 0
-    # the consumers price a round with its host share, from the profile's JSON too (DDTree: DFlash's)
-    prof.round["ddtree-b7"] = 3.0
-    prof.meta["loop_host_ms"] = host
+    # the consumers price a round with its host share, from the profile's JSON too (DDTree: DFlash's where the
+    # profile has no loop row of its budget, else its own, less DFlash's catch-up, which DDTree's rounds pay)
+    prof.round["ddtree-b7"], prof.round["ddtree-b15"] = 3.0, 3.0
+    prof.meta["loop_host_ms"] = {**host, **host_ms(prof, {"ddtree-b15": 4.0})}
     back = LatencyProfile.from_json(json.loads(json.dumps(prof.to_json())))
     assert back.round_ms("dflash") == pytest.approx(2.4) and back.round_ms("eagle3") == pytest.approx(1.5)
     assert back.round_ms("ddtree", 7) == pytest.approx(3.4) and back.ar_ms() == pytest.approx(1.25)
+    assert back.round_ms("ddtree", 15) == pytest.approx(3.9)
     assert LatencyProfile(ar_step=1.0, round={"dflash": 2.0}).round_ms("dflash") == 2.0  # no loop rows: components
 
 

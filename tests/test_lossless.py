@@ -36,6 +36,23 @@ def test_every_method_matches_greedy_target(worlds, world):
         assert len(set(taus["dflash"])) >= 3 and len(set(taus["ddtree"])) >= 3
 
 
+def test_a_ddtree_drafter_over_dflash_weights_decodes_as_the_loaded_one(worlds):
+    """`DDTreeDrafter.over` (the profile's DDTree loop rows) shares the DFlash drafter's weights, keeps a cache of its
+    own, and decodes as the DDTree drafter loaded from the same checkpoint, interleaved with the DFlash drafter."""
+    from whiflash.drafters import DDTreeDrafter
+
+    target, drafters = worlds["qwen3-mixed"].load()
+    loaded, dflash = drafters["ddtree"], drafters["dflash"]
+    tree = DDTreeDrafter.over(dflash, loaded.tree_budget)
+    assert tree.fc.weight.data_ptr() == dflash.fc.weight.data_ptr() and not tree.training
+    for prompt in PROMPTS:
+        ref, ref_stats = whiflash.generate(target, loaded, prompt, 24)
+        out, stats = whiflash.generate(target, tree, prompt, 24)
+        whiflash.generate(target, dflash, prompt, 24)  # the shared weights' other drafter, in between
+        again, _ = whiflash.generate(target, tree, prompt, 24)
+        assert out == again == ref and stats.taus == ref_stats.taus
+
+
 def test_stop_tokens_cut_the_output(worlds):
     target, drafters = worlds["qwen3-mixed"].load()
     ref, _ = whiflash.generate(target, None, PROMPTS[1], 40)

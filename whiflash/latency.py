@@ -16,12 +16,12 @@ All times are milliseconds of one call. Slot kinds are `eagle3`, `dflash` and `d
                        is a neural router that reads the previous round or earlier positions, so decides after it
     floor              (weight + KV bytes) / copy bandwidth: the memory floor of an AR step
 
-Beside the components, `meta` holds `loop_round_wall_ms` (wall time of a round of the real loop, AR and
-each chain drafter, after a prompt of `context` tokens) and `loop_host_ms` (that minus the round's
-components, never below 0: what the host adds; on a CPU, where the components are wall times too, ~0).
-`round_ms` and `ar_ms` add that host share to the components (DDTree takes DFlash's), so a replay prices a
-round as the bench's wall clock pays it: on an H200 at `small`'s shapes the host added 23-37% to a round,
-more to EAGLE-3's than to DFlash's. A profile without loop rows adds 0.
+Beside the components, `meta` holds `loop_round_wall_ms` (wall time of a round of the real loop, AR, each
+chain drafter and DDTree at each profiled budget, after a prompt of `context` tokens) and `loop_host_ms` (that
+minus the round's components, never below 0: what the host adds; on a CPU, where the components are wall times
+too, ~0). `round_ms` and `ar_ms` add that host share to the components (DDTree its own where the profile has it,
+else DFlash's), so a replay prices a round as the bench's wall clock pays it: on an H200 at `small`'s shapes
+the host added 23-37% to a round, more to EAGLE-3's than to DFlash's. A profile without loop rows adds 0.
 
 With both chain drafters, `meta`'s `loop_routed_round_wall_ms` holds the same loop's round of each of them as
 a slot of a df-e3 routed drafter that always picks it, deciding every round: `round_ms(kind, routed=True)` adds
@@ -88,7 +88,7 @@ class LatencyProfile:
 
     def host_ms(self, kind: str) -> float:
         """What the host adds to a round of slot kind `kind` (or `ar`), from the loop rows (`meta`'s
-        `loop_host_ms`; DDTree: DFlash's); 0 when the profile has none."""
+        `loop_host_ms`; DDTree: its own budget's row, else DFlash's); 0 when the profile has none."""
         host = self.meta.get("loop_host_ms") or {}
         return float(host.get(kind, host.get(catchup_model(kind), 0.0)))
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from whiflash.drafters.base import Proposal
@@ -19,6 +20,15 @@ class DDTreeDrafter(DFlashDrafter):
         self.tree_budget = int(tree_budget if tree_budget is not None else self.block_size - 1)
         if self.tree_budget < 1:
             raise ValueError(f"ddtree: tree_budget must be >= 1, got {self.tree_budget}")
+
+    @classmethod
+    def over(cls, dflash: DFlashDrafter, tree_budget: int) -> DDTreeDrafter:
+        """A DDTree drafter of `tree_budget` nodes on `dflash`'s own weights (shared, not copied), with a cache and
+        graphs of its own: DDTree rounds beside a loaded DFlash drafter without loading its checkpoint again."""
+        with torch.device("meta"):  # no weights of its own: the DFlash drafter's are assigned below
+            tree = cls(dflash.cfg, dflash.block_size, tree_budget)
+        tree.load_state_dict(dflash.state_dict(), assign=True)
+        return tree.train(dflash.training)
 
     @property
     def max_nodes(self) -> int:
