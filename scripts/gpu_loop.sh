@@ -28,9 +28,12 @@
 # `cat router_data_NAME.tar.* | tar xf - -C DEST` gives the dataset folder.
 # TAU_RULE=auto: calibrate also replays a grid of tau rules (--whiflash-tau-rule) and keeps the fastest, or none; an
 # eval-rule step after the routed bench then benches it (WhiFlash-Entropy under the rule beside AR and the drafters).
-# ROUTER_FLAGS="--parallel --path every": router data with a row at every position
-# (docs/design.md, "The router dataset"); calibration, the speed oracle and the speed report then walk each
-# policy's own path.
+# Router data (defaults here, where gpu_session.sh alone keeps smaller ones): ROUTER_SOURCE (testbed:dev: prompts
+# like the bench's, outside its pool), ROUTER_PROMPTS (150 a category), ROUTER_TOKENS (256), ROUTER_PROCS (8 ranks
+# sharing the GPU) and ROUTER_FLAGS ("--no-compile-layers --parallel --path every": a row at every position,
+# docs/design.md, "The router dataset"; calibration, the speed oracle and the speed report then walk each policy's
+# own path). On `small` the router's share of the speed oracle's gain still grew from 80 to 320 training prompts
+# (results/2026-12-06-small-williams-order-h100.md); 150 a category fits the loop in 30 minutes of an H100.
 # SKIP=STEP,...: leave these steps out (step names as printed, without @PAIR: e.g. router-test,prompts-calibrate,
 # eval-prompts,build-acceptance), so a later step gets the budget; a skipped step is neither run nor waited for.
 # DRY_RUN=1: print each step's gpu_budget.sh command instead of running it (the loop then stops after it).
@@ -41,8 +44,8 @@
 # them, so those two reach only calibration's decode (CALIBRATE_DECODE=1).
 # Usage: scripts/gpu_loop.sh LOG_DIR TESTBED_DIR BUDGET_S
 #   e.g. three device commands of `TESTS_BESIDE=1 scripts/gpu_loop.sh /tmp/L /tmp/tb 560`
-# PRESET=micro ROUTER_PROMPTS=6 ROUTER_TOKENS=24 LATENCY_CONTEXT=256 E0_SAMPLES=8 E2_SAMPLES=2 E_TOKENS=24
-# EVAL_SAMPLES=4 EVAL_TOKENS=24 TEST_PROMPTS=2 checks it on a CPU in a few minutes.
+# PRESET=micro ROUTER_PROMPTS=6 ROUTER_TOKENS=24 ROUTER_PROCS=1 LATENCY_CONTEXT=256 E0_SAMPLES=8 E2_SAMPLES=2
+# E_TOKENS=24 EVAL_SAMPLES=4 EVAL_TOKENS=24 TEST_PROMPTS=2 checks it on a CPU in a few minutes.
 set -u
 cd "$(dirname "$0")/.."
 L=${1:?LOG_DIR}; TB=${2:?TESTBED_DIR}; budget=${3:?BUDGET_S}
@@ -52,6 +55,8 @@ start=$(date +%s)
 # (--whiflash-stick-tau): where the parallel drafter accepts long blocks a decision costs more than routing gains
 # there; STICK_TAU= turns it off, and a TAU_RULE takes its place (the two are exclusive)
 [ -z "${TAU_RULE:-}" ] && export STICK_TAU=${STICK_TAU-8}
+export ROUTER_SOURCE=${ROUTER_SOURCE-testbed:dev} ROUTER_PROMPTS=${ROUTER_PROMPTS-150} ROUTER_TOKENS=${ROUTER_TOKENS-256} \
+  ROUTER_PROCS=${ROUTER_PROCS-8} ROUTER_FLAGS=${ROUTER_FLAGS-"--no-compile-layers --parallel --path every"}
 mkdir -p "$L"
 
 stage_done() {  # the testbed manifest says build stage $1 is done
