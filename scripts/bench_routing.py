@@ -16,6 +16,9 @@ the standalone drafter does and the difference is routing alone:
 - `sticky-0`: the neural router with `stick_tau` 1, so from the second round on slot 0 is kept without a decision
   (what a routed round costs where the parallel drafter runs well).
 
+Beside them, `ddtree`: DDTree at its default budget (block - 1) on the DFlash drafter's own weights, against
+DFlash: what the tree (its build, the tree verify, the acceptance walk and the cache compaction) adds to a round.
+
 Two diagnostics of slot 1 (EAGLE-3) take one piece of the pair away each:
 
 - `neural-1-own-taps`: the verify pass writes EAGLE-3's tap layers only, not the union of both drafters';
@@ -59,6 +62,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import whiflash
+from whiflash.drafters import DDTreeDrafter
 from whiflash.router import NeuralRouter
 
 
@@ -113,6 +117,7 @@ def methods(target: Any, eagle: Any, dflash: Any) -> dict[str, tuple[str, Any]]:
     no_backlog = routed(pinned[1])
     no_backlog.members = [eagle]
     out["neural-1-own-taps"], out["neural-1-no-backlog"] = ("eagle3", own_taps), ("eagle3", no_backlog)
+    out["ddtree"] = ("dflash", DDTreeDrafter.over(dflash, dflash.block_size - 1))
     return out
 
 
@@ -187,8 +192,8 @@ def measure_testbed(folder: Path, category: str, prompts: int, device: str, dtyp
 
 
 PROFILED = ("eagle3", "fixed-1", "neural-1", "neural-after-1", "neural-1-own-taps", "neural-1-no-backlog",
-            "dflash", "neural-0")
-"""The methods `--profile` looks into: each slot's standalone drafter and its routed variants."""
+            "dflash", "neural-0", "ddtree")
+"""The methods `--profile` looks into: each slot's standalone drafter and its routed variants, and DDTree."""
 
 
 def _decode_all(target: Any, drafter: Any, ids: list[list[int]], new_tokens: int, stops: Any) -> int:

@@ -44,8 +44,9 @@
 # them, so those two reach only calibration's decode (CALIBRATE_DECODE=1).
 # Usage: scripts/gpu_loop.sh LOG_DIR TESTBED_DIR BUDGET_S
 #   e.g. three device commands of `TESTS_BESIDE=1 scripts/gpu_loop.sh /tmp/L /tmp/tb 560`
-# PRESET=micro ROUTER_PROMPTS=6 ROUTER_TOKENS=24 ROUTER_PROCS=1 LATENCY_CONTEXT=256 E0_SAMPLES=8 E2_SAMPLES=2
-# E_TOKENS=24 EVAL_SAMPLES=4 EVAL_TOKENS=24 TEST_PROMPTS=2 checks it on a CPU in a few minutes.
+# PRESET=micro ROUTER_SOURCE=testbed:heldout ROUTER_PROMPTS=6 ROUTER_TOKENS=24 ROUTER_PROCS=1 LATENCY_CONTEXT=256
+# E0_SAMPLES=8 E2_SAMPLES=2 E_TOKENS=24 EVAL_SAMPLES=4 EVAL_TOKENS=24 TEST_PROMPTS=2 checks it on a CPU in a few
+# minutes (micro's corpus is too small for a dev pool beside the bench's).
 set -u
 cd "$(dirname "$0")/.."
 L=${1:?LOG_DIR}; TB=${2:?TESTBED_DIR}; budget=${3:?BUDGET_S}

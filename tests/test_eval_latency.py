@@ -414,7 +414,7 @@ def test_bench_routing_times_a_testbeds_trained_models_on_its_test_prompts(micro
     spec.loader.exec_module(script)
     rows, mismatches = script.measure_testbed(micro, "code", 1, "cpu", torch.float32, 8, 1, tmp_path / "prof")
     by = {r["method"]: r for r in rows}
-    assert {"ar", "eagle3", "dflash", "neural-1", "neural-1-own-taps", "neural-1-no-backlog"} <= set(by)
+    assert {"ar", "eagle3", "dflash", "neural-1", "neural-1-own-taps", "neural-1-no-backlog", "ddtree"} <= set(by)
     assert mismatches == 0 and all(r["ms_per_round"] > 0 for r in rows)
     # the diagnostics draft as EAGLE-3 alone does
     assert by["neural-1-own-taps"]["rounds"] == by["neural-1-no-backlog"]["rounds"] == by["eagle3"]["rounds"]

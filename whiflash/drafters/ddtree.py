@@ -24,10 +24,13 @@ class DDTreeDrafter(DFlashDrafter):
     @classmethod
     def over(cls, dflash: DFlashDrafter, tree_budget: int) -> DDTreeDrafter:
         """A DDTree drafter of `tree_budget` nodes on `dflash`'s own weights (shared, not copied), with a cache and
-        graphs of its own: DDTree rounds beside a loaded DFlash drafter without loading its checkpoint again."""
+        graphs of its own and the DFlash drafter's engine and fixed-shape mode: DDTree rounds beside a loaded DFlash
+        drafter without loading its checkpoint again."""
         with torch.device("meta"):  # no weights of its own: the DFlash drafter's are assigned below
             tree = cls(dflash.cfg, dflash.block_size, tree_budget)
         tree.load_state_dict(dflash.state_dict(), assign=True)
+        tree.set_engine(dflash.engine)
+        tree.static = dflash.static
         return tree.train(dflash.training)
 
     @property
