@@ -19,8 +19,9 @@
 # then runs the refitted router, and the two calibrations (thresholds_neural[_replay]_round0_PAIR.json against
 # thresholds_neural_dagger_PAIR.json) compare the rounds on the same prompts.
 # ROUTING_PROFILE=1: after the latency profile, scripts/bench_routing.py times and profiles the routed variants
-# beside their standalone drafters on the built testbed's code prompts (LOG_DIR/routing_profile/, bench_routing.log);
-# ~510 s on an H200 at 8 prompts x 256 tokens (the profiled decodes are slow), so it takes a call of its own.
+# beside their standalone drafters, and DDTree beside DFlash, on the built testbed's code prompts
+# (LOG_DIR/routing_profile/, bench_routing.log); ~510 s on an H200 at 8 prompts x 256 tokens before DDTree joined
+# (the profiled decodes are slow; ROUTING_PROMPTS=6 leaves room for it), so it takes a call of its own.
 # TESTS_BESIDE=1: the CUDA tests run beside the first call's build (TESTS_TIMEOUT, 555 s), once.
 # PACK_DIR=DIR: once a router dataset is there, it is written to DIR (once) as a tar in 15 MiB parts,
 # router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most, 8 files and 64 MiB in all:
