@@ -213,14 +213,18 @@ def generate(
         # 3. accept: the target's token at every node, the walk, the next round's decision; one host read
         picked = target_tokens(out.logits, temperature, generator)
         verdict = _accept(target, drafter, proposal, verify_ids, out, picked)
-        read = RoundRead.of(verdict)
-        # 4. commit: K/V along the accepted path, the drafter's view of the new positions
-        path = verdict.keep[: read.tau]
+        # 4. commit, dispatched before the round's read, while the GPU is still verifying (after the read the GPU
+        # waits for every launch the host makes): K/V and the drafter's rows in `keep` order, the accepted path
+        # first. Every node moves, a fixed shape: the rows after the path land in slots past the context, which
+        # the next verify overwrites before any query sees them
         if proposal.parents is not None:
-            target.compact(n, path)
+            target.compact(n, verdict.keep)
         if drafter is not None:
             # the target's pick at each path node is the token after it (the next node's, or the new pending one)
-            drafter.observe(Commit(out.feats[path], picked[path], n, taps))
+            feats, nexts = out.feats[verdict.keep], picked[verdict.keep]
+        read = RoundRead.of(verdict)
+        if drafter is not None:
+            drafter.observe(Commit(feats[: read.tau], nexts[: read.tau], n, taps))
         if read.advanced is not None:
             slot = read.advanced  # the oracle: the slot its advance rule picked
         record = RoundRecord(stats.rounds, n, read.tau, slot, backlog, read.slot_taus, *features)
