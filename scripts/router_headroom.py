@@ -15,7 +15,13 @@ headline rate over prompts):
   plans nothing; it pays the neural router's decision (inside the verify pass) each round;
 - **linear probe**: a logistic regression of "slot 1 wins this round" (the round winner's label) on the router's
   inputs (final hidden state and entropy), cross-fitted: for each fold, fitted on the rows of three other folds, its
-  threshold chosen on the walk of the fourth, and applied to the fold's own rows; with its AUC and the entropy's.
+  threshold chosen on the walk of the fourth, and applied to the fold's own rows; with its AUC and the entropy's;
+- **state probe**, **+ previous round**: the same probe fitted on the decision states a decode can reach (each
+  prompt's first row, and every row a round of either slot from an earlier row ends on: `decision_states`) rather
+  than on every row, without and with that previous round's slot and τ (`prev_slot`, `prev_tau` of
+  `whiflash.router_context`) beside the hidden state and entropy; each walks its prompts seeing the round it just
+  made (`walk_states`). The pair says whether the previous round tells the rounds apart better than the hidden
+  state alone, which a router trained on rows at every position cannot see.
 
 Each gets its share of the speed oracle's gain over the better slot alone (`oracle_gain_share`). A router whose
 share is far below the round winner's is limited by how well its inputs rank the rounds; a round winner far below
@@ -33,7 +39,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
 from whiflash.latency import LatencyProfile
-from whiflash.speed_oracle import headline_rate, oracle_gain_share, simulate_prompts, speed_oracle
+from whiflash.router_context import NO_SLOT
+from whiflash.speed_oracle import headline_rate, oracle_gain_share, prompt_spans, simulate_prompts, speed_oracle
 from whiflash.eval.replay import read_rounds
 
 FOLDS = 5
@@ -52,10 +59,11 @@ def _rows(cols: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray
 
 
 def rate(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
-         budget: int | None, decision_ms: float) -> float:
-    """Tokens/s of walking `cols` (a row at every position) with slot 0 where `slot0`, the bench's headline rate."""
+         budget: int | None, decision_ms: float, every: bool = True) -> float:
+    """Tokens/s of walking `cols` (a row at every position) with slot 0 where `slot0`, the bench's headline rate;
+    `every=False`: `cols` are the rounds of a walk already made, in order."""
     rounds = (profile.round_ms(kinds[0], budget), profile.round_ms(kinds[1], budget))
-    tokens, ms, _ = simulate_prompts(slot0, cols, kinds, rounds, profile, decision_ms, every=True)
+    tokens, ms, _ = simulate_prompts(slot0, cols, kinds, rounds, profile, decision_ms, every=every)
     return headline_rate(tokens, ms) * 1e3
 
 
@@ -89,6 +97,71 @@ def probe_decisions(features: np.ndarray, wins0: np.ndarray, folds: np.ndarray, 
     return slot0, prob, chosen
 
 
+def decision_states(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Every state a decode can decide in over rows at every position (rows ordered by prompt and position), each once:
+    (its row, `[prev_slot, prev_tau]` of the round that led there). A prompt's first row has no previous round
+    (`NO_SLOT`, τ 0); any other row is reached by a round of slot s at an earlier row that accepts up to it."""
+    taus = np.stack([cols["tau_0"], cols["tau_1"]], 1).astype(np.int64)
+    states: list[tuple[int, float, int]] = []
+    for lo, hi in prompt_spans(np.asarray(cols["prompt_id"])):
+        states.append((lo, NO_SLOT, 0))
+        for s in (0, 1):
+            ends = np.arange(lo, hi) + taus[lo:hi, s]
+            states += [(int(j), float(s), int(t)) for j, t in zip(ends[ends < hi], taus[lo:hi, s][ends < hi])]
+    unique = np.unique(np.array(states, dtype=np.float64), axis=0)
+    return unique[:, 0].astype(np.int64), unique[:, 1:]
+
+
+def walk_states(slot1: Any, cols: dict[str, np.ndarray], spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(rows visited, slot-0 choice at each) of decoding the prompts of `spans` (row ranges of rows at every position)
+    with a policy that sees the round it just made: `slot1(row, prev_slot, prev_tau)` is True for slot 1."""
+    taus = np.stack([cols["tau_0"], cols["tau_1"]], 1).astype(np.int64)
+    rows: list[int] = []
+    took: list[bool] = []
+    for lo, hi in spans:
+        i, prev = lo, (NO_SLOT, 0)
+        while i < hi:
+            s = int(bool(slot1(i, *prev)))
+            rows.append(i)
+            took.append(s == 0)
+            prev = (float(s), int(taus[i, s]))
+            i += prev[1]
+    return np.array(rows, dtype=np.int64), np.array(took, dtype=bool)
+
+
+def state_probe(features: np.ndarray, wins0: np.ndarray, cols: dict[str, np.ndarray], folds: np.ndarray,
+                with_prev: bool, rate_of: Any) -> float:
+    """Tokens/s of a linear probe fitted on `decision_states` (`with_prev`: their previous round beside `features`),
+    cross-fitted as `probe_decisions` and walked with `walk_states`; `rate_of(rows, slot0)` rates a walk."""
+    rows, prev = decision_states(cols)
+    prev = prev / np.array([1.0, 8.0])  # tau on the hidden state's scale
+    spans = prompt_spans(np.asarray(cols["prompt_id"]))
+    fold_of_span = [int(folds[lo]) for lo, _ in spans]
+    visited: list[np.ndarray] = []
+    took: list[np.ndarray] = []
+    for k in range(FOLDS):
+        test = [sp for sp, f in zip(spans, fold_of_span) if f == k]
+        val = [sp for sp, f in zip(spans, fold_of_span) if f == (k + 1) % FOLDS]
+        train = (folds[rows] != k) & (folds[rows] != (k + 1) % FOLDS)
+        if not test:
+            continue
+        x = np.c_[features[rows[train]], prev[train]] if with_prev else features[rows[train]]
+        y = ~wins0[rows[train]]
+        if len(set(y.tolist())) < 2:  # one slot wins every training state: the probe is that slot
+            policy = lambda t, c=bool(y[0]) if len(y) else False: (lambda i, ps, pt: c)  # noqa: E731
+        else:
+            fit = LogisticRegression(max_iter=500, C=0.1).fit(x, y)
+            w, base = fit.coef_[0], features @ fit.coef_[0][: features.shape[1]] + fit.intercept_[0]
+            wp = w[features.shape[1]:] if with_prev else np.zeros(2)
+            policy = lambda t, base=base, wp=wp: (  # noqa: E731
+                lambda i, ps, pt: base[i] + wp[0] * ps + wp[1] * pt / 8.0 >= np.log(t / (1 - t)))
+        t = max(THRESHOLDS, key=lambda t: rate_of(*walk_states(policy(t), cols, val))) if val else 0.5
+        r, s0 = walk_states(policy(t), cols, test)
+        visited.append(r)
+        took.append(s0)
+    return rate_of(np.concatenate(visited), np.concatenate(took))
+
+
 def headroom(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: LatencyProfile,
              budget: int | None = None, seed: int = 0) -> dict[str, dict[str, Any]]:
     """Per category: rates (tokens/s) and shares of the speed oracle's gain for each policy of the module's
@@ -107,12 +180,18 @@ def headroom(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: Laten
         slot0, prob, chosen = probe_decisions(features, wins0[m], prompt_folds(rows["prompt_id"], seed), rows,
                                               lambda s0, r: rate(s0, r, kinds, profile, budget, decide))
         probe = rate(slot0, rows, kinds, profile, budget, decide)
+        folds = prompt_folds(rows["prompt_id"], seed)
+        walk_rate = lambda visited, s0: rate(  # noqa: E731
+            s0, {k: v[visited] for k, v in rows.items()}, kinds, profile, budget, decide, every=False)
+        states = [state_probe(features, wins0[m], rows, folds, with_prev, walk_rate) for with_prev in (False, True)]
         two = len(set(wins0[m].tolist())) == 2
         out[cat] = {
             "prompts": len(np.unique(rows["prompt_id"])), "rows": n, "slot1_wins_share": float(1 - wins0[m].mean()),
             "alone": alone, "oracle": oracle, "oracle_gain": oracle / best - 1,
             "round_winner": winner, "round_winner_share": oracle_gain_share(winner, best, oracle),
             "probe": probe, "probe_share": oracle_gain_share(probe, best, oracle), "probe_thresholds": chosen,
+            "state_probe": states[0], "state_probe_share": oracle_gain_share(states[0], best, oracle),
+            "state_probe_prev": states[1], "state_probe_prev_share": oracle_gain_share(states[1], best, oracle),
             "probe_auc": float(roc_auc_score(~wins0[m], prob)) if two else None,
             "entropy_auc": float(roc_auc_score(~wins0[m], rows["entropy"])) if two else None}
     return out
@@ -122,10 +201,11 @@ def table(result: dict[str, dict[str, Any]], kinds: tuple[str, str]) -> str:
     """The result as a markdown table (tokens/s, shares of the oracle's gain)."""
     share = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
     lines = [f"| category | prompts | {kinds[1]} wins | {kinds[0]} alone | {kinds[1]} alone | oracle (gain) | "
-             "round winner (share) | linear probe (share) | probe AUC | entropy AUC |", "|" + "---|" * 10]
+             "round winner (share) | linear probe (share) | state probe (share) | + previous round (share) | "
+             "probe AUC | entropy AUC |", "|" + "---|" * 12]
     auc = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
     for cat, r in result.items():
-        probe = f"{r['probe']:.0f} ({share(r['probe_share'])})"
+        probe = " | ".join(f"{r[k]:.0f} ({share(r[k + '_share'])})" for k in ("probe", "state_probe", "state_probe_prev"))
         aucs = f"{auc(r['probe_auc'])} | {auc(r['entropy_auc'])}"
         lines.append(f"| {cat} | {r['prompts']} | {r['slot1_wins_share']:.1%} | {r['alone'][0]:.0f} | "
                      f"{r['alone'][1]:.0f} | {r['oracle']:.0f} ({r['oracle_gain']:+.1%}) | {r['round_winner']:.0f} "

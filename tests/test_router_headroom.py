@@ -52,3 +52,24 @@ def test_folds_split_prompts_not_rows_and_follow_the_seed() -> None:
     assert sorted(np.bincount(folds[::3]).tolist()) == [4, 4, 5, 5, 5]
     assert (folds == router_headroom.prompt_folds(ids, seed=1)).all()
     assert (folds != router_headroom.prompt_folds(ids, seed=2)).any()
+
+
+def test_decision_states_are_the_first_row_and_every_row_a_round_of_either_slot_ends_on() -> None:
+    cols = {"prompt_id": np.array(["a"] * 4 + ["b"] * 2), "tau_0": np.array([2, 1, 1, 1, 1, 1]),
+            "tau_1": np.array([1, 1, 1, 1, 2, 1])}
+    rows, prev = router_headroom.decision_states(cols)
+    got = {(int(r), float(s), int(t)) for r, (s, t) in zip(rows, prev)}
+    assert got == {(0, 0.5, 0), (1, 1.0, 1), (2, 0.0, 2), (2, 0.0, 1), (2, 1.0, 1), (3, 0.0, 1), (3, 1.0, 1),
+                   (4, 0.5, 0), (5, 0.0, 1)}  # b's row 4 + slot 1's 2 passes its end; each state once
+    assert len(rows) == len(got)
+
+
+def test_the_previous_round_tells_regimes_apart_that_the_hidden_state_does_not() -> None:
+    """Regimes of 48 positions: EAGLE-3 wins (τ 3 against 1) or DFlash does (8 against 6), and the hidden state says
+    nothing; a round's τ tells which regime the next round is in, so only the probe that sees it routes."""
+    cols = rows(False, prompts=20, length=192)
+    regime_e3 = (cols["position"] // 48) % 2 == 1
+    cols["tau_0"], cols["tau_1"] = np.where(regime_e3, 1, 8), np.where(regime_e3, 3, 6)
+    r = router_headroom.headroom(cols, ("dflash", "eagle3"), PROFILE)["code"]
+    assert r["oracle_gain"] > 0.1
+    assert r["state_probe_share"] < 0.05 and r["state_probe_prev_share"] > r["state_probe_share"] + 0.25
