@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
@@ -112,7 +112,8 @@ def decision_states(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray
     return unique[:, 0].astype(np.int64), unique[:, 1:]
 
 
-def walk_states(slot1: Any, cols: dict[str, np.ndarray], spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+def walk_states(slot1: Callable[[int, float, int], bool], cols: dict[str, np.ndarray],
+                spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
     """(rows visited, slot-0 choice at each) of decoding the prompts of `spans` (row ranges of rows at every position)
     with a policy that sees the round it just made: `slot1(row, prev_slot, prev_tau)` is True for slot 1."""
     taus = np.stack([cols["tau_0"], cols["tau_1"]], 1).astype(np.int64)
@@ -130,7 +131,7 @@ def walk_states(slot1: Any, cols: dict[str, np.ndarray], spans: list[tuple[int, 
 
 
 def state_probe(features: np.ndarray, wins0: np.ndarray, cols: dict[str, np.ndarray], folds: np.ndarray,
-                with_prev: bool, rate_of: Any) -> float:
+                with_prev: bool, rate_of: Callable[[np.ndarray, np.ndarray], float]) -> float:
     """Tokens/s of a linear probe fitted on `decision_states` (`with_prev`: their previous round beside `features`),
     cross-fitted as `probe_decisions` and walked with `walk_states`; `rate_of(rows, slot0)` rates a walk."""
     rows, prev = decision_states(cols)
@@ -177,10 +178,10 @@ def headroom(cols: dict[str, np.ndarray], kinds: tuple[str, str], profile: Laten
         oracle = speed_oracle(rows, kinds, profile, budget, every=True)["categories"][cat]["tokens_per_second"]
         winner = rate(wins0[m], rows, kinds, profile, budget, decide)
         features = np.c_[cols["hidden"][m].astype(np.float32), cols["entropy"][m].astype(np.float32)]
-        slot0, prob, chosen = probe_decisions(features, wins0[m], prompt_folds(rows["prompt_id"], seed), rows,
+        folds = prompt_folds(rows["prompt_id"], seed)
+        slot0, prob, chosen = probe_decisions(features, wins0[m], folds, rows,
                                               lambda s0, r: rate(s0, r, kinds, profile, budget, decide))
         probe = rate(slot0, rows, kinds, profile, budget, decide)
-        folds = prompt_folds(rows["prompt_id"], seed)
         walk_rate = lambda visited, s0: rate(  # noqa: E731
             s0, {k: v[visited] for k, v in rows.items()}, kinds, profile, budget, decide, every=False)
         states = [state_probe(features, wins0[m], rows, folds, with_prev, walk_rate) for with_prev in (False, True)]
