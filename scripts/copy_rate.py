@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from whiflash.testbed.corpus import read_corpus
+
 
 def ngram_keys(words: list[str], n: int) -> np.ndarray:
     """One int64 key per run of `n` consecutive words (Python's hash of the tuple: stable within a process)."""
@@ -75,20 +77,9 @@ def share(mask: np.ndarray) -> float:
     return float(mask.mean()) if len(mask) else 0.0
 
 
-def read_documents(path: Path) -> Iterable[dict[str, Any]]:
-    """The documents of a corpus split file (one JSON object a line with `category` and `text`)."""
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if line.strip():
-                doc = json.loads(line)
-                if not isinstance(doc, dict) or not isinstance(doc.get("text"), str) or "category" not in doc:
-                    raise SystemExit(f"{path}:{number}: expected a corpus document with 'category' and 'text'")
-                yield doc
-
-
-def training_keys(path: Path, n: int) -> np.ndarray:
-    """Sorted unique keys of every run of `n` words in the training split."""
-    parts = [ngram_keys(doc["text"].split(), n) for doc in read_documents(path)]
+def training_keys(corpus: Path, n: int) -> np.ndarray:
+    """Sorted unique keys of every run of `n` words in the corpus folder's training split."""
+    parts = [ngram_keys(doc["text"].split(), n) for doc in read_corpus(corpus, "train")]
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
 
@@ -208,10 +199,13 @@ def main(argv: list[str] | None = None) -> None:
     with open(samples, encoding="utf-8") as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
     splits = {r["dataset"].partition(":")[2] for r in rows if str(r.get("dataset", "")).startswith("testbed:")}
-    documents = {split: {d["id"]: d["text"] for d in read_documents(corpus / f"{split}.jsonl")}
-                 for split in sorted(splits) if (corpus / f"{split}.jsonl").is_file()}
+    try:
+        documents = {split: {d["id"]: d["text"] for d in read_corpus(corpus, split)}
+                     for split in sorted(splits) if (corpus / f"{split}.jsonl").is_file()}
+        known = training_keys(corpus, args.n)
+    except ValueError as e:  # a line that is not a corpus document, named by file and line
+        raise SystemExit(str(e)) from None
     decode: Callable[[list[int]], str] = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
-    known = training_keys(corpus / "train.jsonl", args.n)
     table = copy_table(rows, decode, known, documents, args.n, args.method)
     if not table:
         raise SystemExit(f"{samples}: no rows of method {args.method!r}")

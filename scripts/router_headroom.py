@@ -149,7 +149,8 @@ def state_probe(features: np.ndarray, wins0: np.ndarray, cols: dict[str, np.ndar
         x = np.c_[features[rows[train]], prev[train]] if with_prev else features[rows[train]]
         y = ~wins0[rows[train]]
         if len(set(y.tolist())) < 2:  # one slot wins every training state: the probe is that slot
-            policy = lambda t, c=bool(y[0]) if len(y) else False: (lambda i, ps, pt: c)  # noqa: E731
+            slot1 = bool(y[0]) if len(y) else False
+            policy = lambda t: (lambda i, ps, pt: slot1)  # noqa: E731
         else:
             fit = LogisticRegression(max_iter=500, C=0.1).fit(x, y)
             w, base = fit.coef_[0], features @ fit.coef_[0][: features.shape[1]] + fit.intercept_[0]

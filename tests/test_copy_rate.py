@@ -78,7 +78,7 @@ def test_table_compares_answers_with_their_prompts_true_continuations(tmp_path, 
             {"sample": "mt_bench-1", "dataset": "mt_bench.jsonl", "category": "code", "method": "ar",
              "tokens": [ord(c) for c in "return the cat sat on the mat"]}]
     documents = {"test": {d["id"]: d["text"] for d in test}}
-    table = copy_rate.copy_table(rows, _decode, copy_rate.training_keys(corpus / "train.jsonl", 3), documents, n=3)
+    table = copy_rate.copy_table(rows, _decode, copy_rate.training_keys(corpus, 3), documents, n=3)
     assert table["prose"]["recalled"] == pytest.approx(7 / 8) and table["prose"]["in_context"] == 0.0
     # the true continuation, cut to the answer's 8 words ("... long said x" left out), is new text
     assert table["prose"]["reference_recalled"] == 0.0 and table["prose"]["references"] == 1

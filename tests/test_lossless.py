@@ -45,6 +45,7 @@ def test_a_ddtree_drafter_over_dflash_weights_decodes_as_the_loaded_one(worlds):
     loaded, dflash = drafters["ddtree"], drafters["dflash"]
     tree = DDTreeDrafter.over(dflash, loaded.tree_budget)
     assert tree.fc.weight.data_ptr() == dflash.fc.weight.data_ptr() and not tree.training
+    assert tree.cache is not dflash.cache
     for prompt in PROMPTS:
         ref, ref_stats = whiflash.generate(target, loaded, prompt, 24)
         out, stats = whiflash.generate(target, tree, prompt, 24)

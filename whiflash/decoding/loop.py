@@ -219,12 +219,11 @@ def generate(
         # the next verify overwrites before any query sees them
         if proposal.parents is not None:
             target.compact(n, verdict.keep)
-        if drafter is not None:
-            # the target's pick at each path node is the token after it (the next node's, or the new pending one)
-            feats, nexts = out.feats[verdict.keep], picked[verdict.keep]
+        # the target's pick at each path node is the token after it (the next node's, or the new pending one)
+        rows = (out.feats[verdict.keep], picked[verdict.keep]) if drafter is not None else None
         read = RoundRead.of(verdict)
-        if drafter is not None:
-            drafter.observe(Commit(feats[: read.tau], nexts[: read.tau], n, taps))
+        if rows is not None:
+            drafter.observe(Commit(rows[0][: read.tau], rows[1][: read.tau], n, taps))
         if read.advanced is not None:
             slot = read.advanced  # the oracle: the slot its advance rule picked
         record = RoundRecord(stats.rounds, n, read.tau, slot, backlog, read.slot_taus, *features)

@@ -244,9 +244,17 @@ def write_corpus(cfg: CorpusConfig, out_dir: Path, root: Path | None = None) -> 
 
 
 def read_corpus(corpus_dir: Path, split: str, category: str | None = None) -> Iterator[dict]:
-    """Records of one split (optionally one category), in file order."""
-    with open(Path(corpus_dir) / f"{split}.jsonl", encoding="utf-8") as fh:
-        for line in fh:
-            rec = json.loads(line)
+    """Records of one split (optionally one category), in file order; a line that is not a corpus document (a JSON
+    object with ``category`` and ``text``) is refused, naming the file and line."""
+    path = Path(corpus_dir) / f"{split}.jsonl"
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                rec = None
+            if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or "category" not in rec:
+                raise ValueError(f"{path}:{number}: expected a corpus document (a JSON object with 'category' and "
+                                 "'text')")
             if category is None or rec["category"] == category:
                 yield rec
