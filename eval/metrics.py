@@ -234,7 +234,9 @@ def gains(cells: dict[str, dict[str, Any]], rows: list[dict[str, Any]] | None = 
     run at several budgets (and no plain `ddtree`), the baseline is the category's best budget. With `rows`,
     each gain has its paired bootstrap 95% interval beside it (`vs_BASE_ci`, in %): the samples both methods
     decoded are resampled with their two TPOTs together, so the interval is the gain's own noise, far narrower
-    than the two speedups' intervals, which both carry the spread between prompts."""
+    than the two speedups' intervals, which both carry the spread between prompts. Where every decode of a routed
+    method in a category ran one slot's drafter itself (an infinite threshold), its gain over that drafter is one
+    decoder timed twice, the bench's own noise: `pinned` names that baseline."""
     best = best_of_families(cells).get("ddtree", {})
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for cat, per in cells.items():
@@ -244,6 +246,7 @@ def gains(cells: dict[str, dict[str, Any]], rows: list[dict[str, Any]] | None = 
         for m, fig in per.items():
             if not m.startswith("whiflash") and m != "oracle":
                 continue
+            drafter = pinned_to(rows or [], cat, m)
             for base, name in bases.items():
                 speedup = per[name]["speedup"]
                 if not speedup or math.isnan(speedup):
@@ -252,7 +255,24 @@ def gains(cells: dict[str, dict[str, Any]], rows: list[dict[str, Any]] | None = 
                 g[f"vs_{base}"] = (fig["speedup"] / speedup - 1) * 100
                 if rows is not None:
                     g[f"vs_{base}_ci"] = _paired_gain_ci(rows, cat, m, name, seed, iterations)
+                if name == drafter:
+                    g["pinned"] = base
     return out
+
+
+def pinned_to(rows: list[dict[str, Any]], cat: str, method: str) -> str | None:
+    """The drafter (a slot method: `eagle3`, `dflash`, `ddtree`) that every decode of routed `method` in category
+    `cat` ("all": every one) ran alone, pinned by an infinite threshold; None where any decode could decide."""
+    mine = [r for r in rows if r["method"] == method and (cat == "all" or r.get("category") == cat)]
+    thresholds = [r.get("threshold") for r in mine]
+    if not mine or not all(isinstance(t, (int, float)) and math.isinf(t) for t in thresholds):
+        return None
+    slots = {s for r in mine for s in r.get("slots") or ()}
+    names = {tuple(r.get("slot_methods") or ()) for r in mine}
+    if len(slots) != 1 or len(names) != 1:
+        return None
+    (slot,), (slot_methods,) = slots, names
+    return slot_methods[slot] if slot < len(slot_methods) else None
 
 
 def _paired_gain_ci(rows: list[dict[str, Any]], cat: str, method: str, base: str, seed: int,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import shutil
 import statistics
 from pathlib import Path
@@ -295,3 +296,24 @@ def test_sweep_resumes_after_a_kill_without_redoing_samples(micro: Path, tmp_pat
     assert set(res["best"]["categories"]) == {"ddtree", "whiflash-entropy"}
     assert {r["threshold"] for r in rows if r["method"] == "whiflash-entropy@50"} == {50.0}
     assert "Best setting per group" in (run / "results.md").read_text()
+
+
+def test_a_routed_method_pinned_to_one_drafter_is_named_so_beside_its_gain_over_it() -> None:
+    # prose: the calibrated threshold pins WhiFlash-Neural to EAGLE-3 (slot 1), so it ran EAGLE-3 itself and its gain
+    # over EAGLE-3 is timing noise; code: a finite threshold, so the same gain is the router's
+    rows = []
+    for i in range(6):
+        for cat, threshold, slots in (("prose", math.inf, [1] * 5), ("code", 0.5, [0, 1, 1, 0, 1])):
+            for m, sec in (("ar", 1.0), ("eagle3", 0.5), ("dflash", 0.6), ("whiflash-neural", 0.49)):
+                row = {**_row(m, sec, 1.0, cat), "sample": f"{cat}{i}", "turn": 0}
+                if m == "whiflash-neural":
+                    row.update(threshold=threshold, slots=slots, slot_methods=["dflash", "eagle3"], switch_rate=0.0)
+                rows.append(row)
+    res = aggregate(rows, ["ar", "eagle3", "dflash", "whiflash-neural"], iterations=50)
+    assert res["gains"]["whiflash-neural"]["prose"]["pinned"] == "eagle3"
+    assert "pinned" not in res["gains"]["whiflash-neural"]["code"]
+    assert "pinned" not in res["gains"]["whiflash-neural"]["all"]  # the code decodes could decide
+    text = markdown_table(res)
+    prose = next(line for line in text.splitlines() if line.startswith("| whiflash-neural | prose |"))
+    assert prose.split(" | ")[2].endswith("pinned") and not prose.split(" | ")[3].endswith("pinned")
+    assert "Pinned: in that category every decode of the routed method was that drafter itself" in text
