@@ -6,7 +6,7 @@
 #   eval-t0       whiflash-eval bench, greedy: AR, EAGLE-3, DFlash, DDTree at budgets 16/32/64, oracle;
 #                 E0_SAMPLES prompts (80), E_TOKENS new tokens (256); the fp32 margins of any bf16 mismatch
 #                 are in the run's results.json, copied beside results.md
-#   eval-t1       the same methods but the oracle at temperature 1 (one DDTree budget), E1_SAMPLES prompts (40)
+#   eval-t1       AR, EAGLE-3, DFlash and DDTree (one budget) at temperature 1, E1_SAMPLES prompts (40)
 #   prompts-calibrate[@PAIR]  router data on PROMPTS_CALIBRATE (20) rows of each prompt file that eval-prompts does
 #                 not draw (scripts/heldout_prompts.py), the neural router replayed on them -> per benchmark category
 #                 thresholds, TESTBED_DIR/thresholds_neural_prompts_PAIR.json
