@@ -1,4 +1,4 @@
-"""DDTree's device tree builder: the one-launch tree kernel against the sort-based tensor ops, side by side.
+"""DDTree's device tree builder: the tree kernels (two launches) against the sort-based tensor ops, side by side.
 
 Usage: python scripts/bench_tree.py [--budgets 15,32,64] [--depth 15] [--vocab 151936] [--cases 50]
 

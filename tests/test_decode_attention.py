@@ -325,11 +325,10 @@ def test_tree_kernel_builds_the_reference_trees() -> None:
 
 
 @needs_triton
-@pytest.mark.parametrize("budget", [15, 32])
-def test_tree_kernel_compiles_for_hopper(budget: int) -> None:
-    """The tree kernel compiles for an H100 / H200 (sm_90) with the sizes a DDTree round launches it with (depth
-    15, top-k = budget): the interpreter runs the kernel's arithmetic, but only the compiler checks its types (a
-    loop that changes the shape of a variable from before it compiles nowhere, yet interprets fine)."""
+def test_tree_kernels_compile_for_hopper() -> None:
+    """The tree kernels compile for an H100 / H200 (sm_90) with the arguments a DDTree round launches them with: the
+    interpreter runs their arithmetic, but only the compiler checks their types (a loop that changes the shape of
+    a variable from before it compiles nowhere, yet interprets fine)."""
     import inspect
 
     import triton
@@ -340,14 +339,13 @@ def test_tree_kernel_compiles_for_hopper(budget: int) -> None:
 
     if "nvidia" not in triton.backends.backends:
         pytest.skip("this triton has no NVIDIA backend")
-    launch = trees._tree_launch(15, budget, budget)
-    warps = launch.pop("num_warps")
-    kernel = getattr(trees._tree, "fn", trees._tree)  # the Python function under the JIT wrapper
-    pointers = dict(LOGP="*fp64", SORTED="*fp64", CAND_V="*fp64", CAND_IN="*i32", MASK="*i8", L="i32", K="i32",
-                    B="i32")
-    signature = {name: ("constexpr" if name in launch else pointers.get(name, "*i64"))
-                 for name in inspect.signature(kernel).parameters}
-    jit = trees._tree if hasattr(trees._tree, "fn") else triton.jit(kernel)
-    compiled = triton.compile(ASTSource(jit, signature, launch), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps})
-    assert ".entry _tree" in compiled.asm["ptx"]
+    # the candidate table, RANK_OF and NODE_CAND are int32; N, L, K, B sizes
+    types = dict(LOGP="*fp64", IDS="*i64", TOKENS="*i64", DEPTHS="*i64", PARENTS="*i64", MASK="*i8", N="i32",
+                 L="i32", K="i32", B="i32")
+    for jit, launch in ((trees._tree_rank, dict(BLK=64, CH=64)), (trees._tree_links, dict(NP=64))):
+        kernel = getattr(jit, "fn", jit)  # the Python function under the JIT wrapper
+        signature = {name: "constexpr" if name in launch else types.get(name, "*i32")
+                     for name in inspect.signature(kernel).parameters}
+        compiled = triton.compile(ASTSource(jit, signature, launch), target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 4})
+        assert f".entry {kernel.__name__}" in compiled.asm["ptx"]

@@ -180,3 +180,26 @@ def test_confident_drafts_stay_lossless(worlds, confident_draft, tmp_path, stati
             out, stats = whiflash.generate(target, drafter, prompt, 40)
             assert out == ref, (drafter.kind, getattr(drafter, "pair", ""), prompt)
             assert stats.rounds < 40  # the crafted drafts are accepted, at least at depth 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_tree_lies_in_the_candidate_table(kind):
+    """The tree kernels rank only `candidates(budget, depth)`: the rank paths that can be among the first `budget`
+    prefixes whatever the scores. The reference heap's nodes are always among them (ties, zero and -inf log-probs
+    included), and the table is in tie order (depth, then rank path), so a tie on the score goes to the lower
+    index."""
+    from whiflash.drafters.trees import candidates
+
+    assert len(candidates(15, 15)) == 321 and len(candidates(32, 15)) == 3576
+    for budget in (1, 4, 15, 20):
+        table = candidates(budget, 7)
+        assert table == sorted(table, key=lambda p: (len(p), p)) and len(set(table)) == len(table)
+        for seed in range(6):
+            logits = _logits(kind, seed)
+            top_logp, top_ids = torch.log_softmax(logits, -1).topk(budget, -1)
+            tokens, parents, depths = build_tree(top_logp.tolist(), top_ids.tolist(), budget)
+            rank = [top_ids[d - 1].tolist().index(t) for t, d in zip(tokens, depths)]
+            paths = [()]  # [root, nodes]: each node's rank path is its parent's and its own rank
+            for r, p in zip(rank, parents):
+                paths.append(paths[p] + (r,))
+            assert set(paths[1:]) <= set(table), (budget, seed)

@@ -17,9 +17,10 @@ of the `B` best prefixes, then the global first `B`) that stay on the GPU, so a 
 no host round trip of its own. Both emit nodes in rank order, so parents precede children. The device
 builder is replayed as one CUDA graph whose kernels run back to back, so its kernel count is its cost: as
 tensor ops ~100 (two sorts a depth, ancestors by pointer jumping; `tests/test_trees.py` bounds them); on a GPU
-with Triton one (`_tree`): every depth's beam, then the global first `B`, each as the first `B` of the few
-candidates that can be among them, ranked all at once (no step-by-step merge), then the parents and the ancestor
-mask, all in one program (`scripts/bench_tree.py` times it against the tensor ops).
+with Triton two kernels and no depth loop. Which rank paths can be among the first `B` does not depend on the
+scores (`candidates`: 321 at `B` = 15 and depth 15), so a table of them is made once; `_tree_rank` scores every
+candidate and ranks it against all the others at once, and `_tree_links` reads the parents and the ancestor mask
+off the table's prefixes (`scripts/bench_tree.py` times them against the tensor ops).
 """
 from __future__ import annotations
 
@@ -84,141 +85,125 @@ def _first(score: Tensor, valid: Tensor | None, n: int) -> Tensor:
     return order[torch.sort((~valid[order]).to(torch.uint8), stable=True).indices][:n]
 
 
+def candidates(budget: int, depth_max: int) -> list[tuple[int, ...]]:
+    """Every rank path that can be among the first `budget` prefixes of a `depth_max`-deep draft with at least
+    `budget` tokens a depth, whatever the scores, in tie order (depth, then rank path lexicographically).
+
+    A prefix `(r_1 .. r_d)` ranks after every other prefix `(s_1 .. s_e)` with e <= d and s_i <= r_i: its score is
+    at least as high (log-probs are sorted and <= 0, and rounded sums are monotone), and on a tie it is shallower
+    or earlier in rank-path order. There are sum_e prod_(i<=e) (r_i + 1) - 1 of them, so only paths where that sum
+    is at most `budget` can be among the first `budget`: 321 paths at budget 15 and depth 15, 3,576 at 32."""
+    out: list[tuple[int, ...]] = []
+    level = [((), 0, 1)]  # (path, sum of the products so far, product so far)
+    for _ in range(depth_max):
+        nxt = []
+        for path, total, prod in level:  # parents in tie order, each one's children by rank: tie order again
+            for r in range(budget):
+                p = prod * (r + 1)
+                if total + p > budget:
+                    break
+                nxt.append((path + (r,), total + p, p))
+        out.extend(path for path, _, _ in nxt)
+        level = nxt
+    return out
+
+
+_TABLES: dict[tuple[int, int, torch.device], tuple[Tensor, Tensor, Tensor]] = {}
+
+
+def candidate_table(budget: int, depth_max: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """`candidates` on `device` as `(ranks [N, L], ancestors [N, L], depths [N])` int32: each path's top-k rank at
+    every depth and the index of its prefix of every length (itself at its own depth), -1 past its depth. Made
+    once per shape and device; the first call comes in a CUDA graph's warm-up, before its capture (a copy from
+    the host could not be captured)."""
+    key = (budget, depth_max, torch.device(device))
+    if key not in _TABLES:
+        paths = candidates(budget, depth_max)
+        index = {path: i for i, path in enumerate(paths)}
+        pad = [-1] * depth_max
+        ranks = [list(path) + pad[len(path):] for path in paths]
+        ancestors = [[index[path[: e + 1]] for e in range(len(path))] + pad[len(path):] for path in paths]
+        as_tensor = lambda rows: torch.tensor(rows, dtype=torch.int32, device=device)  # noqa: E731
+        _TABLES[key] = (as_tensor(ranks), as_tensor(ancestors), as_tensor([len(path) for path in paths]))
+    return _TABLES[key]
+
+
 if triton is not None:
 
     @triton.jit
-    def _tree(LOGP, IDS, SORTED, SLOT_OF, PICKS, NODE_OF, CAND_V, CAND_F, CAND_IN, PAR, TOKENS, PARENTS, DEPTHS, MASK,
-              L, K, B, BP: tl.constexpr, MP: tl.constexpr, EP: tl.constexpr, CH: tl.constexpr, LP: tl.constexpr,
-              NP: tl.constexpr, RC: tl.constexpr):
-        # One program builds the whole tree. (1) Every depth's beam, the first B of its candidates: a candidate is
-        # a row of the previous beam (its score) and a token of this depth (its log-prob), and the tie rule orders
-        # them by score, then flat index (row slot * K + token rank). The r-th row in rule order (0-based) has r
-        # rows at least as good, and the first j tokens of each of those r + 1 rows are ahead of its j-th token, so
-        # that token is among the first B only if (r + 1)(j + 1) <= B: only the M ~ B ln B candidates with
-        # j < B // (r + 1) are ranked, each against all of them at once (no B-step merge a depth). The chosen
-        # come in rule order (SORTED / SLOT_OF, for the next depth and for (2)); the next beam holds them in flat
-        # index (rank-path) order, which PICKS records. (2) The global first B, ranked the same way among the
-        # entries that can be among them; a node's parent is read off the previous depth's slots. (3) The ancestor
-        # mask by walking up the parents.
-        i = tl.arange(0, BP)
-        row_ok = i < B
-        s = tl.load(LOGP + i, mask=row_ok, other=float("-inf")).to(tl.float64)  # depth 1: ranks 0 .. B-1 (K >= B)
-        tl.store(SORTED + i, s, mask=row_ok)
-        tl.store(SLOT_OF + i, i.to(tl.int64), mask=row_ok)
-        tl.store(PICKS + i, i.to(tl.int64), mask=row_ok)  # depth 1: a slot's flat index is its rank (parent: root)
-        # candidate m -> (row r in rule order, token rank j), the same at every depth
-        width = tl.where(row_ok, tl.minimum(B // (i + 1), K), 0)
-        ends = tl.cumsum(width, 0)
-        m = tl.arange(0, MP)
-        live = m < tl.sum(width, 0)
-        r = tl.minimum(tl.sum((ends[None, :] <= m[:, None]).to(tl.int32), 1), B - 1)
-        j = m - tl.sum(tl.where(i[None, :] == r[:, None], (ends - width)[None, :], 0), 1)
-        for d in range(1, L):
-            tl.debug_barrier()  # the previous depth's stores, by every lane
-            v = tl.load(SORTED + (d - 1) * B + r, mask=live, other=float("-inf")) + tl.load(
-                LOGP + d * K + j, mask=live, other=0.0)
-            v = tl.where(live & (v == v), v, float("-inf"))  # NaN scores (a broken draft): still a tree
-            flat = tl.where(live, tl.load(SLOT_OF + (d - 1) * B + r, mask=live, other=0) * K + j, K * B)
-            tl.store(CAND_V + m, v)
-            tl.store(CAND_F + m, flat)
-            tl.debug_barrier()
-            rank = tl.zeros([MP], tl.int32)  # candidates ahead of m under the tie rule
-            for c0 in range(0, MP, CH):
-                ov = tl.load(CAND_V + c0 + tl.arange(0, CH))
-                of = tl.load(CAND_F + c0 + tl.arange(0, CH))
-                ahead = (ov[None, :] > v[:, None]) | ((ov[None, :] == v[:, None]) & (of[None, :] < flat[:, None]))
-                rank += tl.sum(ahead.to(tl.int32), 1)
-            chosen = live & (rank < B)
-            tl.store(CAND_IN + m, chosen.to(tl.int32))
-            tl.debug_barrier()
-            pos = tl.zeros([MP], tl.int64)  # chosen candidates before m in flat-index order: its beam slot
-            for c0 in range(0, MP, CH):
-                oin = tl.load(CAND_IN + c0 + tl.arange(0, CH))
-                of = tl.load(CAND_F + c0 + tl.arange(0, CH))
-                pos += tl.sum(((oin[None, :] != 0) & (of[None, :] < flat[:, None])).to(tl.int64), 1)
-            tl.store(SORTED + d * B + rank, v, mask=chosen)
-            tl.store(SLOT_OF + d * B + rank, pos, mask=chosen)
-            tl.store(PICKS + d * B + pos, flat, mask=chosen)
-        tl.debug_barrier()  # (2) reads what every lane stored above
-        # entry e -> (depth d, place q in that depth's rule order): only q < B - d can be among the first B, as the
-        # q entries before it in its depth and its d ancestors rank before it; the global rule order is the score,
-        # then depth * B + beam slot (the flattened depth-major order)
-        dl = tl.arange(0, LP)
-        width = tl.where(dl < L, tl.maximum(B - dl, 0), 0)
-        ends = tl.cumsum(width, 0)
-        e = tl.arange(0, EP)
-        live = e < tl.sum(width, 0)
-        de = tl.minimum(tl.sum((ends[None, :] <= e[:, None]).to(tl.int32), 1), L - 1)
-        q = e - tl.sum(tl.where(dl[None, :] == de[:, None], (ends - width)[None, :], 0), 1)
-        v = tl.load(SORTED + de * B + q, mask=live, other=float("-inf"))
-        v = tl.where(live & (v == v), v, float("-inf"))
-        slot = tl.load(SLOT_OF + de * B + q, mask=live, other=0)
-        key = tl.where(live, de * B + slot, L * B)
-        tl.store(CAND_V + e, v)
-        tl.store(CAND_F + e, key)
-        tl.debug_barrier()
-        rank = tl.zeros([EP], tl.int32)
-        for c0 in range(0, EP, CH):
-            ov = tl.load(CAND_V + c0 + tl.arange(0, CH))
-            ok = tl.load(CAND_F + c0 + tl.arange(0, CH))
-            rank += tl.sum(((ov[None, :] > v[:, None]) | ((ov[None, :] == v[:, None]) & (ok[None, :] < key[:, None])))
-                           .to(tl.int32), 1)
-        chosen = live & (rank < B)  # node rank + 1, in rank order
-        flat = tl.load(PICKS + de * B + slot, mask=chosen, other=0)
-        tl.store(NODE_OF + de * B + slot, (rank + 1).to(tl.int64), mask=chosen)
-        tl.store(TOKENS + rank, tl.load(IDS + de * K + flat % K, mask=chosen, other=0), mask=chosen)
-        tl.store(DEPTHS + rank, (de + 1).to(tl.int64), mask=chosen)
-        tl.debug_barrier()  # a parent's node, stored by another lane (a parent always ranks before its child)
-        parent = tl.load(NODE_OF + (de - 1) * B + flat // K, mask=chosen & (de > 0), other=0)
-        tl.store(PARENTS + rank, parent, mask=chosen)
-        tl.store(PAR + 1 + rank, parent, mask=chosen)  # [root, nodes]: each node's parent, the root its own
-        tl.store(PAR + tl.arange(0, 1), tl.zeros([1], tl.int64))
-        tl.debug_barrier()  # (3) gathers parents other lanes stored
-        cols = tl.arange(0, NP)
-        for r0 in range(0, B + 1, RC):
-            rows = r0 + tl.arange(0, RC)
-            real = rows < B + 1  # a new name: a loop may not change the shape of a variable from before it
-            up = tl.load(PAR + rows, mask=real, other=0)
-            seen = rows[:, None] == cols[None, :]
-            for _ in range(L):  # a node is at most L deep: L steps up reach the root
-                seen = seen | (up[:, None] == cols[None, :])
-                up = tl.load(PAR + up)
-            tl.store(MASK + rows[:, None] * (B + 1) + cols[None, :], seen.to(tl.int8),
-                     mask=real[:, None] & (cols[None, :] < B + 1))
+    def _path_scores(LOGP, RANKS, n, ok, L, K):
+        # the scores of candidates `n`: their log-probs summed depth by depth, as the reference heap sums them (so
+        # bit for bit the same), NaN (a broken draft) as -inf, lanes past the table -inf
+        s = tl.zeros(n.shape, tl.float64)
+        for e in range(L):
+            r = tl.load(RANKS + n * L + e, mask=ok, other=-1)
+            v = tl.load(LOGP + e * K + r, mask=ok & (r >= 0), other=0.0)
+            s = tl.where(r >= 0, s + v, s)
+        return tl.where(ok & (s == s), s, float("-inf"))
+
+    @triton.jit
+    def _tree_rank(LOGP, IDS, RANKS, DEPTH, RANK_OF, NODE_CAND, TOKENS, DEPTHS, N, L, K, B,
+                   BLK: tl.constexpr, CH: tl.constexpr):
+        # Each program ranks BLK candidates against all N under the tie rule (the table is in tie order, so a tie
+        # on the score goes to the lower index) and writes the first B's tokens and depths at their ranks.
+        n = tl.program_id(0) * BLK + tl.arange(0, BLK)
+        live = n < N
+        s = _path_scores(LOGP, RANKS, n, live, L, K)
+        rank = tl.zeros([BLK], tl.int32)
+        for c0 in range(0, N, CH):
+            m = c0 + tl.arange(0, CH)
+            t = _path_scores(LOGP, RANKS, m, m < N, L, K)
+            ahead = (m[None, :] < N) & ((t[None, :] > s[:, None]) | ((t[None, :] == s[:, None]) & (m[None, :] < n[:, None])))
+            rank += tl.sum(ahead.to(tl.int32), 1)
+        tl.store(RANK_OF + n, rank, mask=live)
+        chosen = live & (rank < B)
+        d = tl.load(DEPTH + n, mask=live, other=1)
+        last = tl.load(RANKS + n * L + d - 1, mask=live, other=0)
+        tl.store(TOKENS + rank, tl.load(IDS + (d - 1) * K + last, mask=chosen, other=0), mask=chosen)
+        tl.store(DEPTHS + rank, d.to(tl.int64), mask=chosen)
+        tl.store(NODE_CAND + rank, n, mask=chosen)
+
+    @triton.jit
+    def _tree_links(ANC, DEPTH, RANK_OF, NODE_CAND, PARENTS, MASK, L, B, NP: tl.constexpr):
+        # Parents and the ancestor mask over [root, nodes] from the table's prefixes: node b is an ancestor of
+        # node a (or a itself) when a's prefix at b's depth is b; the root is every node's.
+        a = tl.arange(0, NP)  # 0: the root, i: node i (rank i - 1)
+        node = (a >= 1) & (a <= B)
+        c = tl.load(NODE_CAND + a - 1, mask=node, other=0)
+        d = tl.load(DEPTH + c, mask=node, other=0)
+        up = tl.load(ANC + c * L + d - 2, mask=node & (d > 1), other=0)
+        parent = tl.where(d > 1, tl.load(RANK_OF + up, mask=node & (d > 1), other=0) + 1, 0)
+        tl.store(PARENTS + a - 1, parent.to(tl.int64), mask=node)
+        rows, cols = a[:, None], a[None, :]
+        prefix = tl.load(ANC + c[:, None] * L + d[None, :] - 1,
+                         mask=node[:, None] & node[None, :] & (d[None, :] <= d[:, None]), other=-1)
+        seen = (cols == 0) | (rows == cols) | (node[:, None] & node[None, :] & (prefix == c[None, :]))
+        tl.store(MASK + rows * (B + 1) + cols, seen.to(tl.int8), mask=(rows <= B) & (cols <= B))
 
 
 KERNEL_MAX_BUDGET = 32
-"""The largest budget the tree kernel builds (larger ones take the tensor ops). On an H100 (depth 15, vocabulary
-8192, `scripts/bench_tree.py`) a proposal (top-k and tree) takes 117 / 186 us with the kernel against 760 / 794 us
-with the tensor ops at B = 15 / 32, but 1,769 against 955 us at B = 64, where one program ranks 4x the candidates
-of B = 32 (16x the comparisons); past 100 the kernel's compile for sm_90 also grows from seconds to minutes."""
-
-
-def _tree_launch(depth_max: int, k: int, budget: int) -> dict[str, int]:
-    """`_tree`'s compile-time sizes and warps for a `[depth_max, k]` draft and a budget: the candidates it ranks,
-    a depth's (its r-th row's first budget // r tokens) and the global first B's, rounded up to powers of two."""
-    mp = max(16, triton.next_power_of_2(sum(min(k, budget // r) for r in range(1, budget + 1))))
-    ep = max(16, triton.next_power_of_2(sum(budget - d for d in range(min(depth_max, budget)))))
-    # a chunk of CH candidates is ranked against all MP (or EP) at once: at most 4,096 comparisons a chunk, or
-    # the tile outgrows the registers; the chunks are a loop, not unrolled, which keeps B = 64's compile in seconds
-    return dict(BP=max(16, triton.next_power_of_2(budget)), MP=mp, EP=ep, CH=min(mp, ep, 32, 4096 // max(mp, ep)),
-                LP=max(16, triton.next_power_of_2(depth_max)), NP=max(16, triton.next_power_of_2(budget + 1)), RC=16,
-                num_warps=1 if max(mp, ep) <= 64 else 4)
+"""The largest budget the tree kernels build (larger ones take the tensor ops): at depth 15 the candidate table
+holds 321 paths at budget 15, 3,576 at 32 and 29,934 at 64, and every candidate is ranked against all of them."""
 
 
 def _tree_by_kernel(logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
-    """The tree of a float64 `logp [L, K]` and its token ids (K >= budget) in one kernel launch (`_tree`)."""
+    """The tree of a float64 `logp [L, K]` and its token ids (K >= budget) in two kernel launches: every candidate
+    path (`candidate_table`) scored and ranked at once (`_tree_rank`), then parents and the ancestor mask
+    (`_tree_links`). No depth waits for the one before it."""
     depth_max, k = logp.shape
     dev = logp.device
+    ranks, ancestors, depths_of = candidate_table(budget, depth_max, dev)
+    n = ranks.shape[0]
     new = lambda *shape, dtype=torch.long: torch.empty(*shape, dtype=dtype, device=dev)  # noqa: E731
-    tokens, parents, depths, par = new(budget), new(budget), new(budget), new(budget + 1)
+    tokens, parents, depths = new(budget), new(budget), new(budget)
+    rank_of, node_cand = new(n, dtype=torch.int32), new(budget, dtype=torch.int32)
     mask = new(budget + 1, budget + 1, dtype=torch.int8)
-    launch = _tree_launch(depth_max, k, budget)
-    mp, ep = launch["MP"], launch["EP"]
-    beams = new(depth_max, budget, dtype=torch.float64), new(depth_max, budget), new(depth_max, budget)
-    ranked = new(depth_max, budget), new(max(mp, ep), dtype=torch.float64), new(max(mp, ep)), new(mp, dtype=torch.int32)
-    _tree[(1,)](logp.contiguous(), top_ids.contiguous(), *beams, *ranked, par, tokens, parents, depths, mask,
-                depth_max, k, budget, **launch)
+    logp, top_ids = logp.contiguous(), top_ids.contiguous()
+    blk = 64
+    _tree_rank[(triton.cdiv(n, blk),)](logp, top_ids, ranks, depths_of, rank_of, node_cand, tokens, depths, n,
+                                        depth_max, k, budget, BLK=blk, CH=64, num_warps=4)
+    _tree_links[(1,)](ancestors, depths_of, rank_of, node_cand, parents, mask, depth_max, budget,
+                      NP=max(16, triton.next_power_of_2(budget + 1)), num_warps=4)
     return Proposal(tokens=tokens, parents=parents, depths=depths, tree_mask=mask.view(torch.bool))
 
 
@@ -242,7 +227,7 @@ def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int, kernel: bo
     # no validity is tracked: one sort a depth fewer and about half the kernels of the graph this becomes.
     full = k >= budget
     if full and kernel and budget <= KERNEL_MAX_BUDGET and triton is not None and (dev.type == "cuda" or INTERPRET):
-        return _tree_by_kernel(logp, top_ids, budget)  # one launch instead of ~100 tensor ops
+        return _tree_by_kernel(logp, top_ids, budget)  # two launches instead of ~100 tensor ops
     slot = torch.arange(budget, device=dev)
     first_ranks = slot.clamp_max(k - 1)  # depth 1: the beam is simply ranks 0 .. budget-1
     valid = [None if full else slot < k]
