@@ -342,7 +342,7 @@ def test_tree_kernels_compile_for_hopper() -> None:
     # the candidate table, RANK_OF and NODE_CAND are int32; N, L, K, B sizes
     types = dict(LOGP="*fp64", IDS="*i64", TOKENS="*i64", DEPTHS="*i64", PARENTS="*i64", MASK="*i8", N="i32",
                  L="i32", K="i32", B="i32")
-    for jit, launch in ((trees._tree_rank, dict(BLK=64, CH=64)), (trees._tree_links, dict(NP=64))):
+    for jit, launch in ((trees._tree_rank, dict(BLK=64, CH=128, LP=16)), (trees._tree_links, dict(NP=64))):
         kernel = getattr(jit, "fn", jit)  # the Python function under the JIT wrapper
         signature = {name: "constexpr" if name in launch else types.get(name, "*i32")
                      for name in inspect.signature(kernel).parameters}

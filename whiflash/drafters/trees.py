@@ -131,28 +131,31 @@ def candidate_table(budget: int, depth_max: int, device: torch.device) -> tuple[
 if triton is not None:
 
     @triton.jit
-    def _path_scores(LOGP, RANKS, n, ok, L, K):
-        # the scores of candidates `n`: their log-probs summed depth by depth, as the reference heap sums them (so
-        # bit for bit the same), NaN (a broken draft) as -inf, lanes past the table -inf
+    def _path_scores(LOGP, RANKS, n, ok, L, K, LP: tl.constexpr):
+        # the scores of candidates `n`: every log-prob on their paths loaded at once (a [len(n), LP] tile, no load
+        # waiting for the one before), then summed depth by depth as the reference heap sums them, so bit for bit
+        # the same (a depth's column is picked out by a sum of it and zeros, which is exact); NaN (a broken draft)
+        # and lanes past the table as -inf
+        e = tl.arange(0, LP)
+        r = tl.load(RANKS + n[:, None] * L + e[None, :], mask=ok[:, None] & (e[None, :] < L), other=-1)
+        v = tl.load(LOGP + e[None, :] * K + r, mask=r >= 0, other=0.0)
         s = tl.zeros(n.shape, tl.float64)
-        for e in range(L):
-            r = tl.load(RANKS + n * L + e, mask=ok, other=-1)
-            v = tl.load(LOGP + e * K + r, mask=ok & (r >= 0), other=0.0)
-            s = tl.where(r >= 0, s + v, s)
+        for j in tl.static_range(LP):
+            s = s + tl.sum(tl.where(e[None, :] == j, v, 0.0), 1)
         return tl.where(ok & (s == s), s, float("-inf"))
 
     @triton.jit
     def _tree_rank(LOGP, IDS, RANKS, DEPTH, RANK_OF, NODE_CAND, TOKENS, DEPTHS, N, L, K, B,
-                   BLK: tl.constexpr, CH: tl.constexpr):
+                   BLK: tl.constexpr, CH: tl.constexpr, LP: tl.constexpr):
         # Each program ranks BLK candidates against all N under the tie rule (the table is in tie order, so a tie
         # on the score goes to the lower index) and writes the first B's tokens and depths at their ranks.
         n = tl.program_id(0) * BLK + tl.arange(0, BLK)
         live = n < N
-        s = _path_scores(LOGP, RANKS, n, live, L, K)
+        s = _path_scores(LOGP, RANKS, n, live, L, K, LP)
         rank = tl.zeros([BLK], tl.int32)
         for c0 in range(0, N, CH):
             m = c0 + tl.arange(0, CH)
-            t = _path_scores(LOGP, RANKS, m, m < N, L, K)
+            t = _path_scores(LOGP, RANKS, m, m < N, L, K, LP)
             ahead = (m[None, :] < N) & ((t[None, :] > s[:, None]) | ((t[None, :] == s[:, None]) & (m[None, :] < n[:, None])))
             rank += tl.sum(ahead.to(tl.int32), 1)
         tl.store(RANK_OF + n, rank, mask=live)
@@ -199,9 +202,10 @@ def _tree_by_kernel(logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
     rank_of, node_cand = new(n, dtype=torch.int32), new(budget, dtype=torch.int32)
     mask = new(budget + 1, budget + 1, dtype=torch.int8)
     logp, top_ids = logp.contiguous(), top_ids.contiguous()
-    blk = 64
+    blk = 64  # candidates a program ranks, each against all n, CH at a time
     _tree_rank[(triton.cdiv(n, blk),)](logp, top_ids, ranks, depths_of, rank_of, node_cand, tokens, depths, n,
-                                        depth_max, k, budget, BLK=blk, CH=64, num_warps=4)
+                                        depth_max, k, budget, BLK=blk, CH=128,
+                                        LP=max(16, triton.next_power_of_2(depth_max)), num_warps=4)
     _tree_links[(1,)](ancestors, depths_of, rank_of, node_cand, parents, mask, depth_max, budget,
                       NP=max(16, triton.next_power_of_2(budget + 1)), num_warps=4)
     return Proposal(tokens=tokens, parents=parents, depths=depths, tree_mask=mask.view(torch.bool))
