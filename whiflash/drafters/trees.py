@@ -156,7 +156,8 @@ if triton is not None:
         for c0 in range(0, N, CH):
             m = c0 + tl.arange(0, CH)
             t = _path_scores(LOGP, RANKS, m, m < N, L, K, LP)
-            ahead = (m[None, :] < N) & ((t[None, :] > s[:, None]) | ((t[None, :] == s[:, None]) & (m[None, :] < n[:, None])))
+            tie = (t[None, :] == s[:, None]) & (m[None, :] < n[:, None])
+            ahead = (m[None, :] < N) & ((t[None, :] > s[:, None]) | tie)
             rank += tl.sum(ahead.to(tl.int32), 1)
         tl.store(RANK_OF + n, rank, mask=live)
         chosen = live & (rank < B)
