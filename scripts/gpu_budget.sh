@@ -6,7 +6,8 @@
 #   eval-t0       whiflash-eval bench, greedy: AR, EAGLE-3, DFlash, DDTree at budgets 16/32/64, oracle;
 #                 E0_SAMPLES prompts (80), E_TOKENS new tokens (256); the fp32 margins of any bf16 mismatch
 #                 are in the run's results.json, copied beside results.md
-#   eval-t1       AR, EAGLE-3, DFlash and DDTree (one budget) at temperature 1, E1_SAMPLES prompts (40)
+#   eval-t1       AR, EAGLE-3, DFlash, DDTree (one budget) and WhiFlash-Neural df-e3 (when its router is there, at its
+#                 calibrated thresholds) at temperature 1, E1_SAMPLES prompts (40)
 #   prompts-calibrate[@PAIR]  router data on PROMPTS_CALIBRATE (20) rows of each prompt file that eval-prompts does
 #                 not draw (scripts/heldout_prompts.py), the neural router replayed on them -> per benchmark category
 #                 thresholds, TESTBED_DIR/thresholds_neural_prompts_PAIR.json
@@ -46,7 +47,7 @@ L=${1:?LOG_DIR}; TB=${2:?TESTBED_DIR}; budget=${3:?BUDGET_S}; shift 3
 start=$(date +%s)
 neural_grid=-inf,-6,-4,-3,-2,-1.5,-1,-0.5,-0.25,0,0.25,0.5,0.75,1,1.5,2,2.5,3,4,6,inf  # +-inf: a drafter alone
 # the routed benches follow TAU_RULE=ENTER,LEAVE; with TAU_RULE=auto the chosen rule has a bench of its own (eval-rule)
-# and the others run without it; runs of no routed method (eval-t0, eval-t1) never take one
+# and the others run without it; eval-t0 and eval-t1 never take one
 rule=${TAU_RULE:-}; [ "$rule" = auto ] && rule=
 stick=(); [ -n "${STICK_TAU:-}" ] && stick=(--whiflash-stick-tau "$STICK_TAU")  # replays price what the bench runs
 for item in "$@"; do
@@ -60,8 +61,9 @@ for item in "$@"; do
     eval-t0) TAU_RULE= EVAL_TIMEOUT=$left EVAL_SAMPLES=${E0_SAMPLES:-80} EVAL_TOKENS=${E_TOKENS:-256} \
                METHODS=ar,eagle3,dflash,ddtree,oracle EVAL_FLAGS="--tree-budget 16,32,64" EVAL_TAG=_t0 \
                bash scripts/gpu_session.sh "$L" "$TB" eval ;;
-    eval-t1) TAU_RULE= EVAL_TIMEOUT=$left EVAL_SAMPLES=${E1_SAMPLES:-40} EVAL_TOKENS=${E_TOKENS:-256} \
-               METHODS=ar,eagle3,dflash,ddtree EVAL_FLAGS="--temperature 1" EVAL_TAG=_t1 \
+    eval-t1) neural=; [ -d "$TB/router" ] && neural=,whiflash-neural  # df-e3's router, at its T = 0 thresholds
+             TAU_RULE= EVAL_TIMEOUT=$left EVAL_SAMPLES=${E1_SAMPLES:-40} EVAL_TOKENS=${E_TOKENS:-256} \
+               METHODS=ar,eagle3,dflash,ddtree$neural EVAL_FLAGS="--temperature 1" EVAL_TAG=_t1 \
                bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     router-test) PAIR=$pair ROUTER_TIMEOUT=$left ROUTER_SOURCE=testbed:test ROUTER_PROMPTS=${TEST_PROMPTS:-80} \
                ROUTER_DATA=$TB/router_data_${pair}_test bash scripts/gpu_session.sh "$L" "$TB" router-data

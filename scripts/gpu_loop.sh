@@ -106,7 +106,7 @@ for p in "${pairs[@]}"; do
   [ "${TAU_RULE:-}" = auto ] && steps+=("eval-rule@$p:120")
   [ "$p" = "${pairs[0]}" ] && steps+=("router-test@$p:160" "prompts-calibrate@$p:70" "eval-prompts@$p:90")
 done
-steps+=(eval-t0:200 eval-t1:100 build-acceptance:200)
+steps+=(eval-t0:200 eval-t1:120 build-acceptance:200)
 IFS=, read -r -a skip <<< "${SKIP:-}"
 for s in "${skip[@]}"; do  # drop every step named s, whatever its pair
   for i in "${!steps[@]}"; do item=${steps[$i]%%:*}; [ "${item%@*}" = "$s" ] && unset "steps[$i]"; done
