@@ -76,14 +76,14 @@ def test_after_the_routed_benches_come_the_budget_sweep_temperature_1_and_accept
     finished_testbed(tb, log, stages=STAGES[:-1])
     for tag in ("t0", "t1"):
         (log / f"eval_df-e3_{tag}_results.md").unlink()
-    lines = loop(log, tb, 150)  # the sweep (200 s) does not fit; T = 1 (100 s) and acceptance are not tried before it
+    lines = loop(log, tb, 150)  # the sweep (200 s) does not fit; T = 1 (120 s) and acceptance are not tried before it
     assert lines[-2].startswith("=== stop before eval-t0") and "eval-t1" not in "".join(lines)
     assert "acceptance" not in "".join(lines)
     (log / "eval_df-e3_t0_results.md").write_text("|")
     env = {**os.environ, "DRY_RUN": "1"}
     out = subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(log), str(tb), "150"], capture_output=True,
                          text=True, timeout=60, check=True, env=env).stdout
-    assert re.search(r"=== would run: gpu_budget\.sh \S+ \S+ 1[45]\d eval-t1@df-e3:100", out)
+    assert re.search(r"=== would run: gpu_budget\.sh \S+ \S+ 1[45]\d eval-t1@df-e3:120", out)
 
 
 def test_a_routed_bench_with_the_budget_sweep_and_the_oracle_stands_for_the_sweep(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_skipped_steps_are_neither_run_nor_waited_for(tmp_path: Path) -> None:
     out = subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(log), str(tb), "150"], capture_output=True,
                          text=True, timeout=60, check=True, env={**env, "DRY_RUN": "1"}).stdout
     assert "eval-prompts" not in out and "acceptance" not in out  # T = 1 no longer waits for the acceptance stage
-    assert re.search(r"=== would run: gpu_budget\.sh \S+ \S+ 1[45]\d eval-t1@df-e3:100", out)
+    assert re.search(r"=== would run: gpu_budget\.sh \S+ \S+ 1[45]\d eval-t1@df-e3:120", out)
 
 
 def test_an_unfinished_stage_and_a_router_older_than_its_data_are_not_done(tmp_path: Path) -> None:
