@@ -281,9 +281,9 @@ def test_gemv_counters_grow_beside_the_old_ones() -> None:
 
 @needs_triton
 def test_tree_kernel_builds_the_reference_trees() -> None:
-    """DDTree's tree kernel (one program: each depth's beam and the global first B ranked at once, parents, mask)
-    against the sort-based tensor ops and the reference heap: ties between siblings, across depths and across beam
-    rows where they decide the tree (`top3`: a kernel taking the highest tied row instead of the lowest fails), exact
+    """DDTree's tree kernels (every candidate rank path scored and ranked at once, then parents and mask) against the
+    sort-based tensor ops and the reference heap: ties between siblings, across depths and across tree rows where
+    they decide the tree (`top3`: a kernel taking the later tied path instead of the earlier fails), exact
     zeros, -inf, bf16 scores, one and two depths, budgets up to the vocabulary (where the kernel runs), mask rows past
     one block of 16."""
     out = _interpreted("""
