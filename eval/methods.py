@@ -218,7 +218,7 @@ class MethodFactory:
         pinned = pinned_slot(family, threshold if threshold is not None else flag)
         if pinned is not None:  # the decision cannot change: run that slot's drafter alone, pay no routing
             kind = self.pair.slots[pinned]
-            drafter = self.drafter(kind, self.pair_tree_budget() if kind == "ddtree" else None)
+            drafter = self.drafter(kind)  # the very object its standalone method and the routed pair decode with
             return Method(name, drafter, routed=True, label=label, threshold=threshold, pinned=pinned,
                           slot_methods=self.pair.slots)
         return Method(name, self.routed(self.policy(family, threshold)), routed=True, label=label, threshold=threshold,

@@ -636,3 +636,19 @@ def test_profile_of_the_testbed_drives_the_utility_oracle(micro: Path, tmp_path:
     assert all(len(r["slots"]) == len(r["taus"]) for r in rows)
     man = json.loads((_run_dir(tmp_path, "util") / "manifest.json").read_text())
     assert man["models"]["latency_profile"] == str(prof)
+
+
+@pytest.mark.parametrize("pair", ["df-e3", "ddt-e3"])
+def test_a_pinned_routed_method_decodes_with_its_standalone_drafters_own_object(micro: Path, pair: str) -> None:
+    """An infinite threshold pins a slot, and the method then runs that slot's standalone drafter object itself
+    (the one its standalone method and the routed pair use): its gain over that drafter is one decoder timed twice,
+    and no checkpoint is loaded a second time (DDTree's default budget once made a copy of its own)."""
+    from whiflash.eval.methods import MethodFactory
+
+    factory = MethodFactory(whiflash.load_target(micro / "target"), model_paths("DFLASH", None, None, None, micro),
+                            pair=pair)
+    slot0 = "ddtree" if pair == "ddt-e3" else "dflash"
+    for threshold, kind in ((-math.inf, slot0), (math.inf, "eagle3")):
+        pinned = factory.build("whiflash-neural", threshold)
+        assert pinned.pinned is not None and pinned.drafter is factory.build(kind).drafter
+    assert len(factory._drafters) == 2  # the pair's two drafters, each loaded once
