@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from whiflash.calibration import best_threshold, check_min_gain
+from whiflash.calibration import best_threshold, check_confidence, check_min_gain, gain_lower_bound
 from whiflash.engine import describe, resolve_engine
 from whiflash.errors import UsageError
 from whiflash.flags import check_int
@@ -34,7 +34,7 @@ from whiflash.locks import owning_folders
 from .checks import check_bench_config, tau_rule
 from .config import BenchConfig
 from .datasets import load_samples
-from .metrics import aggregate, summarize_rows
+from .metrics import aggregate, decode_tokens, summarize_rows
 from .outputs import check_output_file, prepare_run_dir, run_sample_ids, write_manifest, write_results
 from .selection import balanced
 
@@ -46,18 +46,30 @@ DEFAULT_THRESHOLDS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 """Threshold values swept when `--thresholds` is not given."""
 
 
-def pick_thresholds(rows: list[dict[str, Any]], min_gain: float = 0.0) -> dict[str, dict[str, Any]]:
+def pick_thresholds(rows: list[dict[str, Any]], min_gain: float = 0.0,
+                    confidence: float = 0.0) -> dict[str, dict[str, Any]]:
     """Per category: every swept threshold's mean speedup and the fastest one (ties: the smaller threshold; a
-    finite one only where it beats a drafter alone by `min_gain`: `best_threshold`)."""
+    finite one only where it beats a drafter alone by `min_gain` and, with `confidence`, where the prompts both
+    decoded show a gain with that probability: `best_threshold`, `gain_lower_bound`)."""
     out: dict[str, dict[str, Any]] = {}
     for cat in sorted({r["category"] for r in rows}):
-        sweep = {}
+        sweep, tpot = {}, {}
         for thr in sorted({r["threshold"] for r in rows if r["category"] == cat and r["method"] != "ar"}):
             sel = [r for r in rows if r["category"] == cat and r["method"] != "ar" and r["threshold"] == thr]
             sweep[thr] = summarize_rows(sel)["speedup"]
-        best = best_threshold(sweep, min_gain)
+            tpot[thr] = {(r["sample"], r.get("turn", 0)): r["decode_seconds"] / decode_tokens(r["new_tokens"])
+                         for r in sel}
+        lows: dict[float, float] = {}
+
+        def confident(finite: float, pinned: float) -> bool:
+            both = sorted(tpot[finite].keys() & tpot[pinned].keys())
+            lows[finite] = gain_lower_bound(*([tpot[t][k] for k in both] for t in (finite, pinned)), confidence)
+            return lows[finite] > 0
+
+        best = best_threshold(sweep, min_gain, confident if confidence else None)
         if best is not None:
-            out[cat] = {"threshold": best, "speedup": sweep[best], "sweep": {str(t): s for t, s in sweep.items()}}
+            out[cat] = {"threshold": best, "speedup": sweep[best], "sweep": {str(t): s for t, s in sweep.items()},
+                        **({"gain_lower_bound": {str(t): g for t, g in lows.items()}} if lows else {})}
     return out
 
 
@@ -94,9 +106,10 @@ def around_grid(calibrated: dict[str, Any], categories: list[str], steps: list[f
 @owning_folders()  # the run folder's lock ends with the call
 def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[float] | None = None,
               exclude_run: str | None = None, output: str | None = None, around: str | None = None,
-              around_steps: tuple[float, ...] = (-0.5, 0.0, 0.5), min_gain: float = 0.0) -> Path:
+              around_steps: tuple[float, ...] = (-0.5, 0.0, 0.5), min_gain: float = 0.0,
+              confidence: float = 0.0) -> Path:
     """Sweep `values` for `method` per category (or, with `around`, each category's own grid:
-    `around_grid`) and write thresholds.json; returns its path. `min_gain`: `best_threshold`'s."""
+    `around_grid`) and write thresholds.json; returns its path. `min_gain`, `confidence`: `pick_thresholds`'s."""
     from .bench import Runner, run_samples
 
     check_bench_config(cfg, methods=False)
@@ -104,6 +117,7 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
     values = values or list(DEFAULT_THRESHOLDS)
     check_min_gain(min_gain)  # before anything decodes
+    check_confidence(confidence)
     check_output_file(output)
     centres = read_around(around, method) if around else None
     cfg = resolve_engine(cfg)
@@ -141,15 +155,15 @@ def calibrate(cfg: BenchConfig, method: str = "whiflash-entropy", values: list[f
     runner.prepare(samples)
     rows = run_samples(runner, samples, run, "calibrate samples")
     write_results(run, aggregate(rows, runner.names, seed=cfg.seed, iterations=cfg.bootstrap))
-    picked = pick_thresholds(rows, min_gain)
+    picked = pick_thresholds(rows, min_gain, confidence)
     result = {"method": method, "thresholds": {c: p["threshold"] for c, p in picked.items()}, "min_gain": min_gain,
-              "details": picked,
+              "min_gain_confidence": confidence, "details": picked,
               "grid": {c: [str(v) for v in vs] for c, vs in grid.items()}, "around": around,
               "samples": [s.id for s in samples], "excluded_benchmark_ids": sorted(bench_ids),
               "dataset": cfg.dataset, "pair": cfg.whiflash_drafters, "device": cfg.device, "dtype": cfg.dtype,
               "run": str(run)}
     rows_all = [{**r, "category": "all"} for r in rows]
-    overall = pick_thresholds(rows_all, min_gain).get("all")
+    overall = pick_thresholds(rows_all, min_gain, confidence).get("all")
     result["default"] = overall["threshold"] if overall else None
     path = _write(result, run, output)
     log.info("thresholds per category %s written to %s", result["thresholds"], path)
@@ -167,17 +181,18 @@ def _write(result: dict[str, Any], run: Path, output: str | None) -> Path:
 @owning_folders()
 def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, method: str = "whiflash-entropy",
                      values: list[float] | None = None, output: str | None = None,
-                     replay_run: str | None = None, min_gain: float = 0.0) -> Path:
+                     replay_run: str | None = None, min_gain: float = 0.0, confidence: float = 0.0) -> Path:
     """Replay `values` for `method` over the router dataset `data` with the latency profile and write
     thresholds.json (the end-to-end format, plus the estimates); returns its path. Decodes nothing.
     `replay_run`: a bench run folder; only its prompts' rows are replayed (the estimate on exactly the
-    prompts it measured, to set beside its figures). `min_gain`: `best_threshold`'s."""
+    prompts it measured, to set beside its figures). `min_gain`, `confidence`: `replay_thresholds`'s."""
     from .replay import replay_thresholds
 
     if not latency_profile:
         raise ValueError("--replay needs --latency-profile FILE (from `whiflash-eval profile` on this device)")
     values = values or list(DEFAULT_THRESHOLDS)
     check_min_gain(min_gain)
+    check_confidence(confidence)
     check_int(cfg.whiflash_stick_tau, "--whiflash-stick-tau", optional=True)
     rule = tau_rule(cfg)
     check_folder(Path(cfg.out), None, "--out")
@@ -185,8 +200,9 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
     samples = run_sample_ids(replay_run, "--replay-run") if replay_run else None
     result = replay_thresholds(data, latency_profile, method, values, cfg.whiflash_neural_router_path,
                                lazy=not cfg.whiflash_no_lazy_catchup, stick_tau=cfg.whiflash_stick_tau, samples=samples,
-                               tau_rule=rule, min_gain=min_gain)
-    config = {"calibrate_method": method, "values": values, "min_gain": min_gain, "replay": str(data),
+                               tau_rule=rule, min_gain=min_gain, confidence=confidence)
+    config = {"calibrate_method": method, "values": values, "min_gain": min_gain, "min_gain_confidence": confidence,
+              "replay": str(data),
               "replay_run": replay_run, "latency_profile": latency_profile,
               "neural_router": cfg.whiflash_neural_router_path, "lazy_catchup": not cfg.whiflash_no_lazy_catchup,
               "stick_tau": cfg.whiflash_stick_tau, "tau_rule": cfg.whiflash_tau_rule}

@@ -101,6 +101,10 @@ def build_parser() -> ArgumentParser:
                      help="a category keeps a routing threshold only where it is at least this share faster than "
                           "the faster drafter alone among the swept values (0.02: 2 percent), else it pins that "
                           "drafter: a gain too small to survive other prompts is not worth a decision every round")
+    cal.add_argument("--min-gain-confidence", type=float, default=0.0,
+                     help="0 (off) or a probability, e.g. 0.9: a category also keeps a routing threshold only where "
+                          "its calibration prompts show it faster than that drafter with this probability (a paired "
+                          "bootstrap over the prompts, the 1 - p quantile of the gain above 0)")
     cal.add_argument("--replay-run", type=str | None, default=None,
                      help="with --replay: a bench run folder; replay only the rows of its prompts, for estimates on "
                           "exactly the prompts it measured")
@@ -198,11 +202,13 @@ def main(argv: list[str] | None = None) -> int:
                              "--replay (which decodes nothing)")
         if args.replay:
             calibrate_replay(bench_config(args), args.replay, args.latency_profile, method=args.calibrate_method,
-                             values=values, output=args.output, replay_run=args.replay_run, min_gain=args.min_gain)
+                             values=values, output=args.output, replay_run=args.replay_run, min_gain=args.min_gain,
+                             confidence=args.min_gain_confidence)
         else:
             calibrate(bench_config(args), method=args.calibrate_method, values=values,
                       exclude_run=args.exclude_run, output=args.output, around=args.thresholds_around,
-                      around_steps=tuple(parse_thresholds(args.around_steps, "--around-steps")), min_gain=args.min_gain)
+                      around_steps=tuple(parse_thresholds(args.around_steps, "--around-steps")), min_gain=args.min_gain,
+                      confidence=args.min_gain_confidence)
         return 0
     if cmd == "profile":
         from .profile import run_profile

@@ -134,6 +134,7 @@ for item in "$@"; do
                  python3 -m whiflash.eval calibrate --replay "$TB/router_data_${pair}_prompts" "${stick[@]}" \
                    --latency-profile "$TB/profile.json" --calibrate-method whiflash-neural \
                    --whiflash-neural-router-path "$router" --thresholds="$neural_grid" --min-gain "${MIN_GAIN:-0.03}" \
+                   --min-gain-confidence "${MIN_GAIN_CONFIDENCE:-0.9}" \
                    --out "$L/eval" --output "$TB/thresholds_neural_prompts_$pair.json" 2>&1 | tail -8 && \
                  cp "$TB/thresholds_neural_prompts_$pair.json" "$L/" ;;
     eval-prompts) files=("${PROMPTS_DIR:-.prompts}"/*.jsonl)  # benchmark prompt files

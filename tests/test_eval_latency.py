@@ -425,3 +425,61 @@ def test_bench_routing_times_a_testbeds_trained_models_on_its_test_prompts(micro
         assert "aten::" in (tmp_path / "prof" / f"profile_{name}.txt").read_text()
         with gzip.open(tmp_path / "prof" / f"trace_{name}.json.gz", "rt") as f:
             assert json.load(f)["traceEvents"], name
+
+
+def test_a_confidence_keeps_a_routing_threshold_only_where_its_prompts_show_the_gain(router_data: Path,
+                                                                                      tmp_path: Path) -> None:
+    """`calibrate --replay --min-gain-confidence P`: a category keeps its fastest finite threshold only where the
+    paired bootstrap over its prompts puts the gain over the faster drafter alone above 0 with probability P (the
+    bound is written beside the pick), else it pins that drafter; the sweep is unchanged, a bad P is named."""
+    prof, grid = _profile(tmp_path / "p.json"), "1e-9,0.5,1,2,inf,-inf"
+    picks = {}
+    for p in ("0", "0.9", "0.999999"):
+        out = tmp_path / f"thr_{p}.json"
+        assert main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--thresholds", grid,
+                     "--min-gain-confidence", p, "--output", str(out), "--out", str(tmp_path)]) == 0
+        picks[p] = json.loads(out.read_text())
+    free = picks["0"]
+    routed = [c for c, t in free["thresholds"].items() if not math.isinf(t)]
+    assert routed and free["min_gain_confidence"] == 0 and all("gain_lower_bound" not in d
+                                                               for d in free["details"].values())
+    for p in ("0.9", "0.999999"):
+        held = picks[p]
+        assert held["min_gain_confidence"] == float(p)
+        for cat, d in free["details"].items():
+            mine = held["details"][cat]
+            assert mine["sweep"] == d["sweep"]
+            if cat not in routed:
+                assert mine["threshold"] == d["threshold"] and "gain_lower_bound" not in mine
+                continue
+            low = mine["gain_lower_bound"][str(d["threshold"])]  # the free pick, tested against the drafter alone
+            assert mine["threshold"] == (d["threshold"] if low > 0 else max((math.inf, -math.inf),
+                                                                            key=lambda t: d["sweep"][str(t)]))
+    # 8 prompts cannot show any gain with near certainty: every category pins a drafter
+    assert all(math.isinf(t) for t in picks["0.999999"]["thresholds"].values())
+    with pytest.raises(ValueError, match="--min-gain-confidence: expected 0 .off. or a probability"):
+        main(["calibrate", "--replay", str(router_data), "--latency-profile", str(prof), "--thresholds", grid,
+              "--min-gain-confidence", "1", "--output", str(tmp_path / "bad.json"), "--out", str(tmp_path)])
+    assert not (tmp_path / "bad.json").exists()
+
+
+def test_a_decoded_calibration_pins_a_drafter_where_its_prompts_do_not_show_the_routing_gain() -> None:
+    """`pick_thresholds` (calibrate's decoded mode) with a confidence: the same rule as the replay, on each
+    sample's measured time per token, the threshold's decode and the drafter's paired by sample."""
+    from whiflash.eval.calibrate import pick_thresholds
+
+    def row(sample: str, threshold: float, seconds: float) -> dict:
+        return {"category": "code", "method": f"whiflash-neural@{threshold:g}", "threshold": threshold,
+                "sample": sample, "turn": 0, "decode_seconds": seconds, "new_tokens": 101, "taus": [2] * 50,
+                "ar_decode_seconds": 1.0, "ar_new_tokens": 101, "speedup": 1.0 / seconds}
+
+    # the routed threshold is 5% faster on average, by winning big on two prompts of twenty
+    alone = [0.5] * 20
+    routed = [0.125] * 2 + [(0.5 * 20 / 1.05 - 0.25) / 18] * 18
+    rows = [row(f"s{i}", t, s) for i in range(20) for t, s in ((math.inf, alone[i]), (0.5, routed[i]))]
+    assert pick_thresholds(rows)["code"]["threshold"] == 0.5
+    held = pick_thresholds(rows, confidence=0.9)["code"]
+    assert held["threshold"] == math.inf and held["gain_lower_bound"]["0.5"] < 0
+    steady = [row(f"s{i}", t, s) for i in range(20) for t, s in ((math.inf, 0.5), (0.5, 0.5 / 1.05))]
+    kept = pick_thresholds(steady, confidence=0.9)["code"]
+    assert kept["threshold"] == 0.5 and kept["gain_lower_bound"]["0.5"] == pytest.approx(0.05)

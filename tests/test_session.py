@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from whiflash.calibration import best_threshold, picks_slot0
+from whiflash.calibration import best_threshold, gain_lower_bound, picks_slot0
 from whiflash.session import model_paths, stop_ids
 
 
@@ -50,5 +50,31 @@ def test_one_threshold_rule() -> None:
     for bad in (-0.1, math.inf, "2%", True):
         with pytest.raises(ValueError, match="--min-gain: expected a share >= 0"):
             best_threshold(sweep, bad)
+    # and, with a confidence test, pass it against that drafter
+    assert best_threshold(sweep, 0.0, lambda finite, pinned: (finite, pinned) != (0.5, math.inf)) == math.inf
+    assert best_threshold(sweep, 0.0, lambda finite, pinned: True) == 0.5
     with pytest.raises(ValueError, match="--calibrate-method: expected one of"):
         picks_slot0("oracle", entropy, 0.5)
+
+
+def test_a_gain_its_prompts_show_by_chance_has_a_lower_bound_below_zero() -> None:
+    """`gain_lower_bound`: a paired bootstrap over prompts of the headline ratio (mean TPOT alone / mean TPOT
+    routed - 1). A routed method faster on every prompt has a bound above 0 and below its gain; one that wins big
+    on a few prompts and loses on most, with the same mean gain, does not clear 0; a higher confidence lowers it."""
+    rng = np.random.default_rng(1)
+    alone = rng.uniform(0.2, 0.4, 30)
+    steady = alone / 1.05  # 5% faster on every prompt
+    lucky = alone.copy()
+    lucky[:2] /= 4  # two prompts far faster, the rest a little slower: the same mean gain
+    lucky[2:] *= (alone.sum() / 1.05 - lucky[:2].sum()) / lucky[2:].sum()
+    assert alone.mean() / lucky.mean() - 1 == pytest.approx(0.05)
+    low = gain_lower_bound(steady, alone, 0.9)
+    assert 0.0 < low <= 0.05 + 1e-9
+    assert gain_lower_bound(lucky, alone, 0.9) < 0 < gain_lower_bound(lucky, alone, 0.2)
+    assert gain_lower_bound(lucky, alone, 0.99) <= gain_lower_bound(lucky, alone, 0.9) < gain_lower_bound(lucky, alone, 0.5)
+    assert gain_lower_bound(steady, alone, 0.9) == low  # seeded: the same figure every time
+    with pytest.raises(ValueError, match="the same prompts' times per token"):
+        gain_lower_bound(steady[:-1], alone, 0.9)
+    for bad in (1.0, -0.1, True, "90%"):
+        with pytest.raises(ValueError, match="--min-gain-confidence: expected 0"):
+            gain_lower_bound(steady, alone, bad)

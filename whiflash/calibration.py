@@ -6,17 +6,23 @@ predicted gain τ(slot 0) − τ(slot 1) is above θ. A calibration sweeps θ, s
 of logged rounds in `whiflash-train`, replayed or measured speedup in `whiflash-eval calibrate`) and
 keeps the best one; ties go to the smaller θ. An infinite θ pins a slot: the method then decodes with
 that slot's drafter alone and pays no decision (`pinned_slot`), so a category where one drafter is
-always faster loses nothing to routing. `whiflash.train.calibrate`, `whiflash.train.speed` (the speed report's
+always faster loses nothing to routing. A routing θ has to beat that drafter by a margin, a share of its
+speed (`min_gain`) and, where the calibration knows each prompt's time per token, with a confidence over
+its prompts (`gain_lower_bound`): a gain its few prompts show by chance is not worth a decision a round. `whiflash.train.calibrate`, `whiflash.train.speed` (the speed report's
 thresholds per category), `whiflash.eval.replay` and `whiflash.eval.calibrate` all decide through these functions.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
-__all__ = ["METHODS", "best_threshold", "check_min_gain", "picks_slot0", "pinned_slot"]
+__all__ = ["METHODS", "best_threshold", "check_confidence", "check_min_gain", "gain_lower_bound", "picks_slot0",
+           "pinned_slot"]
+
+BOOTSTRAP_ITERATIONS = 2000
+"""Resamples of the calibration's prompts behind `gain_lower_bound`."""
 
 METHODS = ("whiflash-entropy", "whiflash-neural")
 """The threshold routers."""
@@ -46,11 +52,37 @@ def check_min_gain(min_gain: float) -> None:
         raise ValueError(f"--min-gain: expected a share >= 0 (0.02: 2% faster), got {min_gain!r}")
 
 
-def best_threshold(sweep: Mapping[float, float], min_gain: float = 0.0) -> float | None:
+def check_confidence(confidence: float) -> None:
+    """`ValueError` naming `--min-gain-confidence` unless it is 0 (off) or a probability below 1."""
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence < 1:
+        raise ValueError(f"--min-gain-confidence: expected 0 (off) or a probability in (0, 1), e.g. 0.9; "
+                         f"got {confidence!r}")
+
+
+def gain_lower_bound(routed_tpot: np.ndarray, alone_tpot: np.ndarray, confidence: float,
+                     iterations: int = BOOTSTRAP_ITERATIONS, seed: int = 0) -> float:
+    """The gain of a routed method over a drafter alone (mean TPOT of the drafter / mean TPOT of the method - 1,
+    the bench's headline ratio) that its prompts show with probability `confidence`: the `1 - confidence`
+    quantile of a paired bootstrap over the prompts (each prompt's two times per output token resampled
+    together). Both arrays hold one time per token per prompt, in the same prompt order."""
+    check_confidence(confidence)
+    routed, alone = np.asarray(routed_tpot, dtype=np.float64), np.asarray(alone_tpot, dtype=np.float64)
+    if routed.shape != alone.shape or routed.ndim != 1 or not len(routed):
+        raise ValueError(f"gain_lower_bound: expected the same prompts' times per token for both methods, got "
+                         f"{routed.shape} and {alone.shape}")
+    idx = np.random.default_rng(seed).integers(0, len(routed), size=(iterations, len(routed)))
+    gains = alone[idx].mean(axis=1) / routed[idx].mean(axis=1) - 1
+    return float(np.quantile(gains, 1 - confidence))
+
+
+def best_threshold(sweep: Mapping[float, float], min_gain: float = 0.0,
+                   confident: Callable[[float, float], bool] | None = None) -> float | None:
     """The threshold of the highest finite score in `sweep` (threshold -> score); ties: the smaller threshold.
     None when no score is finite. `min_gain`: a finite threshold wins only when its score is at least
     `1 + min_gain` times the best infinite one's (a drafter alone), else that infinite threshold does: a
-    gain smaller than what separates the calibration's prompts from others is not worth a decision a round."""
+    gain smaller than what separates the calibration's prompts from others is not worth a decision a round.
+    `confident(finite, infinite)`: a finite threshold must also pass this test against that drafter (the
+    calibrations' `gain_lower_bound` above 0)."""
     check_min_gain(min_gain)
     valid = {t: s for t, s in sweep.items() if not math.isnan(s)}
     if not valid:
@@ -59,6 +91,6 @@ def best_threshold(sweep: Mapping[float, float], min_gain: float = 0.0) -> float
     alone = {t: s for t, s in valid.items() if math.isinf(t)}
     if alone and not math.isinf(best):
         pinned = max(sorted(alone), key=lambda t: alone[t])
-        if valid[best] < alone[pinned] * (1 + min_gain):
+        if valid[best] < alone[pinned] * (1 + min_gain) or (confident is not None and not confident(best, pinned)):
             return pinned
     return best
