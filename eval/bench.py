@@ -36,7 +36,7 @@ from .datasets import Sample, load_selection
 from .families import parse_values
 from .lossless import MarginProbe, Mismatch, first_difference
 from .methods import Method, MethodFactory, method_names, model_paths
-from .metrics import PROTOCOL, aggregate, decode_tokens
+from .metrics import PROTOCOL, aggregate, decode_tokens, one_off_text
 from .outputs import (SampleLog, check_output_file, device_info, prepare_run_dir, write_manifest, write_results,
                       write_save_path)
 
@@ -79,6 +79,7 @@ class Runner:
         self.session = Session.open(self.paths, cfg.device, cfg.dtype,
                                     engine_options(cfg.device, cfg.cuda_graphs, cfg.compile_layers))
         self.target, self.tokenizer, self.stops = self.session.target, self.session.tokenizer, self.session.stops
+        self.one_off: dict[str, int] = {}  # the last decode's one-off work (`generate`)
         self.factory = MethodFactory(
             self.target, self.paths, pair=cfg.whiflash_drafters, tree_budget=cfg.ddtree_tree_budget,
             block_size=cfg.block_size, eagle_num_steps=cfg.eagle_num_steps, router=cfg.whiflash_router,
@@ -133,13 +134,27 @@ class Runner:
 
     def generate(self, method: Method, ids: list[int], max_new_tokens: int | None = None) -> tuple[list[int], Any]:
         """One decode with Python's garbage collector off (as `timeit` times): a collection that the allocations
-        of the methods before made due would otherwise land inside this timing; it runs between decodes instead."""
+        of the methods before made due would otherwise land inside this timing; it runs between decodes instead.
+        `self.one_off` then holds what the decode paid for once (`one_off_now`)."""
+        before = self.one_off_now()
         gc.disable()
         try:
             return whiflash.generate(self.target, method.drafter, ids, max_new_tokens or self.cfg.max_new_tokens,
                                      temperature=self.cfg.temperature, stop_token_ids=self.stops, seed=self.cfg.seed)
         finally:
             gc.enable()
+            self.one_off = {k: v - before[k] for k, v in self.one_off_now().items()}
+
+    def one_off_now(self) -> dict[str, int]:
+        """Counts of the work a timed decode should never do, so far: CUDA graphs captured, passes compiled and,
+        on CUDA, memory segments the caching allocator reserved (cudaMalloc calls; a long context's first
+        buffers). A timing outlier with none of them paid a host stall."""
+        from whiflash.runtime.graphs import one_off_work
+
+        now = one_off_work()
+        if self.target.device.type == "cuda":
+            now["segments_reserved"] = int(torch.cuda.memory_stats(self.target.device).get("segment.all.allocated", 0))
+        return now
 
     def build_all(self, samples: list[Sample]) -> None:
         """Load every drafter and router the samples need (incompatible checkpoints fail here)."""
@@ -311,9 +326,9 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
                   m["method"], m["sample"], m["turn"], m["position"], m["ar_token"], m["method_token"],
                   m["margin_fp32"])
     for o in results["timing_outliers"]:
-        log.warning("timing: %s on %s turn %d took %.3f ms a round against its median %.3f (+%.1f ms once: a graph "
-                    "captured or code compiled inside the timing, or a host stall)", o["method"], o["sample"],
-                    o["turn"], o["ms_per_round"], o["median_ms_per_round"], o["excess_ms"])
+        log.warning("timing: %s on %s turn %d took %.3f ms a round against its median %.3f (+%.1f ms once; %s)",
+                    o["method"], o["sample"], o["turn"], o["ms_per_round"], o["median_ms_per_round"], o["excess_ms"],
+                    one_off_text(o))
     log.info("%d rows, %d mismatches; results in %s", len(rows), len(mismatches), run)
     code = 1 if cfg.strict and bad else 0
     distributed.barrier()
@@ -395,6 +410,7 @@ def run_turn(runner: Runner, rows_log: SampleLog, probe: MarginProbe, sample: Sa
         thr = method.threshold if method.threshold is not None else \
             getattr(getattr(method.drafter, "router", None), "threshold", None)
         fresh[name] = _row(sample, turn, method, pos, ids, out, st, thr, runner.cfg.whiflash_time_catchup)
+        fresh[name].update(runner.one_off)
     ar = ar_row or fresh["ar"]
     for name in names:
         row = fresh.get(name)

@@ -28,9 +28,9 @@ from whiflash.decoding.stats import TAU_DEFINITION
 
 from .families import best_of_families
 
-__all__ = ["METRICS_VERSION", "OUTLIER_FACTOR", "PROTOCOL", "ROUTED_ROUND_DEFINITION", "SPEEDUP_DEFINITION",
-           "aggregate", "alone_round_ms", "alone_seconds", "bootstrap_ci", "decode_tokens", "gains",
-           "ratio_of_means_ci", "timing_outliers"]
+__all__ = ["METRICS_VERSION", "ONE_OFF", "OUTLIER_FACTOR", "PROTOCOL", "ROUTED_ROUND_DEFINITION",
+           "SPEEDUP_DEFINITION", "aggregate", "alone_round_ms", "alone_seconds", "bootstrap_ci", "decode_tokens",
+           "gains", "one_off_text", "ratio_of_means_ci", "timing_outliers"]
 
 METRICS_VERSION = 2
 """Version of the figures in results.json: 2 = speedup as a ratio of mean TPOTs (1, unmarked: a mean of ratios)."""
@@ -129,8 +129,23 @@ def alone_seconds(row: dict[str, Any], alone: dict[tuple[str, int, str], float])
     return n0 * per[0] + (len(slots) - n0) * per[1]
 
 
-OUTLIER_FACTOR = 3.0
-"""A decode is a timing outlier when its ms a round exceed this many times its method's median over the run."""
+OUTLIER_FACTOR = 1.5
+"""A decode is a timing outlier when its ms a round exceed this many times its method's median over the run: a
+method's round costs within a few percent of its median on every prompt, and one stall of 10 ms moves a short
+decode's TPOT (12 rounds of 1.9 ms) by 40%."""
+
+ONE_OFF = ("graphs_captured", "passes_compiled", "segments_reserved")
+"""A bench row's counts of the work its decode paid for once (`Runner.one_off_now`)."""
+
+
+def one_off_text(outlier: dict[str, Any]) -> str:
+    """What a timing outlier's decode paid for once, in words, or that it paid none of it (a host stall)."""
+    paid = [f"{k.replace('_', ' ')} {outlier[k]}" for k in ONE_OFF if outlier.get(k)]
+    if paid:
+        return "inside the timing: " + ", ".join(paid)
+    if any(k in outlier for k in ONE_OFF):
+        return "no graph captured, pass compiled or memory reserved inside the timing: a host or device stall"
+    return "a graph captured or code compiled inside the timing, or a host stall"
 
 
 def timing_outliers(rows: list[dict[str, Any]], factor: float = OUTLIER_FACTOR) -> list[dict[str, Any]]:
@@ -150,7 +165,8 @@ def timing_outliers(rows: list[dict[str, Any]], factor: float = OUTLIER_FACTOR) 
                 out.append({"sample": r.get("sample"), "turn": r.get("turn", 0), "method": method,
                             "category": r.get("category"), "rounds": len(r["taus"]), "ms_per_round": round(ms, 3),
                             "median_ms_per_round": round(median, 3),
-                            "excess_ms": round(r["decode_seconds"] * 1e3 - len(r["taus"]) * median, 1)})
+                            "excess_ms": round(r["decode_seconds"] * 1e3 - len(r["taus"]) * median, 1),
+                            **{k: r[k] for k in ONE_OFF if k in r}})
     return sorted(out, key=lambda o: -o["excess_ms"])
 
 

@@ -32,7 +32,7 @@ from whiflash.io import append_text, atomic_write_json, atomic_write_text
 from whiflash.locks import claim
 from whiflash.versions import package_versions
 
-from .metrics import OUTLIER_FACTOR, SPEEDUP_DEFINITION
+from .metrics import OUTLIER_FACTOR, SPEEDUP_DEFINITION, one_off_text
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +259,7 @@ def markdown_table(results: dict[str, Any], run_label: str = "") -> str:
         text += (f"Timing outliers ({len(outliers)}; a decode's ms a round > {OUTLIER_FACTOR:g}x its method's median: "
                  "something paid once inside the timing): " + "; ".join(
                      f"{o['method']} on {o['sample']} (turn {o['turn']}) {o['ms_per_round']} ms a round against "
-                     f"{o['median_ms_per_round']}, +{o['excess_ms']} ms" for o in outliers[:5])
+                     f"{o['median_ms_per_round']}, +{o['excess_ms']} ms ({one_off_text(o)})" for o in outliers[:5])
                  + ("; ..." if len(outliers) > 5 else "") + ".\n")
     if results.get("protocol"):
         text += f"\nProtocol: {results['protocol']}\n"

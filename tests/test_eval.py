@@ -175,6 +175,8 @@ def test_bench_writes_every_output_and_is_lossless(bench_run: Path) -> None:
     rows = _rows(bench_run)
     assert len(rows) == 3 * 6 and all(r["mismatch"] is None for r in rows)
     assert {r["order"] for r in rows if r["method"] == "ar"} == {0}  # one sample a category: no rotation yet
+    # what each decode paid for once: eager passes on the CPU capture and compile nothing, and reserve no CUDA memory
+    assert all(r["graphs_captured"] == r["passes_compiled"] == 0 and "segments_reserved" not in r for r in rows)
     cell = res["cells"]["all"]
     assert cell["ar"]["tau"] == 1.0 and cell["ar"]["speedup"] == pytest.approx(1.0)
     assert cell["eagle3"]["tau"] > 1.0 and cell["eagle3"]["speedup_ci_low"] <= cell["eagle3"]["speedup_ci_high"]

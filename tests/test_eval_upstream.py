@@ -105,14 +105,25 @@ def test_a_decode_far_slower_a_round_than_its_method_is_reported_as_a_timing_out
     for i in range(8):
         for m, ms in (("ar", 1.2), ("eagle3", 1.7 + 0.05 * i), ("whiflash-neural", 1.75 + 0.1 * i)):
             rows.append({**_row(m, ms * 5e-3, 6e-3), "sample": f"s{i}", "turn": 0})
+    for r in rows:  # what each decode paid for once (the bench counts it): one graph, inside the slow decode
+        r.update(graphs_captured=0, passes_compiled=0, segments_reserved=0)
     rows[-1]["decode_seconds"] += 0.125
+    rows[-1]["graphs_captured"] = 1
     res = aggregate(rows, ["ar", "eagle3", "whiflash-neural"], iterations=50)
     (o,) = res["timing_outliers"]
-    assert (o["sample"], o["method"], o["rounds"]) == ("s7", "whiflash-neural", 5)
+    assert (o["sample"], o["method"], o["rounds"], o["graphs_captured"]) == ("s7", "whiflash-neural", 5, 1)
     assert o["ms_per_round"] == pytest.approx(27.45) and o["excess_ms"] == pytest.approx(125.0 + 5 * (2.45 - 2.1), abs=0.1)
-    assert "Timing outliers (1;" in markdown_table(res) and "whiflash-neural on s7" in markdown_table(res)
+    md = markdown_table(res)
+    assert "Timing outliers (1;" in md and "whiflash-neural on s7" in md and "inside the timing: graphs captured 1" in md
     rows[-1]["decode_seconds"] -= 0.125
     assert aggregate(rows, ["ar", "eagle3", "whiflash-neural"], iterations=50)["timing_outliers"] == []
+    # a stall of 10 ms in a short decode (5 rounds of ~2 ms: 1.9x its method's median a round), with nothing
+    # captured, compiled or reserved, is named as a stall
+    rows[-1]["decode_seconds"] += 0.010
+    rows[-1]["graphs_captured"] = 0
+    (o,) = aggregate(rows, ["ar", "eagle3", "whiflash-neural"], iterations=50)["timing_outliers"]
+    assert o["sample"] == "s7" and "a host or device stall" in markdown_table(
+        aggregate(rows, ["ar", "eagle3", "whiflash-neural"], iterations=50))
 
 
 # ---------------------------------------------------------------- the fast engine by default

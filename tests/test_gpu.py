@@ -219,3 +219,18 @@ def test_batched_generation_graph_replays_the_eager_decode(bf16, caplog):
                                  bf16=bf16, cuda_graphs=graphs) for graphs in (False, True)]
         assert runs[0] == runs[1], temperature
     assert "capture failed" not in caplog.text  # the graph ran: no batch fell back to the eager step
+
+
+def test_one_off_work_counts_the_graphs_a_decode_captures(worlds):
+    """`one_off_work()`, which the bench reads around every timed decode: the first graphed decode captures the
+    passes it runs, the same decode again only replays them."""
+    from whiflash.runtime.graphs import one_off_work
+
+    target, drafters = worlds["qwen3-mixed"].load(device="cuda")
+    target.set_engine(target.engine.with_(cuda_graphs=True))
+    captured = []
+    for _ in range(2):
+        before = one_off_work()["graphs_captured"]
+        whiflash.generate(target, drafters["dflash"], PROMPTS[1], 40)
+        captured.append(one_off_work()["graphs_captured"] - before)
+    assert captured[0] > 0 and captured[1] == 0

@@ -10,7 +10,8 @@ reads them in place instead.
 
 `FixedShapePasses` is the one runner the target and the drafters share: it holds the model's
 `EngineOptions`, chooses between the eager path and fixed shapes, and keeps one captured graph per
-pass key.
+pass key. `one_off_work()` counts the graphs captured and passes compiled so far in the process: read around
+a timed decode, it says whether that decode paid for one inside its timing.
 """
 from __future__ import annotations
 
@@ -68,10 +69,19 @@ def copy_inputs(statics: list[Tensor], inputs: tuple[Tensor | Prefix, ...]) -> N
             static.copy_(x, non_blocking=True)
 
 
+_ONE_OFF = {"graphs_captured": 0, "passes_compiled": 0}
+
+
+def one_off_work() -> dict[str, int]:
+    """How many CUDA graphs this process has captured and fixed-shape passes it has compiled so far (a copy)."""
+    return dict(_ONE_OFF)
+
+
 class Graphed:
     """A captured `fn(*tensors)`; replay with new input values of the same shapes (or `Prefix`es of them)."""
 
     def __init__(self, fn: Callable[..., Any], *example_inputs: Tensor, warmup: int = 2, alias: bool = False) -> None:
+        _ONE_OFF["graphs_captured"] += 1
         # alias: the inputs are themselves static (another graph's outputs), read in place, never copied
         self.inputs = list(example_inputs) if alias else [x.clone() for x in example_inputs]
         stream = torch.cuda.Stream()
@@ -156,6 +166,7 @@ class FixedShapePasses:
             compiled = self.__dict__.setdefault("_compiled_passes", {})
             if key not in compiled:
                 compiled[key] = layers.compile_pass(fn, self.engine.compile_backend)
+                _ONE_OFF["passes_compiled"] += 1
             fn = compiled[key]
         if self.graphs is not None and key in self.graphs:  # a replay: a `Prefix` fills its first rows only
             return self.graphs[key](*inputs)
