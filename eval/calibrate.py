@@ -220,4 +220,9 @@ def calibrate_replay(cfg: BenchConfig, data: str, latency_profile: str | None, m
              {c: round(d["speedup"], 3) for c, d in result["details"].items()},
              {c: None if d["share_of_speed_oracle_gain"] is None else round(d["share_of_speed_oracle_gain"], 3)
               for c, d in result["details"].items()}, path)
+    bounds = {c: {t: round(g, 4) for t, g in d["gain_lower_bound"].items()}
+              for c, d in result["details"].items() if "gain_lower_bound" in d}
+    if bounds:
+        log.info("gain over the drafter alone that the prompts show with probability %g, per category's fastest "
+                 "finite threshold (kept where > 0): %s", confidence, bounds)
     return path
