@@ -4,8 +4,8 @@
 round, the router's inputs (the target's entropy and final hidden state) and the τ of both slots
 from the same state. Replaying a threshold picks a slot per round from those inputs; the round
 then yields that slot's τ and costs, from the profile: one routing decision + that slot's round
-(draft + verify) + its catch-up of the rows committed since it last drafted (Lazy Catch-up; the
-first round of a prompt catches up the prompt, as after the prefill in `generate`). With
+(draft + verify) + its catch-up of the rows committed since it last drafted (Lazy Catch-up; every
+drafter took in the prompt during `generate`'s prefill, which the bench does not time). With
 `--whiflash-no-lazy-catchup` the other slot's model also catches up every round, as the engine does then.
 
 Per category, estimated tokens/s = 1 / the mean over prompts of each prompt's Σ round time / Σ τ (its time per

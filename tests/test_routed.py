@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 import torch
@@ -115,10 +116,30 @@ def test_backlog_is_what_accumulated_while_inactive(world):
     # a slot's backlog = taus of the rounds since it last drafted (its own last round included)
     last_seen: dict[int, int] = {}
     for r, slot in enumerate(stats.slots):
-        if slot in last_seen:
-            assert stats.backlogs[r] == sum(stats.taus[last_seen[slot]:r])
+        # a slot's first round: the rows since the prefill, which took the prompt into every member
+        assert stats.backlogs[r] == sum(stats.taus[last_seen.get(slot, 0):r])
         last_seen[slot] = r
-    assert 0 < stats.switch_rate <= 1
+    assert stats.backlogs[0] == 0 and 1 in stats.slots[:4] and 0 < stats.switch_rate <= 1
+
+
+def test_every_drafter_takes_in_the_prompt_during_the_prefill(world, monkeypatch):
+    """The prompt's pass is the prefill's (upstream's decode time starts after the drafter's one-time pass over
+    the prompt): a single drafter takes in all of the prompt's rows before the first round and then only each
+    round's commit; an oracle's first round, which both members draft, catches up nothing."""
+    target, eagle, ddtree = world
+    prompt = PROMPTS[1] * 3
+    for drafter in (eagle, ddtree):
+        sizes: list[int] = []
+        real = drafter.catch_up
+        callers: list[str] = []
+        monkeypatch.setattr(drafter, "catch_up", lambda d=drafter, f=real: (
+            sizes.append(d.backlog_len), callers.append(sys._getframe(1).f_code.co_name), f())[2])
+        _, stats = whiflash.generate(target, drafter, prompt, 24)
+        assert (sizes[0], callers[0]) == (len(prompt), "prefill"), drafter.name
+        assert sizes[1:] == stats.taus[:len(sizes) - 1] and "prefill" not in callers[1:]
+        monkeypatch.undo()
+    _, stats = whiflash.generate(target, OracleDrafter("df-e3", eagle3=eagle, dflash=ddtree), prompt, 24)
+    assert stats.backlogs[0] == 0 and stats.backlogs[1:] == stats.taus[:-1]
 
 
 def test_an_oracle_following_a_policy_walks_the_routed_drafters_path(world):

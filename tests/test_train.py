@@ -444,9 +444,10 @@ def test_speed_label_by_hand() -> None:
     rnd, pos = np.array([2, 0, 1]), np.array([17, 10, 14])
     t0, t1, active = np.array([1, 4, 3]), np.array([2, 1, 1]), np.array([1, 0, 0])
     gain = speed_gain(np.zeros(3, int), rnd, pos, t0, t1, active, ("dflash", "eagle3"), _profile())
-    # round 0: both catch up the prompt (10 rows): 4 / 3.0 vs 1 / 2.0; round 1: dflash its own 4 rows, eagle3 14;
-    # round 2: dflash 3 rows, eagle3 17 (the switch); times the mean round 1.5 ms
-    expect = [(1 / 2.3 - 2 / 2.7) * 1.5, (4 / 3.0 - 1 / 2.0) * 1.5, (3 / 2.4 - 1 / 2.4) * 1.5]
+    # round 0: neither catches up anything (both took in the prompt's 10 rows at the prefill): 4 / 2.0 vs 1 / 1.0;
+    # round 1: dflash its own 4 rows, eagle3 4; round 2: dflash 3 rows, eagle3 7 (the switch); times the mean
+    # round 1.5 ms
+    expect = [(1 / 2.3 - 2 / 1.7) * 1.5, (4 / 2.0 - 1 / 1.0) * 1.5, (3 / 2.4 - 1 / 1.4) * 1.5]
     assert gain == pytest.approx(np.array(expect, np.float32))
     # a round is priced as a routed slot's: with routing adding 0.5 ms to EAGLE-3's rounds (and none to DFlash's,
     # whose routed loop round was faster), EAGLE-3 takes 1.5 ms a round and the mean round is 1.75 ms
@@ -454,7 +455,7 @@ def test_speed_label_by_hand() -> None:
     prof.meta.update(loop_round_wall_ms={"dflash": 2.0, "eagle3": 1.0},
                      loop_routed_round_wall_ms={"dflash": 1.9, "eagle3": 1.5})
     gain = speed_gain(np.zeros(3, int), rnd, pos, t0, t1, active, ("dflash", "eagle3"), prof)
-    expect = [(1 / 2.3 - 2 / 3.2) * 1.75, (4 / 3.0 - 1 / 2.5) * 1.75, (3 / 2.4 - 1 / 2.9) * 1.75]
+    expect = [(1 / 2.3 - 2 / 2.2) * 1.75, (4 / 2.0 - 1 / 1.5) * 1.75, (3 / 2.4 - 1 / 1.9) * 1.75]
     assert gain == pytest.approx(np.array(expect, np.float32))
 
 

@@ -49,9 +49,9 @@ def speed_gain(prompt: np.ndarray, rnd: np.ndarray, position: np.ndarray, tau_0:
     taus = (tau_0.astype(np.int64), tau_1.astype(np.int64))
     kv: dict[str, int] = {}
     for j, i in enumerate(order.tolist()):
-        if j == 0 or prompt[i] != prompt[order[j - 1]]:  # a new prompt: no drafter holds anything yet
-            kv = {m: 0 for m in members}
         pos = int(position[i])
+        if j == 0 or prompt[i] != prompt[order[j - 1]]:  # a new prompt: every drafter took it in at the prefill
+            kv = {m: pos for m in members}
         u = [taus[s][i] / (rounds[s] + profile.catchup_ms(kinds[s], pos - kv[members[s]])) for s in (0, 1)]
         out[i] = (u[0] - u[1]) * scale
         kv[members[int(active[i])]] = pos

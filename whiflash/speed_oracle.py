@@ -3,8 +3,9 @@
 A router dataset logs both slots' τ every round of every prompt. Routing picks one slot per round;
 the round then yields that slot's τ and costs what `whiflash-eval calibrate --replay` charges
 (`simulate`, which `whiflash.eval.replay` uses): the chosen slot's round (draft + verify) plus its catch-up of the
-rows committed since it last drafted (the first round of a prompt catches up the prompt; without
-Lazy Catch-up the other slot's model catches up every round too). The oracle pays no routing decision.
+rows committed since it last drafted (every drafter took in the prompt during the prefill, which the bench does not
+time, so a prompt's first round catches up nothing; without Lazy Catch-up the other slot's model catches up every
+round too). The oracle pays no routing decision.
 
 Rates are the bench's headline (`headline_rate`): 1 / the mean over a category's prompts of each prompt's
 time per token, as `whiflash-eval bench` divides mean AR TPOT by mean method TPOT, so every prompt weighs the
@@ -137,8 +138,9 @@ def simulate_prompts(slot0: np.ndarray, cols: dict[str, np.ndarray], kinds: tupl
     ms: list[float] = []
     pos, kv = 0, {m: 0 for m in members}
     for i in range(len(taus)):
-        if i == 0 or pids[i] != pids[i - 1]:  # a new prompt: after its prefill, no drafter holds anything
-            pos, kv = int(positions[i]), {m: 0 for m in members}
+        if i == 0 or pids[i] != pids[i - 1]:  # a new prompt: its prefill left every drafter holding the prompt
+            pos = int(positions[i])
+            kv = {m: pos for m in members}
             tokens.append(0)
             ms.append(0.0)
         s = 0 if slot0[i] else 1
@@ -234,16 +236,16 @@ class _Costs:
         self.monotone = all(bool(np.all(np.diff(c) >= 0)) for c in self.catchup)
 
 
-def _best_path(t0: np.ndarray, t1: np.ndarray, start: int, costs: _Costs, lam: float) -> tuple[int, float, int]:
+def _best_path(t0: np.ndarray, t1: np.ndarray, costs: _Costs, lam: float) -> tuple[int, float, int]:
     """(tokens, ms, rounds on slot 0) of one prompt's slot sequence maximising tokens - lam * ms."""
     taus = (t0.tolist(), t1.tolist())
     cu, rr, lazy, shared = costs.catchup, costs.rounds, costs.lazy, costs.shared
-    # a state: (backlog of the other model, tokens, ms, rounds on slot 0); one list per last slot
+    # a state: (backlog of the other model, tokens, ms, rounds on slot 0); one list per last slot. The first
+    # round catches up nothing: every model took in the prompt during the prefill
     states: list[list[tuple[int, int, float, int]]] = [[], []]
     for c in (0, 1):
-        ms = rr[c] + cu[c][start] + (cu[1 - c][start] if not lazy and not shared else 0.0)
         tau = taus[c][0]
-        states[c] = [(start + tau if lazy else tau, tau, ms, 1 - c)]
+        states[c] = [(tau, tau, rr[c], 1 - c)]
     for t in range(1, len(taus[0])):
         new: list[list[tuple[int, int, float, int]]] = [[], []]
         for s in (0, 1):
@@ -270,7 +272,7 @@ def _best_path(t0: np.ndarray, t1: np.ndarray, start: int, costs: _Costs, lam: f
     return tok, ms, n0
 
 
-def _best_walk(t0: np.ndarray, t1: np.ndarray, start: int, costs: _Costs, lam: float) -> tuple[int, float, int, int]:
+def _best_walk(t0: np.ndarray, t1: np.ndarray, costs: _Costs, lam: float) -> tuple[int, float, int, int]:
     """(tokens, ms, rounds on slot 0, rounds) of the slot sequence maximising tokens - lam * ms over one prompt's
     rows at every position (`--path every`): a round at row `n` with slot `c` goes on at row `n + tau_c[n]`, and
     the prompt ends past its last row. `_best_path`'s programme with the position in the state: one state set per
@@ -285,10 +287,9 @@ def _best_walk(t0: np.ndarray, t1: np.ndarray, start: int, costs: _Costs, lam: f
     def put(n: int, key: tuple[int, int], state: tuple[int, int, float, int, int]) -> None:
         (at[n].setdefault(key, []) if n < rows else final).append(state)
 
-    for c in (0, 1):  # the first round: both models catch up the prompt
+    for c in (0, 1):  # the first round: every model took in the prompt during the prefill, no catch-up
         tau = taus[c][0]
-        put(tau, (c, tau), (start + tau if lazy else tau, tau,
-                            rr[c] + cu[c][start] + (cu[1 - c][start] if not lazy and not shared else 0.0), 1 - c, 1))
+        put(tau, (c, tau), (tau, tau, rr[c], 1 - c, 1))
     for n in range(1, rows):
         for (s, a), states in at[n].items():
             states = _prune(states, lam, dominance)
@@ -334,12 +335,12 @@ def _oracle_ratio(lo: int, hi: int, cols: dict[str, np.ndarray], costs: _Costs,
     """(tokens, ms, rounds on slot 0, rounds, iterations) of the slot sequence of the most tokens per ms over one
     prompt's rows `lo:hi`, starting from the feasible price `lam` (tokens per ms); `every`: the rows are one per
     position (`_best_walk`)."""
-    t0, t1, start = cols["tau_0"][lo:hi], cols["tau_1"][lo:hi], int(cols["position"][lo])
+    t0, t1 = cols["tau_0"][lo:hi], cols["tau_1"][lo:hi]
     for it in range(1, _MAX_ITERATIONS + 1):
         if every:
-            tok, ms, n0, rounds = _best_walk(t0, t1, start, costs, lam)
+            tok, ms, n0, rounds = _best_walk(t0, t1, costs, lam)
         else:
-            (tok, ms, n0), rounds = _best_path(t0, t1, start, costs, lam), hi - lo
+            (tok, ms, n0), rounds = _best_path(t0, t1, costs, lam), hi - lo
         if tok - lam * ms <= 1e-9 * max(tok, 1):  # no sequence beats the price: it is the optimum
             return tok, ms, n0, rounds, it
         lam = tok / ms

@@ -104,6 +104,11 @@ class DrafterPair(Drafter):
     def _setup_cache(self, max_len: int) -> None:
         """Members hold the caches."""
 
+    def prefill(self) -> None:
+        """Every member takes in the prompt (not a catch-up: it is the prefill's, untimed as catch-up)."""
+        for m in self.members:
+            m.prefill()
+
     def reset(self, target: Any, max_len: int, temperature: float = 0.0) -> None:
         super().reset(target, max_len, temperature)
         for m in self.members:

@@ -3,8 +3,9 @@
 A drafter sees the decoding state only through `observe` (features of newly committed
 positions, docs/design.md "The round") and `propose` (draft continuations of the pending
 token). `observe` only queues work: the features wait in a backlog until the next `propose`
-consumes them in one batched prefill. A single drafter catches up every round; in routed
-decoding the inactive drafter's backlog simply grows until it is chosen again (Lazy Catch-up).
+consumes them in one batched prefill. The prompt's features are taken in by `prefill`, inside the
+loop's prefill. A single drafter catches up every round; in routed decoding the inactive drafter's
+backlog simply grows until it is chosen again (Lazy Catch-up).
 """
 from __future__ import annotations
 
@@ -189,6 +190,13 @@ class Drafter(nn.Module, FixedShapePasses):
     def catch_up(self) -> None:
         """Consume the whole backlog now (used by eager per-round updates in routed decoding)."""
         raise NotImplementedError
+
+    def prefill(self) -> None:
+        """Take in the prompt now, as part of the prefill: consume the backlog its commit left. Upstream's
+        decode time starts after the drafter's one-time pass over the prompt; a pair takes it in with every
+        member, so a switch catches up only the rows committed since that member last drafted."""
+        if self.backlog:
+            self.catch_up()
 
     def propose(self, pending: Tensor, pos: int, slot: int = 0) -> Proposal:
         """Draft continuations of the `pending` token, which sits at absolute position `pos`.
