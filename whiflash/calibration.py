@@ -8,8 +8,9 @@ keeps the best one; ties go to the smaller θ. An infinite θ pins a slot: the m
 that slot's drafter alone and pays no decision (`pinned_slot`), so a category where one drafter is
 always faster loses nothing to routing. A routing θ has to beat that drafter by a margin, a share of its
 speed (`min_gain`) and, where the calibration knows each prompt's time per token, with a confidence over
-its prompts (`gain_lower_bound`): a gain its few prompts show by chance is not worth a decision a round. `whiflash.train.calibrate`, `whiflash.train.speed` (the speed report's
-thresholds per category), `whiflash.eval.replay` and `whiflash.eval.calibrate` all decide through these functions.
+its prompts (`gain_lower_bound`): a gain its few prompts show by chance is not worth a decision a round.
+`whiflash.train.calibrate`, `whiflash.train.speed` (the speed report's thresholds per category),
+`whiflash.eval.replay` and `whiflash.eval.calibrate` all decide through these functions.
 """
 from __future__ import annotations
 

@@ -197,9 +197,9 @@ def generate(
     features = _features(out.hidden, out.logits, None, keep=keep_features)
     decision = drafter.route(out.hidden[-1], out.logits[-1]) if drafter is not None else None
     emitted, slot = _read_prefill(pending, decision)
-    if drafter is not None:  # the drafter's one-time pass over the prompt belongs to the prefill, as upstream's
-        drafter.observe(Commit(out.feats, torch.cat([ids[1:], pending]), 0, taps))  # decode time starts after it
-        drafter.prefill()
+    if drafter is not None:
+        drafter.observe(Commit(out.feats, torch.cat([ids[1:], pending]), 0, taps))
+        drafter.prefill()  # its one-time pass over the prompt is the prefill's: upstream's decode time starts after it
     _sync(device)
     t1 = time.perf_counter()
     stats.prefill_seconds = t1 - t0
