@@ -99,8 +99,10 @@ fi
 # step[@pair]:estimate (seconds on an H200, with the CUDA tests beside the first ones)
 steps=(build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100)
 [ "${ROUTING_PROFILE:-0}" = 1 ] && steps+=(bench-routing:520)
+# calibration replays datagen rows in seconds (27 s for 600 prompts on an H100); decoding its grid takes minutes
+cal_est=60; [ "${CALIBRATE_DECODE:-0}" = 1 ] && cal_est=210
 for p in "${pairs[@]}"; do
-  steps+=("gs-router-data@$p:${DATAGEN_MIN_S:-60}" "gs-router-train@$p:60" "gs-calibrate@$p:210")
+  steps+=("gs-router-data@$p:${DATAGEN_MIN_S:-60}" "gs-router-train@$p:60" "gs-calibrate@$p:$cal_est")
   [ "${DAGGER:-0}" = 1 ] && steps+=("dagger@$p:420")
   steps+=("eval-routed@$p:180")
   [ "${TAU_RULE:-}" = auto ] && steps+=("eval-rule@$p:120")

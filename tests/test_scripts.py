@@ -216,3 +216,15 @@ def test_only_routed_benches_take_a_tau_rule_and_only_eval_rule_the_chosen_one(t
     given = dict(line.split()[2:] for line in out.splitlines() if line.startswith("given eval"))
     assert given == {"_t0": "rule=", "_t1": "rule=", "_routed": f"rule={routed}", "_prompts": f"rule={routed}",
                      "_rule": "rule=auto"}
+
+
+@pytest.mark.parametrize("decode, estimate", [("0", 60), ("1", 210)])
+def test_a_replayed_calibration_is_budgeted_as_seconds_a_decoded_one_as_minutes(tmp_path: Path, decode: str,
+                                                                               estimate: int) -> None:
+    tb, log = tmp_path / "tb", tmp_path / "log"
+    finished_testbed(tb, log)
+    (tb / "thresholds_neural_df-e3.json").unlink()
+    out = subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(log), str(tb), "5"], capture_output=True,
+                         text=True, timeout=60, check=True,
+                         env={**os.environ, "PAIRS": "df-e3", "CALIBRATE_DECODE": decode}).stdout
+    assert re.search(rf"=== stop before gs-calibrate@df-e3 \(\d+s left < {estimate}s\)", out)
