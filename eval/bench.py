@@ -79,7 +79,6 @@ class Runner:
         self.session = Session.open(self.paths, cfg.device, cfg.dtype,
                                     engine_options(cfg.device, cfg.cuda_graphs, cfg.compile_layers))
         self.target, self.tokenizer, self.stops = self.session.target, self.session.tokenizer, self.session.stops
-        self.one_off: dict[str, int] = {}  # the last decode's one-off work (`generate`)
         self.factory = MethodFactory(
             self.target, self.paths, pair=cfg.whiflash_drafters, tree_budget=cfg.ddtree_tree_budget,
             block_size=cfg.block_size, eagle_num_steps=cfg.eagle_num_steps, router=cfg.whiflash_router,
@@ -134,16 +133,13 @@ class Runner:
 
     def generate(self, method: Method, ids: list[int], max_new_tokens: int | None = None) -> tuple[list[int], Any]:
         """One decode with Python's garbage collector off (as `timeit` times): a collection that the allocations
-        of the methods before made due would otherwise land inside this timing; it runs between decodes instead.
-        `self.one_off` then holds what the decode paid for once (`one_off_now`)."""
-        before = self.one_off_now()
+        of the methods before made due would otherwise land inside this timing; it runs between decodes instead."""
         gc.disable()
         try:
             return whiflash.generate(self.target, method.drafter, ids, max_new_tokens or self.cfg.max_new_tokens,
                                      temperature=self.cfg.temperature, stop_token_ids=self.stops, seed=self.cfg.seed)
         finally:
             gc.enable()
-            self.one_off = {k: v - before[k] for k, v in self.one_off_now().items()}
 
     def one_off_now(self) -> dict[str, int]:
         """Counts of the work a timed decode should never do, so far: CUDA graphs captured, passes compiled and,
@@ -406,11 +402,12 @@ def run_turn(runner: Runner, rows_log: SampleLog, probe: MarginProbe, sample: Sa
         if rows_log.find(sample.id, turn, name):
             continue
         method = runner.method(name, sample.category)
+        before = runner.one_off_now()
         out, st = runner.generate(method, ids)
         thr = method.threshold if method.threshold is not None else \
             getattr(getattr(method.drafter, "router", None), "threshold", None)
         fresh[name] = _row(sample, turn, method, pos, ids, out, st, thr, runner.cfg.whiflash_time_catchup)
-        fresh[name].update(runner.one_off)
+        fresh[name].update({k: v - before[k] for k, v in runner.one_off_now().items()})  # paid once inside it
     ar = ar_row or fresh["ar"]
     for name in names:
         row = fresh.get(name)

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from whiflash.calibration import best_threshold, check_confidence, check_min_gain, gain_lower_bound
+from whiflash.calibration import check_confidence, check_min_gain, pick_threshold
 from whiflash.engine import describe, resolve_engine
 from whiflash.errors import UsageError
 from whiflash.flags import check_int
@@ -50,7 +50,7 @@ def pick_thresholds(rows: list[dict[str, Any]], min_gain: float = 0.0,
                     confidence: float = 0.0) -> dict[str, dict[str, Any]]:
     """Per category: every swept threshold's mean speedup and the fastest one (ties: the smaller threshold; a
     finite one only where it beats a drafter alone by `min_gain` and, with `confidence`, where the prompts both
-    decoded show a gain with that probability: `best_threshold`, `gain_lower_bound`)."""
+    decoded show a gain with that probability: `pick_threshold`)."""
     out: dict[str, dict[str, Any]] = {}
     for cat in sorted({r["category"] for r in rows}):
         sweep, tpot = {}, {}
@@ -59,17 +59,10 @@ def pick_thresholds(rows: list[dict[str, Any]], min_gain: float = 0.0,
             sweep[thr] = summarize_rows(sel)["speedup"]
             tpot[thr] = {(r["sample"], r.get("turn", 0)): r["decode_seconds"] / decode_tokens(r["new_tokens"])
                          for r in sel}
-        lows: dict[float, float] = {}
-
-        def confident(finite: float, pinned: float) -> bool:
-            both = sorted(tpot[finite].keys() & tpot[pinned].keys())
-            lows[finite] = gain_lower_bound(*([tpot[t][k] for k in both] for t in (finite, pinned)), confidence)
-            return lows[finite] > 0
-
-        best = best_threshold(sweep, min_gain, confident if confidence else None)
+        best, bounds = pick_threshold(sweep, min_gain, confidence, tpot)
         if best is not None:
             out[cat] = {"threshold": best, "speedup": sweep[best], "sweep": {str(t): s for t, s in sweep.items()},
-                        **({"gain_lower_bound": {str(t): g for t, g in lows.items()}} if lows else {})}
+                        **({"gain_lower_bound": bounds} if bounds else {})}
     return out
 
 

@@ -26,7 +26,7 @@ from typing import Any, Collection
 import numpy as np
 import torch
 
-from whiflash.calibration import METHODS, best_threshold, gain_lower_bound, picks_slot0, pinned_slot
+from whiflash.calibration import METHODS, pick_threshold, picks_slot0, pinned_slot
 from whiflash.latency import LatencyProfile, slot_kind
 from whiflash.router_context import context_from_rows, history_rows
 from whiflash.routers import decides_in_pass
@@ -79,8 +79,8 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
     every position `stuck_walk`); `tau_rule`: as `--whiflash-tau-rule` (`ruled`: a routing threshold picks each
     prompt's first slot, the rule every later one).
     `samples`: replay only these prompts' rows (a bench run's sample ids, `--replay-run`). `min_gain`: a finite
-    threshold only where it beats a drafter alone by that share (`best_threshold`); `confidence` (0: off): and
-    only where its prompts show a gain with that probability (`gain_lower_bound` > 0). A neural router's
+    threshold only where it beats a drafter alone by that share; `confidence` (0: off): and only where its
+    prompts show a gain with that probability (`pick_threshold`). A neural router's
     replay leaves out the rows of the prompts it was trained on, where its export lists them."""
     if method not in METHODS:
         raise ValueError(f"--calibrate-method: expected whiflash-entropy or whiflash-neural, got {method!r}")
@@ -118,7 +118,7 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
         sel = np.ones(len(score), bool) if cat == "all" else cols["category"] == cat
         part = {k: v[sel] for k, v in cols.items() if k != "hidden"}
 
-        def speedup(slot0: np.ndarray, decide: bool = True) -> tuple[float, float, np.ndarray]:
+        def speedup(slot0: np.ndarray, decide: bool = True) -> tuple[float, float, dict[int, float]]:
             rows, walk = part, every
             if every and stick_tau is not None:  # the rule reads the rounds the walk itself takes
                 idx, slot0, routed = stuck_walk(slot0, part, stick_tau)
@@ -129,21 +129,17 @@ def replay_thresholds(data_dir: str | Path, profile_path: str | Path, method: st
                 slot0 = ruled(slot0, rows, tau_rule, walk)
             tokens, ms, n = simulate_prompts(slot0, rows, kinds, routed_rounds if decide else rounds, profile,
                                              router_ms if decide else 0.0, lazy, routed, walk)
-            return headline_rate(tokens, ms) * ar, tokens.sum() / n, ms[tokens > 0] / tokens[tokens > 0]
+            # each prompt's ms per token, by its place in the rows (every prompt takes a round)
+            return headline_rate(tokens, ms) * ar, tokens.sum() / n, dict(enumerate((ms / tokens).tolist()))
 
         # an infinite threshold pins a slot: that drafter alone, no decision to pay
         sweep = {v: speedup(picks_slot0(method, score[sel], v), pinned_slot(method, v) is None) for v in sorted(values)}
-        lows: dict[float, float] = {}  # the finite pick's gain its prompts show with `confidence`
-
-        def confident(finite: float, pinned: float) -> bool:
-            lows[finite] = gain_lower_bound(sweep[finite][2], sweep[pinned][2], confidence)
-            return lows[finite] > 0
-
-        best = best_threshold({v: s for v, (s, _, _) in sweep.items()}, min_gain, confident if confidence else None)
+        best, bounds = pick_threshold({v: s for v, (s, _, _) in sweep.items()}, min_gain, confidence,
+                                      {v: t for v, (_, _, t) in sweep.items()})
         details[cat] = {"threshold": best, "speedup": sweep[best][0], "tokens_per_second": sweep[best][0] / ar * 1e3,
                         "tau": sweep[best][1], "sweep": {str(v): s for v, (s, _, _) in sweep.items()},
                         "tau_sweep": {str(v): t for v, (_, t, _) in sweep.items()},
-                        **({"gain_lower_bound": {str(v): g for v, g in lows.items()}} if lows else {}),
+                        **({"gain_lower_bound": bounds} if bounds else {}),
                         "fixed": {f"slot{s}": speedup(np.full(sel.sum(), s == 0), False)[0] for s in (0, 1)}}
         details[cat].update(_oracle_columns(oracle[cat], details[cat]["tokens_per_second"], ar))
     overall = details.pop("all")

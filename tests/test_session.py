@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from whiflash.calibration import best_threshold, gain_lower_bound, picks_slot0
+from whiflash.calibration import best_threshold, gain_lower_bound, pick_threshold, picks_slot0
 from whiflash.session import model_paths, stop_ids
 
 
@@ -76,6 +76,14 @@ def test_a_gain_its_prompts_show_by_chance_has_a_lower_bound_below_zero() -> Non
     assert gain_lower_bound(steady, alone, 0.9) == low  # seeded: the same figure every time
     with pytest.raises(ValueError, match="the same prompts' times per token"):
         gain_lower_bound(steady[:-1], alone, 0.9)
+    # `pick_threshold`: the test over the prompts both decoded, paired by prompt (one only the drafter decoded is
+    # left out), its bound written by threshold
+    sweep = {0.5: 1.05, math.inf: 1.0}
+    tpots = {math.inf: {**dict(enumerate(alone)), "extra": 9.0}}
+    assert pick_threshold(sweep, 0.0, 0.9, {**tpots, 0.5: dict(enumerate(steady))}) == (0.5, {"0.5": low})
+    best, bounds = pick_threshold(sweep, 0.0, 0.9, {**tpots, 0.5: dict(enumerate(lucky))})
+    assert best == math.inf and bounds["0.5"] < 0
+    assert pick_threshold(sweep, 0.0, 0.0, {**tpots, 0.5: dict(enumerate(lucky))}) == (0.5, {})  # 0: no test
     for bad in (1.0, -0.1, True, "90%"):
         with pytest.raises(ValueError, match="--min-gain-confidence: expected 0"):
             gain_lower_bound(steady, alone, bad)

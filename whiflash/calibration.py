@@ -15,12 +15,12 @@ its prompts (`gain_lower_bound`): a gain its few prompts show by chance is not w
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 import numpy as np
 
-__all__ = ["METHODS", "best_threshold", "check_confidence", "check_min_gain", "gain_lower_bound", "picks_slot0",
-           "pinned_slot"]
+__all__ = ["METHODS", "best_threshold", "check_confidence", "check_min_gain", "gain_lower_bound", "pick_threshold",
+           "picks_slot0", "pinned_slot"]
 
 BOOTSTRAP_ITERATIONS = 2000
 """Resamples of the calibration's prompts behind `gain_lower_bound`."""
@@ -95,3 +95,22 @@ def best_threshold(sweep: Mapping[float, float], min_gain: float = 0.0,
         if valid[best] < alone[pinned] * (1 + min_gain) or (confident is not None and not confident(best, pinned)):
             return pinned
     return best
+
+
+def pick_threshold(sweep: Mapping[float, float], min_gain: float = 0.0, confidence: float = 0.0,
+                   tpots: Mapping[float, Mapping[Hashable, float]] | None = None
+                   ) -> tuple[float | None, dict[str, float]]:
+    """`best_threshold` with the confidence test a calibration runs where it knows each prompt's time per token
+    (`tpots[threshold][prompt]`): with `confidence`, the fastest finite threshold must show a gain over the
+    drafter alone (the prompts both decoded, paired) whose `gain_lower_bound` is above 0. Returns the pick and
+    the bound of each finite threshold tested, by `str(threshold)` (empty when none was)."""
+    bounds: dict[str, float] = {}
+    table = tpots or {}
+
+    def confident(finite: float, pinned: float) -> bool:
+        both = sorted(table[finite].keys() & table[pinned].keys())
+        bounds[str(finite)] = gain_lower_bound([table[finite][k] for k in both], [table[pinned][k] for k in both],
+                                               confidence)
+        return bounds[str(finite)] > 0
+
+    return best_threshold(sweep, min_gain, confident if confidence and table else None), bounds
