@@ -204,6 +204,39 @@ def test_batched_generation_equals_the_transformers_forward() -> None:
     assert sampled != got
 
 
+def test_a_batch_that_sheds_its_ended_rows_decodes_each_row_as_before(monkeypatch, caplog) -> None:
+    """Shedding ended rows mid-decode (cache rows included) leaves every row's greedy tokens as a batch that
+    keeps them gives; the test fails if no batch shed a row."""
+    import logging
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    import whiflash.testbed.generate as generate
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                      eos_token_id=1, pad_token_id=0)
+    model = Qwen3ForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(2, 97, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (24,), generator=g)]
+    # eos: a token that rows of this random model reach at many different steps, so rows end throughout
+    free = generate.decode_batch(model, prompts, 40, eos=-1, pad_id=0)
+    firsts: dict[int, set[int]] = {}
+    for row in free:
+        for step, t in enumerate(row):
+            firsts.setdefault(t, set()).add(row.index(t))
+    eos = max(firsts, key=lambda t: len(firsts[t]))
+    monkeypatch.setattr(generate, "SHED_MIN_ROWS", 10**9)
+    kept = generate.decode_batch(model, prompts, 40, eos=eos, pad_id=0)
+    monkeypatch.setattr(generate, "SHED_MIN_ROWS", 2)
+    with caplog.at_level(logging.DEBUG, logger="whiflash.testbed.generate"):
+        shed = generate.decode_batch(model, prompts, 40, eos=eos, pad_id=0)
+    assert "shedding the rest" in caplog.text
+    assert shed == kept
+    assert len({len(row) for row in kept}) > 3  # rows ended at many lengths
+
+
 def test_the_generator_benchmark_times_each_attention_backend_or_says_why_not() -> None:
     """scripts/bench_generate.py on the CPU at `micro`'s shape: a rate per batch, backend and attention layout, or
     the reason that backend cannot run the layout's attention; an unknown backend or layout is refused by its flag."""

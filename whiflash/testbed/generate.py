@@ -38,6 +38,11 @@ class _StaticCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
 
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows ``rows`` (new tensors, in that order)."""
+        self.k = [k[rows] for k in self.k]
+        self.v = [v[rows] for v in self.v]
+
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, fold_heads: bool) -> torch.Tensor:
     """Attention of queries ``[B, H, T, D]`` over the cache's grouped K/V ``[B, KV, C, D]`` under ``visible``
@@ -111,7 +116,13 @@ def _capture(step: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, to
 
 
 DONE_CHECK_EVERY = 8
-"""Decode steps between checks that every row has ended (each check waits for the device)."""
+"""Decode steps between checks of how many rows still decode (each check waits for the device)."""
+
+SHED_MIN_ROWS = 64
+"""A batch sheds its ended rows only while it holds at least this many. A responses batch of 1,024 runs until its
+longest row ends (256 steps) while its rows average ~110 tokens, so most of a step's rows decode for nothing; but
+below a few dozen rows a step's time is the weights' reads and the launches, which fewer rows do not shorten,
+and every shed costs a graph capture."""
 
 
 @torch.no_grad()
@@ -120,9 +131,12 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: i
                  cuda_graphs: bool = True, fold_heads: bool = False) -> list[list[int]]:
     """Continuations of ``prompts`` (token-id lists, one batch): greedy, or sampled at ``temperature``.
 
-    Each continuation is cut after its first ``eos`` (kept: drafters learn to predict it). Rows that
-    ended keep decoding until every row has (checked every ``DONE_CHECK_EVERY`` steps); their extra
-    tokens are dropped. On CUDA with ``cuda_graphs`` the decode step is captured once and replayed:
+    Each continuation is cut after its first ``eos`` (kept: drafters learn to predict it). Every
+    ``DONE_CHECK_EVERY`` steps the batch stops if every row has ended, and sheds its ended rows (their
+    cache rows too) once at most half of its rows still decode, while it holds ``SHED_MIN_ROWS`` or more:
+    each row's tokens are its own greedy decode whatever rows share its batch (sampled rows draw from one
+    generator, so their draws depend on the batch). On CUDA with ``cuda_graphs`` the decode step is captured
+    once per batch size and replayed:
     eager, a step of a deep, narrow model is bound by kernel launches, not by the GPU. If capture
     fails the batch decodes eagerly (with a warning). ``fold_heads``: attention with the query heads of
     each K/V head folded into its query rows (``_attend``; `scripts/bench_generate.py --layouts folded` times it).
@@ -138,7 +152,8 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: i
     cache = _StaticCache(cfg.num_hidden_layers, len(prompts), cfg.num_key_value_heads, width + max_new_tokens,
                          head_dim, kv_dtype, device)
     logits = _forward(model, cache, ids, torch.arange(width, device=device), pad, fold_heads)
-    tokens: list[torch.Tensor] = []
+    out_ids = torch.full((len(prompts), max_new_tokens), eos, dtype=torch.long, device=device)
+    source = torch.arange(len(prompts), device=device)  # the prompt each row of the (shed) batch decodes
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     tok = torch.zeros(len(prompts), dtype=torch.long, device=device)  # the step's static input token and column
     col = torch.full((1,), width, dtype=torch.long, device=device)
@@ -153,10 +168,21 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: i
             nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]
         else:
             nxt = logits.argmax(-1)
-        tokens.append(nxt)
+        out_ids[source, i] = nxt
         done |= nxt == eos
-        if i + 1 == max_new_tokens or ((i + 1) % DONE_CHECK_EVERY == 0 and bool(done.all())):
+        if i + 1 == max_new_tokens:
             break
+        if (i + 1) % DONE_CHECK_EVERY == 0:
+            live = int((~done).sum())
+            if not live:
+                break
+            if 2 * live <= len(done) and len(done) >= SHED_MIN_ROWS:
+                keep = (~done).nonzero()[:, 0]
+                log.debug("batch decode: %d of %d rows still decode at step %d; shedding the rest", live,
+                          len(done), i + 1)
+                cache.keep(keep)
+                source, done, tok, pad, nxt = source[keep], done[keep], tok[keep], pad[keep], nxt[keep]
+                graph = out = None  # the step's shapes changed: capture again (and free the old graph's memory)
         tok.copy_(nxt)
         if i:
             col.add_(1)
@@ -171,7 +197,7 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: i
             logits = out.clone()  # the next replay overwrites ``out``
         else:
             logits = step()
-    rows = torch.stack(tokens, dim=1).tolist()
+    rows = out_ids.tolist()
     return [row[:row.index(eos) + 1] if eos in row else row for row in rows]
 
 
