@@ -204,9 +204,10 @@ def test_batched_generation_equals_the_transformers_forward() -> None:
     assert sampled != got
 
 
-def test_a_batch_that_sheds_its_ended_rows_decodes_each_row_as_before(monkeypatch, caplog) -> None:
-    """Shedding ended rows mid-decode (cache rows included) leaves every row's greedy tokens as a batch that
-    keeps them gives; the test fails if no batch shed a row."""
+def test_shedding_ended_rows_and_attending_over_written_columns_change_no_token(monkeypatch, caplog) -> None:
+    """Shedding ended rows mid-decode (cache rows included) and attending over the columns written so far leave
+    every row's greedy tokens as a batch that keeps its rows and attends over its whole cache gives; the test
+    fails if no batch shed a row."""
     import logging
 
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -228,8 +229,10 @@ def test_a_batch_that_sheds_its_ended_rows_decodes_each_row_as_before(monkeypatc
             firsts.setdefault(t, set()).add(row.index(t))
     eos = max(firsts, key=lambda t: len(firsts[t]))
     monkeypatch.setattr(generate, "SHED_MIN_ROWS", 10**9)
+    monkeypatch.setattr(generate, "SPAN_CHUNK", 0)
     kept = generate.decode_batch(model, prompts, 40, eos=eos, pad_id=0)
     monkeypatch.setattr(generate, "SHED_MIN_ROWS", 2)
+    monkeypatch.setattr(generate, "SPAN_CHUNK", 8)  # 11 + 40 columns: spans 16, 24, ..., 51
     with caplog.at_level(logging.DEBUG, logger="whiflash.testbed.generate"):
         shed = generate.decode_batch(model, prompts, 40, eos=eos, pad_id=0)
     assert "shedding the rest" in caplog.text

@@ -59,20 +59,22 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Te
 
 
 def _forward(model, cache: _StaticCache, ids: torch.Tensor, cols: torch.Tensor, pad: torch.Tensor,
-             fold_heads: bool = False) -> torch.Tensor:
+             fold_heads: bool = False, span: int | None = None) -> torch.Tensor:
     """Logits of the last column of ``ids`` ``[B, T]``, written at cache columns ``cols`` ``[T]``.
 
     Row ``b`` holds ``pad[b]`` padding columns before its prompt: its positions count from there and its
     queries see its own columns only (a padding query sees itself, so softmax has a key). The columns
     are a device tensor, not host integers, so a decode step has no host values and can be captured
-    as a CUDA graph once per batch. ``fold_heads``: see ``_attend``.
+    as a CUDA graph. ``fold_heads``: see ``_attend``. ``span``: attend over the cache's first ``span``
+    columns only (all of them by default); it must cover ``cols``.
     """
     inner = model.model
     b, t = ids.shape
     positions = (cols[None, :] - pad[:, None]).clamp(min=0)  # [B, T]
-    # Every step attends over all of the cache's columns (unwritten ones masked): one shape per batch, so
-    # attention backends that plan per shape (cuDNN) plan once, and the step is one graph.
-    keys = torch.arange(cache.k[0].shape[2], device=ids.device)
+    # A step attends over the first ``span`` columns (unwritten ones masked): a shape that changes every
+    # ``SPAN_CHUNK`` steps only, so a step is one graph per span and backends that plan per shape plan rarely.
+    span = span or cache.k[0].shape[2]
+    keys = torch.arange(span, device=ids.device)
     visible = (keys[None, None, :] <= cols[None, :, None]) & (
         (keys[None, None, :] >= pad[:, None, None]) | (keys[None, None, :] == cols[None, :, None]))
     x = inner.embed_tokens(ids)
@@ -88,7 +90,7 @@ def _forward(model, cache: _StaticCache, ids: torch.Tensor, cols: torch.Tensor, 
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         cache.k[i].index_copy_(2, cols, k.to(cache.k[i].dtype))
         cache.v[i].index_copy_(2, cols, v.to(cache.v[i].dtype))
-        out = _attend(q.to(cache.k[i].dtype), cache.k[i], cache.v[i], visible, fold_heads)
+        out = _attend(q.to(cache.k[i].dtype), cache.k[i][:, :, :span], cache.v[i][:, :, :span], visible, fold_heads)
         x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return model.lm_head(inner.norm(x[:, -1])).float()
@@ -124,6 +126,11 @@ longest row ends (256 steps) while its rows average ~110 tokens, so most of a st
 below a few dozen rows a step's time is the weights' reads and the launches, which fewer rows do not shorten,
 and every shed costs a graph capture."""
 
+SPAN_CHUNK = 64
+"""A decode step attends over the cache's columns up to the next multiple of this past its own (0: over all of
+them). At batch 1,024 the cache a step reads is ~19 GB on ``small`` and most of its time; a 256-token prompt's
+batch reads 512 columns a step where it needs 384 on average. Each new span costs a graph capture (4 a batch)."""
+
 
 @torch.no_grad()
 def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: int, pad_id: int,
@@ -135,8 +142,9 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: i
     ``DONE_CHECK_EVERY`` steps the batch stops if every row has ended, and sheds its ended rows (their
     cache rows too) once at most half of its rows still decode, while it holds ``SHED_MIN_ROWS`` or more:
     each row's tokens are its own greedy decode whatever rows share its batch (sampled rows draw from one
-    generator, so their draws depend on the batch). On CUDA with ``cuda_graphs`` the decode step is captured
-    once per batch size and replayed:
+    generator, so their draws depend on the batch). A step attends over the columns written so far, rounded up
+    to ``SPAN_CHUNK``. On CUDA with ``cuda_graphs`` the decode step is captured once per batch size and span,
+    and replayed:
     eager, a step of a deep, narrow model is bound by kernel launches, not by the GPU. If capture
     fails the batch decodes eagerly (with a warning). ``fold_heads``: attention with the query heads of
     each K/V head folded into its query rows (``_attend``; `scripts/bench_generate.py --layouts folded` times it).
@@ -158,8 +166,10 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: i
     tok = torch.zeros(len(prompts), dtype=torch.long, device=device)  # the step's static input token and column
     col = torch.full((1,), width, dtype=torch.long, device=device)
 
+    columns, span = width + max_new_tokens, 0
+
     def step() -> torch.Tensor:
-        return _forward(model, cache, tok[:, None], col, pad, fold_heads)
+        return _forward(model, cache, tok[:, None], col, pad, fold_heads, span)
 
     graph: torch.cuda.CUDAGraph | None = None
     for i in range(max_new_tokens):
@@ -186,6 +196,10 @@ def decode_batch(model, prompts: list[list[int]], max_new_tokens: int, *, eos: i
         tok.copy_(nxt)
         if i:
             col.add_(1)
+        need = width + i + 1  # this step writes column width + i
+        wanted = min(columns, -(-need // SPAN_CHUNK) * SPAN_CHUNK) if SPAN_CHUNK else columns
+        if wanted != span:
+            span, graph, out = wanted, None, None
         if graph is None and cuda_graphs and device.type == "cuda":
             try:
                 graph, out = _capture(step)
