@@ -6,6 +6,8 @@ a position where the target's own top-2 logits (in fp32) are within `NEAR_TIE` o
 """
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch._dynamo
@@ -201,11 +203,18 @@ def test_a_batch_continued_under_a_graph_is_each_prompts_greedy_decode(worlds, w
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-def test_batched_generation_graph_replays_the_eager_decode(bf16, caplog):
-    """The testbed generator's captured decode step gives the eager step's tokens (greedy and sampled)."""
+@pytest.mark.parametrize("shed_span", [False, True])
+def test_batched_generation_graph_replays_the_eager_decode(bf16, shed_span, caplog, monkeypatch):
+    """The testbed generator's captured decode step gives the eager step's tokens (greedy and sampled), also
+    where batches shed ended rows and the span of attended columns grows (a graph per batch size and span)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    import whiflash.testbed.generate as generate
     from whiflash.testbed.generate import continue_prompts
+
+    if shed_span:
+        monkeypatch.setattr(generate, "SHED_MIN_ROWS", 2)
+        monkeypatch.setattr(generate, "SPAN_CHUNK", 8)
 
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -214,11 +223,22 @@ def test_batched_generation_graph_replays_the_eager_decode(bf16, caplog):
     model = Qwen3ForCausalLM(cfg).cuda().eval()
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(2, 97, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (9,), generator=g)]
-    for temperature in (0.0, 1.0):
-        runs = [continue_prompts(model, prompts, 20, eos=1, pad_id=0, batch_size=4, temperature=temperature, seed=3,
-                                 bf16=bf16, cuda_graphs=graphs) for graphs in (False, True)]
-        assert runs[0] == runs[1], temperature
+    eos, batch = 1, 4
+    if shed_span:  # an eos most of one batch's greedy rows reach within 8 steps, and a third of rows that do not
+        more = [torch.randint(2, 97, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (64,), generator=g)]
+        free = continue_prompts(model, more, 20, eos=-1, pad_id=0, batch_size=64, bf16=bf16)
+        eos = max(range(2, 97), key=lambda t: sum(t in row[:8] for row in free))
+        hit = [p for p, row in zip(more, free) if eos in row[:8]]
+        miss = [p for p, row in zip(more, free) if eos not in row[:8]]
+        prompts = hit + miss[:len(hit) // 2]
+        batch = len(prompts)
+    with caplog.at_level(logging.DEBUG, logger="whiflash.testbed.generate"):
+        for temperature in (0.0, 1.0):
+            runs = [continue_prompts(model, prompts, 20, eos=eos, pad_id=0, batch_size=batch, temperature=temperature,
+                                     seed=3, bf16=bf16, cuda_graphs=graphs) for graphs in (False, True)]
+            assert runs[0] == runs[1], temperature
     assert "capture failed" not in caplog.text  # the graph ran: no batch fell back to the eager step
+    assert ("shedding the rest" in caplog.text) == shed_span
 
 
 def test_one_off_work_counts_the_graphs_a_decode_captures(worlds):
