@@ -174,20 +174,25 @@ def test_batched_target_features_equal_the_runtime_forward(micro: Path) -> None:
     assert features.train().training is False  # a training module's .train() leaves the target in eval mode
 
 
-def test_batched_generation_equals_the_transformers_forward() -> None:
-    """The static-cache batch decoder gives the tokens of a plain full-recompute greedy loop, row by row, with
-    grouped K/V heads or with the query heads folded into query rows."""
+def _random_qwen3_and_prompts(n: int, seed: int) -> tuple[torch.nn.Module, list[list[int]]]:
+    """A 2-layer random-weight Qwen3 (vocabulary 97, eos 1, pad 0) and ``n`` random prompts of 1-11 tokens."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from whiflash.testbed.generate import continue_prompts, decode_batch
 
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
                       eos_token_id=1, pad_token_id=0)
     model = Qwen3ForCausalLM(cfg).eval()
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(2, 97, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (7,), generator=g)]
+    g = torch.Generator().manual_seed(seed)
+    return model, [torch.randint(2, 97, (int(k),), generator=g).tolist() for k in torch.randint(1, 12, (n,), generator=g)]
+
+
+def test_batched_generation_equals_the_transformers_forward() -> None:
+    """The static-cache batch decoder gives the tokens of a plain full-recompute greedy loop, row by row, with
+    grouped K/V heads or with the query heads folded into query rows."""
+    from whiflash.testbed.generate import continue_prompts, decode_batch
+
+    model, prompts = _random_qwen3_and_prompts(7, seed=1)
     got = continue_prompts(model, prompts, 8, eos=1, pad_id=0, batch_size=3)  # prompts of other lengths share batches
     assert decode_batch(model, prompts, 8, eos=1, pad_id=0, fold_heads=True) == got
     for p, cont in zip(prompts, got):
@@ -210,17 +215,9 @@ def test_shedding_ended_rows_and_attending_over_written_columns_change_no_token(
     fails if no batch shed a row."""
     import logging
 
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     import whiflash.testbed.generate as generate
 
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
-                      eos_token_id=1, pad_token_id=0)
-    model = Qwen3ForCausalLM(cfg).eval()
-    g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(2, 97, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (24,), generator=g)]
+    model, prompts = _random_qwen3_and_prompts(24, seed=2)
     # eos: a token that rows of this random model reach at many different steps, so rows end throughout
     free = generate.decode_batch(model, prompts, 40, eos=-1, pad_id=0)
     firsts: dict[int, set[int]] = {}
