@@ -23,6 +23,9 @@
 # (LOG_DIR/routing_profile/, bench_routing.log); ~510 s on an H200 at 8 prompts x 256 tokens before DDTree joined
 # (the profiled decodes are slow; ROUTING_PROMPTS=6 leaves room for it), so it takes a call of its own.
 # TESTS_BESIDE=1: the CUDA tests run beside the first call's build (TESTS_TIMEOUT, 555 s), once.
+# RESPONSES_AB=1: once the target is built, scripts/bench_responses.py times the responses stage's generator whole,
+# shedding ended rows and attending over written columns (LOG_DIR/bench_responses.json; RESPONSES_AB_FLAGS, e.g.
+# "--prompts-per-category 1024", sizes it: ~140 s at the preset's 4,096 a category on an H100).
 # PACK_DIR=DIR: once a router dataset is there, it is written to DIR (once) as a tar in 15 MiB parts,
 # router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most, 8 files and 64 MiB in all:
 # rows at every position of 640 prompts x 256 tokens do not fit), so router modelling can go on elsewhere:
@@ -75,6 +78,7 @@ done_() {  # is step $1 done for pair $2?
     build-*) stage_done "${1#build-}" ;;
     gs-latency) [ -f "$TB/profile.json" ] ;;
     bench-routing) [ -f "$L/routing_profile/profile.json" ] ;;
+    bench-responses) [ -f "$L/bench_responses.json" ] ;;
     gs-router-data) [ -f "$TB/router_data_$2/manifest.json" ] ;;
     router-test) [ -f "$TB/router_data_${2}_test/manifest.json" ] ;;
     gs-router-train) [ -d "${router}_round0" ] || { [ -f "$router/config.json" ] && [ "$router/config.json" -nt "$TB/router_data_$2/manifest.json" ]; } ;;
@@ -97,7 +101,9 @@ if [ "${TESTS_BESIDE:-0}" = 1 ] && [ ! -f "$L/tests.started" ]; then
 fi
 
 # step[@pair]:estimate (seconds on an H200, with the CUDA tests beside the first ones)
-steps=(build-target:330 build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100)
+steps=(build-target:330)
+[ "${RESPONSES_AB:-0}" = 1 ] && steps+=(bench-responses:150)
+steps+=(build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100)
 [ "${ROUTING_PROFILE:-0}" = 1 ] && steps+=(bench-routing:520)
 # calibration replays datagen rows in seconds (27 s for 600 prompts on an H100); decoding its grid takes minutes
 cal_est=60; [ "${CALIBRATE_DECODE:-0}" = 1 ] && cal_est=210
@@ -124,7 +130,7 @@ for i in "${!steps[@]}"; do
   [ "$i" -lt "$skip_to" ] && continue
   item=${steps[$i]}; step=${item%%:*}; est=${item##*:}; pair=${pairs[0]}
   [[ $step == *@* ]] && pair=${step#*@} && step=${step%@*}
-  name=$step; [[ $step == build-* || $step == gs-latency || $step == bench-routing ]] || name=$step@$pair
+  name=$step; [[ $step == build-* || $step == gs-latency || $step == bench-* ]] || name=$step@$pair
   done_ "$step" "$pair" && { echo "=== $name: done before"; continue; }
   left=$(( budget - ($(date +%s) - start) ))
   [ "$left" -lt "$est" ] && { echo "=== stop before $name (${left}s left < ${est}s): call again to go on"; break; }

@@ -228,3 +228,24 @@ def test_a_replayed_calibration_is_budgeted_as_seconds_a_decoded_one_as_minutes(
                          text=True, timeout=60, check=True,
                          env={**os.environ, "PAIRS": "df-e3", "CALIBRATE_DECODE": decode}).stdout
     assert re.search(rf"=== stop before gs-calibrate@df-e3 \(\d+s left < {estimate}s\)", out)
+
+
+def test_the_responses_benchmark_runs_between_the_target_and_the_responses_when_asked(tmp_path: Path) -> None:
+    """RESPONSES_AB=1 puts bench-responses right after the target stage (it needs the built target and times the
+    stage before it runs); without it the loop has no such step; its JSON marks it done."""
+    tb = tmp_path / "tb"
+    tb.mkdir()
+    (tb / "manifest.json").write_text(json.dumps({"stages": {s: {"done": True} for s in STAGES[:4]}}))
+
+    def dry(**env: str) -> list[str]:
+        out = subprocess.run(["bash", str(ROOT / "scripts/gpu_loop.sh"), str(tmp_path / "log"), str(tb), "560"],
+                             capture_output=True, text=True, timeout=60, check=True,
+                             env={**os.environ, "DRY_RUN": "1", **env})
+        return [line for line in out.stdout.splitlines() if line.startswith("=== ")]
+
+    lines = dry(RESPONSES_AB="1")
+    assert lines[:2] == ["=== build-target: done before", lines[1]]
+    assert re.fullmatch(r"=== would run: gpu_budget\.sh \S+ \S+ 5[56]\d bench-responses@df-e3:150", lines[1])
+    assert not any("bench-responses" in line for line in dry())
+    (tmp_path / "log" / "bench_responses.json").write_text("{}")
+    assert "=== bench-responses: done before" in dry(RESPONSES_AB="1")
