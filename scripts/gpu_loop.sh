@@ -25,7 +25,8 @@
 # TESTS_BESIDE=1: the CUDA tests run beside the first call's build (TESTS_TIMEOUT, 555 s), once.
 # RESPONSES_AB=1: once the target is built, scripts/bench_responses.py times the responses stage's generator whole,
 # shedding ended rows and attending over written columns (LOG_DIR/bench_responses.json; RESPONSES_AB_FLAGS, e.g.
-# "--prompts-per-category 1024", sizes it: ~140 s at the preset's 4,096 a category on an H100).
+# "--prompts-per-category 1024", sizes it; the step's estimate, 150 s, is a guess: the whole generator alone took
+# 62 s for the preset's 4,096 prompts a category on an H100).
 # PACK_DIR=DIR: once a router dataset is there, it is written to DIR (once) as a tar in 15 MiB parts,
 # router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most, 8 files and 64 MiB in all:
 # rows at every position of 640 prompts x 256 tokens do not fit), so router modelling can go on elsewhere:
