@@ -579,25 +579,29 @@ def test_acceptance_measures_drafter_snapshots_against_training_tokens(micro: Pa
         Snapshots.at([1.5], 10)
 
 
-def test_the_responses_benchmark_runs_each_generator_variant_on_a_built_target(micro, tmp_path) -> None:
+def test_the_responses_benchmark_runs_each_generator_variant_on_a_built_target(micro, tmp_path, monkeypatch,
+                                                                                capsys) -> None:
     """scripts/bench_responses.py on the `micro` testbed: the whole, shed and shed+span generators give the same
     continuations on the CPU (fp32), each with its seconds and tokens/s; a folder with no target is refused."""
-    import json
-    import subprocess
+    import importlib.util
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_responses.py"
+    spec = importlib.util.spec_from_file_location("bench_responses", Path(__file__).resolve().parents[1] / "scripts"
+                                                  / "bench_responses.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
     out = tmp_path / "ab.json"
-    done = subprocess.run([sys.executable, str(script), "--testbed", str(micro), "--preset", "micro", "--device", "cpu",
-                           "--json", str(out)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    args = ["bench_responses.py", "--preset", "micro", "--device", "cpu"]
+    monkeypatch.setattr(sys, "argv", [*args, "--testbed", str(micro), "--json", str(out)])
+    script.main()
     result = json.loads(out.read_text())
     assert list(result["variants"]) == ["whole", "shed", "shed+span"]
     tokens = {v["response_tokens"] for v in result["variants"].values()}
     assert len(tokens) == 1 and tokens.pop() > 0
     for v in result["variants"].values():
         assert v["same_share"] == 1.0 and v["generate_seconds"] > 0 and v["tokens_per_second"] > 0
-    assert "| shed+span |" in done.stdout
-    bad = subprocess.run([sys.executable, str(script), "--testbed", str(tmp_path), "--preset", "micro", "--device", "cpu"],
-                         capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and f"--testbed {tmp_path}: no target/config.json" in bad.stderr
+    assert "| shed+span |" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", [*args, "--testbed", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        script.main()
+    assert f"--testbed {tmp_path}: no target/config.json" in capsys.readouterr().err
