@@ -18,12 +18,12 @@ Beside the figures, the decodes whose time a round is far above their method's m
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from whiflash.bootstrap import bootstrap_ci, ratio_of_means_ci
 from whiflash.decoding.stats import TAU_DEFINITION
 
 from .families import best_of_families
@@ -73,38 +73,6 @@ def tpot(row: dict[str, Any]) -> float | None:
     """Decode seconds per decode token of a row, or None when it decoded nothing."""
     n = decode_tokens(row["new_tokens"])
     return row["decode_seconds"] / n if n and row["decode_seconds"] > 0 else None
-
-
-def bootstrap_ci(values: list[float], iterations: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of `values` (NaN, NaN when empty)."""
-    if not values:
-        return math.nan, math.nan
-    if len(values) == 1:
-        return values[0], values[0]
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(rng.choice(values) for _ in range(n)) / n for _ in range(iterations))
-    lo = means[int((1 - level) / 2 * (iterations - 1))]
-    hi = means[int((1 + level) / 2 * (iterations - 1))]
-    return lo, hi
-
-
-def ratio_of_means_ci(num: list[float], den: list[float], iterations: int = 1000, seed: int = 0,
-                      level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of sum(num) / sum(den) over resampled pairs (num[i], den[i]) (NaN, NaN when
-    empty): the interval of the speedup, resampling samples with their AR and method TPOTs together."""
-    n = len(num)
-    if not n:
-        return math.nan, math.nan
-    if n == 1:
-        return num[0] / den[0], num[0] / den[0]
-    rng = random.Random(seed)
-    stats = []
-    for _ in range(iterations):
-        pick = [rng.randrange(n) for _ in range(n)]
-        stats.append(sum(num[i] for i in pick) / sum(den[i] for i in pick))
-    stats.sort()
-    return stats[int((1 - level) / 2 * (iterations - 1))], stats[int((1 + level) / 2 * (iterations - 1))]
 
 
 def _mean(xs: Iterable[float]) -> float:

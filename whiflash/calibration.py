@@ -15,9 +15,11 @@ its prompts (`gain_lower_bound`): a gain its few prompts show by chance is not w
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
+
+from whiflash.bootstrap import ratio_of_means_ci
 
 __all__ = ["METHODS", "best_threshold", "check_confidence", "check_min_gain", "gain_lower_bound", "pick_threshold",
            "picks_slot0", "pinned_slot"]
@@ -60,20 +62,19 @@ def check_confidence(confidence: float) -> None:
                          f"got {confidence!r}")
 
 
-def gain_lower_bound(routed_tpot: np.ndarray, alone_tpot: np.ndarray, confidence: float,
+def gain_lower_bound(routed_tpot: Sequence[float], alone_tpot: Sequence[float], confidence: float,
                      iterations: int = BOOTSTRAP_ITERATIONS, seed: int = 0) -> float:
     """The gain of a routed method over a drafter alone (mean TPOT of the drafter / mean TPOT of the method - 1,
     the bench's headline ratio) that its prompts show with probability `confidence`: the `1 - confidence`
-    quantile of a paired bootstrap over the prompts (each prompt's two times per output token resampled
-    together). Both arrays hold one time per token per prompt, in the same prompt order."""
+    quantile of the bench's paired bootstrap over the prompts (`ratio_of_means_ci`: each prompt's two times per
+    output token resampled together). Both hold one time per token per prompt, in the same prompt order."""
     check_confidence(confidence)
-    routed, alone = np.asarray(routed_tpot, dtype=np.float64), np.asarray(alone_tpot, dtype=np.float64)
-    if routed.shape != alone.shape or routed.ndim != 1 or not len(routed):
+    routed, alone = [float(x) for x in routed_tpot], [float(x) for x in alone_tpot]
+    if len(routed) != len(alone) or not routed:
         raise ValueError(f"gain_lower_bound: expected the same prompts' times per token for both methods, got "
-                         f"{routed.shape} and {alone.shape}")
-    idx = np.random.default_rng(seed).integers(0, len(routed), size=(iterations, len(routed)))
-    gains = alone[idx].mean(axis=1) / routed[idx].mean(axis=1) - 1
-    return float(np.quantile(gains, 1 - confidence))
+                         f"{len(routed)} and {len(alone)}")
+    # a two-sided interval at level 2p - 1 has its lower end at the 1 - p quantile
+    return ratio_of_means_ci(alone, routed, iterations, seed, level=2 * confidence - 1)[0] - 1
 
 
 def best_threshold(sweep: Mapping[float, float], min_gain: float = 0.0,
