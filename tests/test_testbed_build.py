@@ -174,6 +174,54 @@ def test_batched_target_features_equal_the_runtime_forward(micro: Path) -> None:
     assert features.train().training is False  # a training module's .train() leaves the target in eval mode
 
 
+def test_cached_features_train_the_drafters_as_features_computed_each_step(micro: Path, monkeypatch, caplog) -> None:
+    """The drafter stages compute the target's features once per sequence: their losses must be the on-the-fly
+    ones, a sequence a mix repeats is computed once, and features that do not fit are left to the steps."""
+    import whiflash
+    from whiflash.testbed import drafter_data
+    from whiflash.testbed.dflash_train import DFlashModule, sample_anchors
+    from whiflash.testbed.drafter_data import cache_features, load_features, pad_batch, response_samples
+    from whiflash.testbed.eagle3_train import Eagle3Module
+    from whiflash.testbed.presets import get_preset
+
+    samples = response_samples(micro)[:6]
+    samples = samples + samples[:2]  # a mix repeats sequences by reference
+    fresh = [type(s)(s.ids, s.loss_mask, s.category) for s in samples[:6]]
+    target = whiflash.load_target(micro / "target")
+    cfg = get_preset("micro")
+    stages = _manifest(micro)["stages"]
+    dflash = whiflash.load_drafter("dflash", micro / "dflash", target)
+    eagle3 = whiflash.load_drafter("eagle3", micro / "eagle3", target)
+    embed, head = target.model.embed_tokens.weight, target.lm_head.weight
+    used = torch.nonzero(eagle3.t2d).flatten()
+    for drafter, kind in ((dflash, "dflash"), (eagle3, "eagle3")):
+        features = load_features(micro, stages[kind]["taps"])
+        figures = cache_features(samples, features, batch_size=4)
+        assert figures["features_cached"] and all(s.feats is not None for s in samples)
+        batch, plain = pad_batch(samples[:6], pad_id=0), pad_batch(fresh, pad_id=0)
+        assert "feats" in batch and "feats" not in plain
+        if drafter is dflash:
+            module = DFlashModule(drafter, features, embed, head, cfg.dflash)
+            anchors, keep = sample_anchors(batch["loss_mask"], 8, torch.Generator().manual_seed(0))
+            cached, computed = (module.block_loss(b, anchors, keep)[0] for b in (batch, plain))
+        else:
+            module = Eagle3Module(drafter, features, embed, head, used, cfg.eagle3, 0)
+            cached, computed = (module.ttt(b)[0] for b in (batch, plain))
+        torch.testing.assert_close(cached, computed, atol=1e-5, rtol=1e-5)
+        for s in samples:
+            s.feats = s.hidden = None
+    calls = []
+    monkeypatch.setattr(drafter_data.TargetFeatures, "forward", lambda self, ids: calls.append(ids.shape[0]) or
+                        (torch.zeros(ids.shape[0], ids.shape[1], 1, 2), torch.zeros(ids.shape[0], ids.shape[1], 2)))
+    cache_features(samples, features, batch_size=4)
+    assert sum(calls) == 6  # the two repeated sequences once
+    monkeypatch.setattr(drafter_data, "FEATURE_CACHE_SHARE", 0.0)
+    with caplog.at_level("WARNING"):
+        figures = cache_features(fresh, features, batch_size=4, desc="dflash features")
+    assert not figures["features_cached"] and fresh[0].feats is None
+    assert "dflash features" in caplog.text and "computed in every training step" in caplog.text
+
+
 def _random_qwen3_and_prompts(n: int, seed: int) -> tuple[torch.nn.Module, list[list[int]]]:
     """A 2-layer random-weight Qwen3 (vocabulary 97, eos 1, pad 0) and ``n`` random prompts of 1-11 tokens."""
     from transformers import Qwen3Config, Qwen3ForCausalLM

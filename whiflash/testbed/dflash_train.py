@@ -27,7 +27,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from .drafter_data import TargetFeatures, load_features, pad_batch, response_samples, sample_loader, tap_layers, with_features
+from .drafter_data import cache_features, TargetFeatures, load_features, pad_batch, response_samples, sample_loader, tap_layers, with_features
 from .presets import CATEGORIES, DFlashConfig
 from .target import Snapshots, adamw_schedule, make_trainer
 
@@ -185,6 +185,8 @@ def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = 
     snapshots = Snapshots(out_dir, config, Snapshots.at(cfg.snapshots, cfg.max_steps))
     trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, stage="dflash",
                            extra=[snapshots])
+    cache = cache_features(samples, module.features, cfg.batch_size, bf16=precision.startswith("bf16"),
+                           desc="dflash features")
     t0 = time.perf_counter()
     trainer.fit(module, train_dataloaders=sample_loader(samples, cfg.batch_size, pad_id, seed + 1))
     seconds = time.perf_counter() - t0
@@ -196,10 +198,10 @@ def train_dflash(root: Path, cfg: DFlashConfig, out_dir: Path, *, device: str = 
         for cat in CATEGORIES:
             some = [s for s in samples if s.category == cat][:8]
             if some:
-                batch = pad_batch(some, pad_id)
+                batch = {k: v.cpu() for k, v in pad_batch(some, pad_id).items()}  # the cache may be on the GPU
                 anchors, keep = sample_anchors(batch["loss_mask"], cfg.num_anchors, torch.Generator().manual_seed(0))
                 acc[cat] = [round(float(a), 3) for a in module.block_loss(batch, anchors, keep)[1][1:]]
-    return {"taps": taps, "mask_token_id": mask_id, "steps": int(trainer.global_step),
+    return {"taps": taps, "mask_token_id": mask_id, "steps": int(trainer.global_step), **cache,
             "train_seconds": round(seconds, 1), "final_loss": float(trainer.callback_metrics.get("loss", float("nan"))),
             "train_acc_per_slot": acc, "sequences": len(samples),
             "response_tokens": int(sum(int(x.loss_mask.sum()) for x in samples)),

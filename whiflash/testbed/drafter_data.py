@@ -1,8 +1,8 @@
 """Drafter training data: the target's own greedy continuations of corpus prefixes (``ResponsesConfig.split``).
 
 The ``responses`` stage stores only token ids (``responses.jsonl``: prompt ids, response ids,
-category); the drafter stages compute the target's features batch by batch while they train
-(``TargetFeatures``).
+category); the drafter stages compute the target's features (``TargetFeatures``) once per sequence before
+they train when they fit in memory (``cache_features``), else batch by batch while they train.
 Generation is batched (``generate.py``); the stage also records how often the runtime's argmax
 reproduces the generated tokens (a cross-check of the two forwards, exact in fp32 and near 1 under
 bf16 generation).
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from tqdm import tqdm
+
 from whiflash.drafters.dflash import fallback_layer_ids
 from whiflash.drafters.eagle3 import default_layer_ids
 
@@ -28,7 +31,7 @@ from .presets import CATEGORIES, ResponsesConfig
 from .prompts import held_out_prompts
 
 __all__ = ["generate_responses", "repetitive", "load_responses", "Sample", "response_samples", "check_mix",
-           "TargetFeatures", "load_features", "with_features", "even_layers", "released_taps", "tap_layers",
+           "TargetFeatures", "load_features", "with_features", "cache_features", "FEATURE_CACHE_SHARE", "even_layers", "released_taps", "tap_layers",
            "pad_batch", "sample_loader"]
 
 log = logging.getLogger(__name__)
@@ -146,6 +149,10 @@ class Sample:
     """``[S]`` bool, True on response tokens."""
     category: str = ""
     """Corpus category of the prompt."""
+    feats: torch.Tensor | None = None
+    """``[S, n_taps, H]`` the target's tap outputs, once ``cache_features`` has computed them."""
+    hidden: torch.Tensor | None = None
+    """``[S, H]`` the target's final post-norm hidden state, with ``feats``."""
 
 
 def response_samples(root: Path, limit: int | None = None, mix: dict[str, float] | None = None,
@@ -243,14 +250,72 @@ def with_features(batch: dict[str, torch.Tensor], features: TargetFeatures) -> d
     return batch
 
 
+FEATURE_CACHE_SHARE = 0.5
+"""``cache_features`` keeps the features when they take at most this share of the free device memory (CUDA) or
+of the machine's memory (CPU); beyond it the drafters compute them batch by batch."""
+
+
+def _memory_for_cache(device: torch.device) -> int:
+    """Bytes the feature cache may take on ``device`` (``FEATURE_CACHE_SHARE`` of what is free there)."""
+    if device.type == "cuda":
+        return int(FEATURE_CACHE_SHARE * torch.cuda.mem_get_info(device)[0])
+    return int(FEATURE_CACHE_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+@torch.no_grad()
+def cache_features(samples: list[Sample], features: TargetFeatures, batch_size: int, bf16: bool = False,
+                   desc: str = "features") -> dict:
+    """Compute every distinct sample's features once, in length-sorted batches, onto the target's device.
+
+    A drafter stage reads each sequence ``steps * batch_size / len(samples)`` times (two to ten epochs), and on
+    the fly every read is a full forward of the deep target: that forward was 15-42% of a drafter step
+    (``scripts/profile_drafter_step.py``). ``bf16``: under bf16 autocast on CUDA, as the training step would be
+    (the features the drafter reads are then the same dtype either way; on a CPU they stay fp32). Skipped,
+    and the features left to the training steps, when they would take more than ``FEATURE_CACHE_SHARE`` of
+    the memory there. Samples repeated by a mix are computed once. Returns the figures for the stage's record.
+    """
+    device = next(features.model.parameters()).device
+    distinct = list({id(s): s for s in samples}.values())
+    positions = sum(s.ids.numel() for s in distinct)
+    width = (len(features.taps) + 1) * features.model.config.hidden_size
+    nbytes = positions * width * (2 if bf16 and device.type == "cuda" else 4)
+    budget = _memory_for_cache(device)
+    figures = {"feature_cache_gb": round(nbytes / 2**30, 2), "feature_cache_budget_gb": round(budget / 2**30, 2)}
+    if nbytes > budget:
+        log.warning("%s: the target's features of %d sequences take %.1f GiB, more than %.0f%% of the %s memory "
+                    "free (%.1f GiB allowed): computed in every training step instead", desc, len(distinct),
+                    nbytes / 2**30, 100 * FEATURE_CACHE_SHARE, device.type, budget / 2**30)
+        return {**figures, "features_cached": False}
+    t0 = time.perf_counter()
+    order = sorted(distinct, key=lambda s: s.ids.numel())
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and device.type == "cuda" else nullcontext()
+    for i in tqdm(range(0, len(order), batch_size), desc=desc, leave=False):
+        group = order[i:i + batch_size]
+        with autocast:
+            feats, hidden = features(pad_batch(group, 0)["ids"].to(device))
+        for row, s in enumerate(group):
+            n = s.ids.numel()
+            s.feats, s.hidden = feats[row, :n].clone(), hidden[row, :n].clone()
+    return {**figures, "features_cached": True, "feature_seconds": round(time.perf_counter() - t0, 1)}
+
+
 def pad_batch(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a list of samples into ``[B, S]`` tensors (padding has ``loss_mask`` False)."""
+    """Right-pad a list of samples into ``[B, S]`` tensors (padding has ``loss_mask`` False), with their cached
+    features (zero on padding, which no real position reads: attention is causal, the loss masked)."""
     s = max(x.ids.numel() for x in samples)
     ids = torch.full((len(samples), s), pad_id, dtype=torch.long)
     mask = torch.zeros((len(samples), s), dtype=torch.bool)
     for i, x in enumerate(samples):
         ids[i, :x.ids.numel()], mask[i, :x.ids.numel()] = x.ids, x.loss_mask
-    return {"ids": ids, "loss_mask": mask}
+    batch = {"ids": ids, "loss_mask": mask}
+    if all(x.feats is not None for x in samples):
+        first = samples[0]
+        feats = first.feats.new_zeros((len(samples), s, *first.feats.shape[1:]))
+        hidden = first.hidden.new_zeros((len(samples), s, first.hidden.shape[-1]))
+        for i, x in enumerate(samples):
+            feats[i, :x.ids.numel()], hidden[i, :x.ids.numel()] = x.feats, x.hidden
+        batch |= {"feats": feats, "hidden": hidden}
+    return batch
 
 
 def sample_loader(samples: list[Sample], batch_size: int, pad_id: int, seed: int) -> torch.utils.data.DataLoader:

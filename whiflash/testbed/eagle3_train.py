@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .drafter_data import Sample, TargetFeatures, load_features, pad_batch, response_samples, sample_loader, tap_layers, with_features
+from .drafter_data import cache_features, Sample, TargetFeatures, load_features, pad_batch, response_samples, sample_loader, tap_layers, with_features
 from .presets import CATEGORIES, Eagle3Config
 from .target import Snapshots, adamw_schedule, make_trainer
 
@@ -191,6 +191,8 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
     snapshots = Snapshots(out_dir, config, Snapshots.at(cfg.snapshots, cfg.max_steps))
     trainer = make_trainer(cfg.max_steps, device, precision, out_dir / "logs", cfg.max_minutes, stage="eagle3",
                            extra=[snapshots])
+    cache = cache_features(samples, module.features, cfg.batch_size, bf16=precision.startswith("bf16"),
+                           desc="eagle3 features")
     t0 = time.perf_counter()
     trainer.fit(module, train_dataloaders=sample_loader(samples, cfg.batch_size, pad_id, seed))
     seconds = time.perf_counter() - t0
@@ -202,8 +204,8 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
         for cat in CATEGORIES:
             some = [s for s in samples if s.category == cat][:8]
             if some:
-                acc[cat] = [round(a, 3) for a in module.ttt(pad_batch(some, pad_id))[1]]
-    return {"taps": taps, "steps": int(trainer.global_step), "train_seconds": round(seconds, 1),
+                acc[cat] = [round(a, 3) for a in module.ttt({k: v.cpu() for k, v in pad_batch(some, pad_id).items()})[1]]
+    return {"taps": taps, "steps": int(trainer.global_step), "train_seconds": round(seconds, 1), **cache,
             "final_loss": float(trainer.callback_metrics.get("loss", float("nan"))),
             "train_acc_per_step": acc, "draft_vocab_size": cfg.draft_vocab_size, "sequences": len(samples),
             "response_tokens": int(sum(int(x.loss_mask.sum()) for x in samples)),
