@@ -653,3 +653,27 @@ def test_the_responses_benchmark_runs_each_generator_variant_on_a_built_target(m
     with pytest.raises(SystemExit):
         script.main()
     assert f"--testbed {tmp_path}: no target/config.json" in capsys.readouterr().err
+
+
+def test_the_drafter_step_profile_splits_a_step_into_the_feature_forward_and_the_drafter(tmp_path, monkeypatch,
+                                                                                        capsys) -> None:
+    """scripts/profile_drafter_step.py at `micro`'s shapes on the CPU: each stage's step, its feature forward and
+    the step with the features given, and an operator table."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("profile_drafter_step", Path(__file__).resolve().parents[1]
+                                                  / "scripts" / "profile_drafter_step.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "steps.json"
+    monkeypatch.setattr(sys, "argv", ["profile_drafter_step.py", "--preset", "micro", "--device", "cpu", "--steps", "1",
+                                      "--prompt", "16", "--response", "16", "--top", "3", "--json", str(out)])
+    script.main()
+    result = json.loads(out.read_text())
+    for kind in ("eagle3", "dflash"):
+        r = result[kind]
+        assert 0 < r["features_s"] and 0 < r["drafter_s"] and 0 < r["step_s"]
+        assert r["features_share"] == pytest.approx(r["features_s"] / r["step_s"], abs=1e-2)  # each rounded
+    printed = capsys.readouterr().out
+    assert "eagle3: step" in printed and "dflash: step" in printed and "Name" in printed

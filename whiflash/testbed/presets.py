@@ -358,8 +358,9 @@ def _micro() -> TestbedConfig:
 
 def _tiny() -> TestbedConfig:
     # Under 5 minutes of stages on 2 idle CPU cores in fp32 (no bf16 instructions), measured: corpus, tokenizer
-    # and tokens ~25 s, target 133-146 s, responses 6-9 s, EAGLE-3 31-34 s, DFlash 47-52 s, acceptance 23-25 s;
-    # 267-285 s in all (on 2 cores the drafter stages run one after the other). Math templates are learned to
+    # and tokens ~25 s, target 133-156 s, responses 6-9 s, EAGLE-3 30 s, DFlash 41 s (with the target's features
+    # computed once per sequence; 31-36 and 47-52 s when every step computed them), acceptance 23-31 s; 267-288 s
+    # in all (on 2 cores the drafter stages run one after the other). Math templates are learned to
     # low entropy, code and prose stay uncertain. Sized for that budget: the target trains on batches of 4
     # windows, EAGLE-3 too, DFlash has one layer (at 200 steps its tau is within 8% of two layers' in 70% of
     # the time), the drafters' response prompts are cut to 64 tokens and acceptance reads 4 prompts a category.
