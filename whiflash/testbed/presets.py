@@ -403,8 +403,9 @@ def _small() -> TestbedConfig:
     # The target is sharpened on its own low-temperature continuations (the instruction-tuning stand-in)
     # and the drafters learn from ~15k of its continuations (~2.4M tokens) in two to three epochs: released
     # drafters learn from tens of millions of tokens, and ten epochs over a few thousand sequences overfit.
-    # Every stage fits one 10-minute device command; the batched generator's rate (responses) and the
-    # per-batch target forward (drafter steps) are what bound the data (results/ has the measured rates).
+    # Every stage fits one 10-minute device command; the batched generator's rate (responses) and the cost of a
+    # drafter step bound the data (results/ has the measured rates). On `tiny` the drafters' tau follows their
+    # steps more than their distinct responses (results/2026-12-07-drafter-steps-data-and-step-cost-tiny.md).
     # Prose is chat: every docstring framed as a user-assistant exchange in a fixed house style (chatgen.py),
     # the benchmark's chat prompts' category. On an H200 that took the target's entropy along its own greedy
     # prose answers from 1.18 to 0.73 nats (sharpened; 16 test prompts), the rest of the preset unchanged.
