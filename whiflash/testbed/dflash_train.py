@@ -27,7 +27,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from .drafter_data import cache_features, TargetFeatures, load_features, pad_batch, response_samples, sample_loader, tap_layers, with_features
+from .drafter_data import (TargetFeatures, cache_features, load_features, pad_batch, response_samples, sample_loader,
+                           tap_layers, with_features)
 from .presets import CATEGORIES, DFlashConfig
 from .target import Snapshots, adamw_schedule, make_trainer
 

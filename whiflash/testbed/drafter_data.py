@@ -21,7 +21,6 @@ from itertools import zip_longest
 from pathlib import Path
 
 import torch
-
 from tqdm import tqdm
 
 from whiflash.drafters.dflash import fallback_layer_ids
@@ -31,8 +30,8 @@ from .presets import CATEGORIES, ResponsesConfig
 from .prompts import held_out_prompts
 
 __all__ = ["generate_responses", "repetitive", "load_responses", "Sample", "response_samples", "check_mix",
-           "TargetFeatures", "load_features", "with_features", "cache_features", "FEATURE_CACHE_SHARE", "even_layers", "released_taps", "tap_layers",
-           "pad_batch", "sample_loader"]
+           "TargetFeatures", "load_features", "with_features", "cache_features", "FEATURE_CACHE_SHARE", "even_layers",
+           "released_taps", "tap_layers", "pad_batch", "sample_loader"]
 
 log = logging.getLogger(__name__)
 
@@ -256,9 +255,11 @@ of the machine's memory (CPU); beyond it the drafters compute them batch by batc
 
 
 def _memory_for_cache(device: torch.device) -> int:
-    """Bytes the feature cache may take on ``device`` (``FEATURE_CACHE_SHARE`` of what is free there)."""
+    """Bytes the feature cache may take on ``device`` (``FEATURE_CACHE_SHARE`` of what is free there; on CUDA what
+    torch's allocator holds unused counts as free: the stage before may have left it reserved)."""
     if device.type == "cuda":
-        return int(FEATURE_CACHE_SHARE * torch.cuda.mem_get_info(device)[0])
+        unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(FEATURE_CACHE_SHARE * (torch.cuda.mem_get_info(device)[0] + unused))
     return int(FEATURE_CACHE_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
 
 
@@ -269,8 +270,8 @@ def cache_features(samples: list[Sample], features: TargetFeatures, batch_size: 
 
     A drafter stage reads each sequence ``steps * batch_size / len(samples)`` times (two to ten epochs), and on
     the fly every read is a full forward of the deep target: that forward was 15-42% of a drafter step
-    (``scripts/profile_drafter_step.py``). ``bf16``: under bf16 autocast on CUDA, as the training step would be
-    (the features the drafter reads are then the same dtype either way; on a CPU they stay fp32). Skipped,
+    (``scripts/profile_drafter_step.py``). ``bf16``: under bf16 autocast on CUDA, as the training step would be,
+    and kept in bf16 (the drafter's autocast matmuls read them in bf16 either way; on a CPU they stay fp32). Skipped,
     and the features left to the training steps, when they would take more than ``FEATURE_CACHE_SHARE`` of
     the memory there. Samples repeated by a mix are computed once. Returns the figures for the stage's record.
     """
@@ -278,7 +279,8 @@ def cache_features(samples: list[Sample], features: TargetFeatures, batch_size: 
     distinct = list({id(s): s for s in samples}.values())
     positions = sum(s.ids.numel() for s in distinct)
     width = (len(features.taps) + 1) * features.model.config.hidden_size
-    nbytes = positions * width * (2 if bf16 and device.type == "cuda" else 4)
+    dtype = torch.bfloat16 if bf16 and device.type == "cuda" else torch.float32
+    nbytes = positions * width * dtype.itemsize
     budget = _memory_for_cache(device)
     figures = {"feature_cache_gb": round(nbytes / 2**30, 2), "feature_cache_budget_gb": round(budget / 2**30, 2)}
     if nbytes > budget:
@@ -295,7 +297,7 @@ def cache_features(samples: list[Sample], features: TargetFeatures, batch_size: 
             feats, hidden = features(pad_batch(group, 0)["ids"].to(device))
         for row, s in enumerate(group):
             n = s.ids.numel()
-            s.feats, s.hidden = feats[row, :n].clone(), hidden[row, :n].clone()
+            s.feats, s.hidden = feats[row, :n].to(dtype, copy=True), hidden[row, :n].to(dtype, copy=True)
     return {**figures, "features_cached": True, "feature_seconds": round(time.perf_counter() - t0, 1)}
 
 

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .drafter_data import cache_features, Sample, TargetFeatures, load_features, pad_batch, response_samples, sample_loader, tap_layers, with_features
+from .drafter_data import (Sample, TargetFeatures, cache_features, load_features, pad_batch, response_samples,
+                           sample_loader, tap_layers, with_features)
 from .presets import CATEGORIES, Eagle3Config
 from .target import Snapshots, adamw_schedule, make_trainer
 
