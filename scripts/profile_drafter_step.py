@@ -86,7 +86,9 @@ def timed(fn, steps: int, device: str) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def profile(kind: str, preset, folder: Path, args) -> dict:
+def profile(kind: str, preset, folder: Path, args: argparse.Namespace) -> dict:
+    """Timings of one drafter's training step (feature forward, whole step, step with the features given) and the
+    profiler's operator table of one whole step."""
     module, cfg = make_module(kind, preset, folder, args.device)
     module.train()
     opt = torch.optim.AdamW(module.drafter.parameters(), lr=1e-4)
@@ -109,7 +111,8 @@ def profile(kind: str, preset, folder: Path, args) -> dict:
             module.features(batch["ids"])
 
     module.log = lambda *a, **k: None  # no trainer attached
-    out = {"features_s": timed(features, args.steps, args.device), "step_s": timed(lambda: step(batch), args.steps, args.device),
+    out = {"features_s": timed(features, args.steps, args.device),
+           "step_s": timed(lambda: step(batch), args.steps, args.device),
            "drafter_s": timed(lambda: step(cached), args.steps, args.device)}
     out["features_share"] = out["features_s"] / out["step_s"]
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -119,7 +122,7 @@ def profile(kind: str, preset, folder: Path, args) -> dict:
         step(batch)
         if args.device == "cuda":
             torch.cuda.synchronize()
-    key = "cuda_time_total" if args.device == "cuda" else "cpu_time_total"
+    key = "device_time_total" if args.device == "cuda" else "cpu_time_total"
     out["top_ops"] = prof.key_averages().table(sort_by=key, row_limit=args.top)
     return out
 

@@ -205,7 +205,8 @@ def train_eagle3(root: Path, cfg: Eagle3Config, out_dir: Path, *, device: str = 
         for cat in CATEGORIES:
             some = [s for s in samples if s.category == cat][:8]
             if some:
-                acc[cat] = [round(a, 3) for a in module.ttt({k: v.cpu() for k, v in pad_batch(some, pad_id).items()})[1]]
+                batch = {k: v.cpu() for k, v in pad_batch(some, pad_id).items()}  # the cache may be on the GPU
+                acc[cat] = [round(a, 3) for a in module.ttt(batch)[1]]
     return {"taps": taps, "steps": int(trainer.global_step), "train_seconds": round(seconds, 1), **cache,
             "final_loss": float(trainer.callback_metrics.get("loss", float("nan"))),
             "train_acc_per_step": acc, "draft_vocab_size": cfg.draft_vocab_size, "sequences": len(samples),
