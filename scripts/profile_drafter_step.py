@@ -101,7 +101,7 @@ def profile(kind: str, preset, folder: Path, args: argparse.Namespace) -> dict:
 
     def step(b: dict[str, torch.Tensor]) -> None:
         with autocast:
-            loss = module.training_step(b, 0) if kind == "dflash" else module.ttt(b)[0]
+            loss = module.training_step(b, 0)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
