@@ -17,8 +17,7 @@
 #   gputest       the testbed generator's CUDA-graph test
 #   bench-responses  scripts/bench_responses.py on the built target (RESPONSES_AB_FLAGS): the responses stage's
 #                 generator whole, shedding ended rows, and attending over written columns -> LOG_DIR/bench_responses.*
-#   profile-drafters  scripts/profile_drafter_step.py at PRESET's shapes (random weights), DFlash's training
-#                 attention block by block and masked -> LOG_DIR/drafter_step_{blocks,masked}.{json,txt}
+#   profile-drafters  scripts/profile_drafter_step.py at PRESET's shapes (random weights) -> LOG_DIR/drafter_step.{json,txt}
 #   bench-routing scripts/bench_routing.py --testbed --profile: the routed variants beside their standalone drafters
 #                 on ROUTING_PROMPTS (8) test prompts of ROUTING_CATEGORY (code), E_TOKENS tokens, profiled
 #                 (LOG_DIR/routing_profile/, LOG_DIR/bench_routing.log)
@@ -148,12 +147,10 @@ for item in "$@"; do
                  METHODS=ar,eagle3,dflash,ddtree,whiflash-neural EVAL_TAG=_prompts bash scripts/gpu_session.sh "$L" "$TB" eval ;;
     bench-responses) timeout "$left" python3 scripts/bench_responses.py --testbed "$TB" ${RESPONSES_AB_FLAGS:-} \
                        --json "$L/bench_responses.json" 2>&1 | grep -v '%|' | tee "$L/bench_responses.log" | tail -6 ;;
-    profile-drafters) for m in blocks masked; do  # the same step of each drafter, DFlash's attention both ways
-                        timeout "$left" python3 scripts/profile_drafter_step.py --preset "${PRESET:-small}" \
-                          --dflash-attention $m --json "$L/drafter_step_$m.json" 2>&1 \
-                          | grep -v -e USDT -e 'Loading weights' -e 'Writing model' > "$L/drafter_step_$m.txt"
-                        grep -e '^eagle3:' -e '^dflash:' "$L/drafter_step_$m.txt"
-                      done ;;
+    profile-drafters) timeout "$left" python3 scripts/profile_drafter_step.py --preset "${PRESET:-small}" \
+                        --json "$L/drafter_step.json" 2>&1 \
+                        | grep -v -e USDT -e 'Loading weights' -e 'Writing model' > "$L/drafter_step.txt"
+                      grep -e '^eagle3:' -e '^dflash:' "$L/drafter_step.txt" ;;
     bench-routing) timeout "$left" python3 scripts/bench_routing.py --testbed "$TB" --category "${ROUTING_CATEGORY:-code}" \
                  --prompts "${ROUTING_PROMPTS:-8}" --new-tokens "${E_TOKENS:-256}" --repeats 3 --json "$L/bench_routing.json" \
                  --profile "$L/routing_profile" 2>&1 | grep -v -E 'USDT|profiler_st' | tee "$L/bench_routing.log" | tail -32 ;;

@@ -28,8 +28,8 @@
 # "--prompts-per-category 1024", sizes it; the step's estimate, 150 s, is a guess: the whole generator alone took
 # 62 s for the preset's 4,096 prompts a category on an H100).
 # PROFILE_DRAFTERS=1: first of all (no build needed), scripts/profile_drafter_step.py on a random-weight target of
-# the preset's shapes with DFlash's training attention block by block and under the dense mask
-# (LOG_DIR/drafter_step_{blocks,masked}.json/.txt; ~60 s each is a guess): what a drafter step costs on this card.
+# the preset's shapes (LOG_DIR/drafter_step.json/.txt; ~25 s on an H100 at 4 timed steps, 60 s is the estimate):
+# what a drafter step costs on this card.
 # PACK_DIR=DIR: once a router dataset is there, it is written to DIR (once) as a tar in 15 MiB parts,
 # router_data_NAME.tar.00, .01, ... (a device's copy-back takes files of 16 MiB at most, 8 files and 64 MiB in all:
 # rows at every position of 640 prompts x 256 tokens do not fit), so router modelling can go on elsewhere:
@@ -83,7 +83,7 @@ done_() {  # is step $1 done for pair $2?
     gs-latency) [ -f "$TB/profile.json" ] ;;
     bench-routing) [ -f "$L/routing_profile/profile.json" ] ;;
     bench-responses) [ -f "$L/bench_responses.json" ] ;;
-    profile-drafters) [ -f "$L/drafter_step_blocks.json" ] && [ -f "$L/drafter_step_masked.json" ] ;;
+    profile-drafters) [ -f "$L/drafter_step.json" ] ;;
     gs-router-data) [ -f "$TB/router_data_$2/manifest.json" ] ;;
     router-test) [ -f "$TB/router_data_${2}_test/manifest.json" ] ;;
     gs-router-train) [ -d "${router}_round0" ] || { [ -f "$router/config.json" ] && [ "$router/config.json" -nt "$TB/router_data_$2/manifest.json" ]; } ;;
@@ -107,7 +107,7 @@ fi
 
 # step[@pair]:estimate (seconds on an H200, with the CUDA tests beside the first ones)
 steps=()
-[ "${PROFILE_DRAFTERS:-0}" = 1 ] && steps+=(profile-drafters:120)
+[ "${PROFILE_DRAFTERS:-0}" = 1 ] && steps+=(profile-drafters:60)
 steps+=(build-target:330)
 [ "${RESPONSES_AB:-0}" = 1 ] && steps+=(bench-responses:150)
 steps+=(build-responses:80 build-eagle3:170 build-dflash:190 gs-latency:100)

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from whiflash.testbed import dflash_train
 from whiflash.testbed.presets import get_preset
 
 MASK_ID, EOS_ID, PAD_ID = 1, 2, 0
@@ -137,14 +136,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None,
                     help="sequences a step (default: the stage's; fewer to read a large preset's shares on a CPU)")
     ap.add_argument("--drafters", default="eagle3,dflash", help="which stages to profile, comma-separated")
-    ap.add_argument("--dflash-attention", choices=("blocks", "masked"), default="blocks",
-                    help="DFlash's training attention: block by block (the stage's) or one SDPA call under the dense "
-                         "mask (dflash_train.BLOCK_ATTENTION)")
     ap.add_argument("--top", type=int, default=15, help="operators listed a drafter")
     ap.add_argument("--json", type=Path, default=None, help="write the timings here too")
     args = ap.parse_args()
     preset = get_preset(args.preset)
-    dflash_train.BLOCK_ATTENTION = args.dflash_attention == "blocks"
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "target"
@@ -159,8 +154,7 @@ def main() -> None:
                   f"({steps * r['drafter_s']:.0f} s without the feature forwards)")
             results[kind] = {k: round(v, 5) for k, v in r.items()}
     if args.json:
-        head = {"preset": args.preset, "device": args.device, "dflash_attention": args.dflash_attention}
-        args.json.write_text(json.dumps({**head, **results}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"preset": args.preset, "device": args.device, **results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -253,7 +253,7 @@ def test_the_responses_benchmark_runs_between_the_target_and_the_responses_when_
 
 def test_the_drafter_step_profile_runs_first_when_asked(tmp_path: Path) -> None:
     """PROFILE_DRAFTERS=1 puts profile-drafters before the build (it needs none); without it the loop has no such
-    step; both attention variants' JSON mark it done."""
+    step; its JSON marks it done."""
     tb = tmp_path / "tb"
     tb.mkdir()
 
@@ -263,11 +263,9 @@ def test_the_drafter_step_profile_runs_first_when_asked(tmp_path: Path) -> None:
                              env={**os.environ, "DRY_RUN": "1", **env})
         return [line for line in out.stdout.splitlines() if line.startswith("=== ")]
 
-    assert re.fullmatch(r"=== would run: gpu_budget\.sh \S+ \S+ 5[56]\d profile-drafters@df-e3:120",
+    assert re.fullmatch(r"=== would run: gpu_budget\.sh \S+ \S+ 5[56]\d profile-drafters@df-e3:60",
                         dry(PROFILE_DRAFTERS="1")[0])
     assert not any("profile-drafters" in line for line in dry())
     (tmp_path / "log").mkdir(exist_ok=True)
-    (tmp_path / "log" / "drafter_step_blocks.json").write_text("{}")
-    assert "profile-drafters" in dry(PROFILE_DRAFTERS="1")[0] and "done before" not in dry(PROFILE_DRAFTERS="1")[0]
-    (tmp_path / "log" / "drafter_step_masked.json").write_text("{}")
+    (tmp_path / "log" / "drafter_step.json").write_text("{}")
     assert dry(PROFILE_DRAFTERS="1")[0] == "=== profile-drafters: done before"

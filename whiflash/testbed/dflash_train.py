@@ -111,7 +111,7 @@ class DFlashModule(L.LightningModule):
         # dropped blocks, anchor 0, see only their block; their loss weight is 0).
         q_anchor = anchors.repeat_interleave(bs, dim=1)  # [B, N*bs]
         ctx_vis = torch.arange(s, device=dev)[None, None, :] < q_anchor[..., None]  # [B, N*bs, S]
-        vis = None if BLOCK_ATTENTION else _square_mask(ctx_vis, n, bs)
+        vis = _square_mask(ctx_vis, n, bs)
         cpos = torch.arange(s, device=dev)
         for layer in d.layers:
             a = layer.self_attn
@@ -123,11 +123,8 @@ class DFlashModule(L.LightningModule):
             vc = a.v(ctx).view(b, s, a.nkv, a.hd).transpose(1, 2)
             kb = _rope_rows(d.rope, a.k_norm(a.k(h).view(b, n * bs, a.nkv, a.hd)).transpose(1, 2), bpos)
             vb = a.v(h).view(b, n * bs, a.nkv, a.hd).transpose(1, 2)
-            if vis is None:
-                out = _block_attention(q, kc, vc, kb, vb, ctx_vis, bs)
-            else:
-                k, v = torch.cat([kc, kb], dim=2), torch.cat([vc, vb], dim=2)
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=vis, enable_gqa=True)
+            k, v = torch.cat([kc, kb], dim=2), torch.cat([vc, vb], dim=2)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=vis, enable_gqa=True)
             x = x + a.o_proj(out.transpose(1, 2).reshape(b, n * bs, a.nh * a.hd))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         logits = (d.norm(x) @ self.head_weight.to(x.dtype).T).float().view(b, n, bs, -1)
@@ -155,40 +152,11 @@ class DFlashModule(L.LightningModule):
         return adamw_schedule(self.drafter, self.cfg.lr, 0.0, max(1, self.cfg.max_steps // 20), self.cfg.max_steps)
 
 
-BLOCK_ATTENTION = True
-"""Attend block by block (`_block_attention`); False: one SDPA call under the dense ``[N*bs, S + N*bs]`` mask
-(the same sums; `scripts/profile_drafter_step.py --dflash-attention masked` times it)."""
-
-
 def _square_mask(ctx_vis: torch.Tensor, n: int, bs: int) -> torch.Tensor:
     """``[B, 1, N*bs, S + N*bs]``: the context part, then each block's queries on their own block's keys."""
     blk = torch.arange(n, device=ctx_vis.device).repeat_interleave(bs)
     blk_vis = (blk[:, None] == blk[None, :])[None].expand(ctx_vis.shape[0], -1, -1)
     return torch.cat([ctx_vis, blk_vis], dim=-1)[:, None]
-
-
-def _block_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor,
-                     ctx_vis: torch.Tensor, bs: int) -> torch.Tensor:
-    """Attention of ``q [B, h, N*bs, hd]`` over the context keys ``kc/vc [B, hkv, S, hd]`` that ``ctx_vis
-    [B, N*bs, S]`` shows and over its own block's keys in ``kb/vb [B, hkv, N*bs, hd]``: one softmax over both.
-
-    The dense mask of one SDPA call spends ``N*bs`` key columns a query on the other blocks, all hidden
-    (``N*bs`` is 2,048 on `small` beside at most 512 context keys); here a query's scores are its ``S`` context
-    columns and its block's ``bs``. Grouped K/V heads as SDPA's ``enable_gqa``: query head ``i`` reads K/V head
-    ``i // (h // hkv)``.
-    """
-    b, h, t, hd = q.shape
-    hkv, s = kc.shape[1], kc.shape[2]
-    n = t // bs
-    qg = q.view(b, hkv, h // hkv, t, hd)
-    scale = hd ** -0.5
-    ctx = (qg @ kc[:, :, None].transpose(-1, -2)).masked_fill(~ctx_vis[:, None, None], float("-inf"))
-    own = qg.view(b, hkv, h // hkv, n, bs, hd) @ kb.view(b, hkv, 1, n, bs, hd).transpose(-1, -2)
-    scores = torch.cat([ctx.view(b, hkv, h // hkv, n, bs, s), own], dim=-1) * scale
-    p = scores.float().softmax(-1).to(q.dtype)
-    out = p[..., :s].reshape(b, hkv, h // hkv, t, s) @ vc[:, :, None]
-    out = out + (p[..., s:] @ vb.view(b, hkv, 1, n, bs, hd)).view(b, hkv, h // hkv, t, hd)
-    return out.view(b, h, t, hd)
 
 
 def _rope_rows(rope, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
