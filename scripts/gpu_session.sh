@@ -21,8 +21,7 @@
 #           router into TESTBED_DIR/router (df-e3) or
 #           TESTBED_DIR/router_PAIR; router-data and router-train are its two halves, for two device commands
 #           (ROUTER_DATA: the folder router-data writes, default TESTBED_DIR/router_data_PAIR)
-#           (needs the package installed: `pip install -e .`, and `datasets`/`jsonargparse`
-#           importable);
+#           (needs `datasets`/`jsonargparse` importable);
 #   calibrate  per-category WhiFlash-Entropy thresholds, and WhiFlash-Neural's when the router is there, by
 #           replaying the router data with the latency profile (whiflash-eval calibrate --replay) ->
 #           TESTBED_DIR/thresholds_PAIR.json and thresholds_neural_PAIR.json, which `eval` then passes
@@ -58,14 +57,14 @@
 #           --smoke at toy widths when there is no GPU).
 # Usage: scripts/gpu_session.sh LOG_DIR TESTBED_DIR [STEP...]   (default steps: build bench tests)
 # With a built testbed, `bench profile` remeasures the engine's H200 figures (results/) in under 7 minutes.
-# Runs from a checkout without installing it (PYTHONPATH) for every step but `router`, so a machine that
-# has torch, transformers and lightning but not this package's other dependencies can run them.
+# Runs from a checkout without installing it (PYTHONPATH; the package reaches datagen/ train/ eval/ there as an
+# install maps them), so a machine that has torch, transformers and lightning but neither setuptools nor an index
+# runs every step; `router` also needs datasets and jsonargparse.
 # A machine without the rest (datasets, jsonargparse and their wheels) and without an index: fetch the wheels
 # here (`pip download --no-deps datasets dill multiprocess jsonargparse docstring_parser typeshed_client -d .whl`,
 # the pure-Python ones the lent H200 image lacks; `.whl/` is ignored),
 # carry `.whl`, and start the command with
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-#   python3 -m pip install -q --no-deps --no-build-isolation -e .
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${1:?LOG_DIR}

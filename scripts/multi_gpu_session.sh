@@ -39,8 +39,6 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
-python3 -c "import whiflash.datagen" 2>/dev/null \
-  || python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$LOG/install.log" 2>&1
 python3 -c "import datasets, jsonargparse, whiflash.datagen.cli, whiflash.train.cli, whiflash.eval.cli" \
   || { echo "missing packages (see above): carry their wheels in .whl/"; exit 2; }
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")

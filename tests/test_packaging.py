@@ -152,3 +152,17 @@ def modules_after_import() -> list[str]:
 def test_import_whiflash_loads_decoding_only(modules_after_import: list[str], module: str) -> None:
     loaded = [m for m in modules_after_import if m == module or m.startswith(module + ".")]
     assert not loaded, f"`import whiflash` imports {loaded}; import them inside the functions that need them"
+
+
+def test_the_clis_run_from_a_checkout_that_is_not_installed() -> None:
+    """A GPU machine without setuptools or an index runs the checkout on PYTHONPATH: `python -m whiflash.eval`
+    must find eval/ there as the install's package-dir mapping does (here the editable install's finder is
+    dropped, so only the checkout's path can)."""
+    code = ("import sys\n"
+            "sys.meta_path = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]\n"
+            f"sys.path.insert(0, {str(ROOT)!r})\n"
+            "import whiflash.datagen.cli, whiflash.train.cli, whiflash.eval.cli\n"
+            "print(whiflash.eval.cli.__file__)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert Path(run.stdout.strip()) == ROOT / "eval" / "cli.py"

@@ -11,6 +11,15 @@ Public API:
     load_router(name_or_path) -> NeuralRouter   # Hub repo id, local folder or .safetensors file
     EngineOptions(...)   # kernels, compiled layers, CUDA graphs, tree checks: target.set_engine(options)
 """
+from pathlib import Path
+
+# The CLIs live beside this package (datagen/ train/ eval/) and an install maps them into it (pyproject's
+# package-dir). From a checkout that is not installed (PYTHONPATH=checkout, as on a GPU machine without setuptools
+# or an index), the package path reaches them the same way, so `python -m whiflash.eval` runs there too.
+_checkout = Path(__file__).resolve().parent.parent
+if (_checkout / "pyproject.toml").is_file() and (_checkout / "eval" / "__init__.py").is_file():
+    __path__.append(str(_checkout))
+
 from whiflash.decoding import DecodeStats, RoundRecord, generate, summarize
 from whiflash.decoding.routed import OracleDrafter, RoutedDrafter
 from whiflash.drafters import load_drafter
