@@ -145,14 +145,17 @@ class Eagle3Module(L.LightningModule):
                 out = out + probs[..., s + j:s + j + 1] * dv
             h = residual + attn.o_proj(out.transpose(1, 2).reshape(b, s, attn.nh * attn.hd))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-            logits = d.lm_head(d.norm(h) if d.cfg.get("norm_output", True) else h).float()
-            p = _shift(teacher, k + 1, 0.0)
-            valid = _shift(mask, k + 2, False) & _shift(in_vocab, k + 1, False)
-            n = valid.sum().clamp(min=1)
+            # The head and the loss only on the rows step k is scored on (the response's; ~half of a sequence):
+            # the rows' logits are a step's largest tensors.
+            rows = (_shift(mask, k + 2, False) & _shift(in_vocab, k + 1, False)).nonzero(as_tuple=True)
+            hv = h[rows]
+            logits = d.lm_head(d.norm(hv) if d.cfg.get("norm_output", True) else hv).float()
+            p = teacher[rows[0], rows[1] + k + 1]
+            n = max(len(hv), 1)
             ce = -(p * logits.log_softmax(-1)).sum(-1)
-            total = total + (cfg.step_decay ** k) * (ce * valid).sum() / n
+            total = total + (cfg.step_decay ** k) * ce.sum() / n
             with torch.no_grad():
-                accs.append(float(((logits.argmax(-1) == p.argmax(-1)) & valid).sum() / n))
+                accs.append(float((logits.argmax(-1) == p.argmax(-1)).sum()) / n)
             feature = h  # the pre-norm output feeds the next step, as in propose()
         return total, accs
 
