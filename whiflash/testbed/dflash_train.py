@@ -95,6 +95,10 @@ class DFlashModule(L.LightningModule):
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Weighted CE and argmax hits per block slot ``[bs]`` for the given anchors."""
         d, bs = self.drafter, self.drafter.block_size
+        # Kept anchors come first in every row; past the most any row keeps there are only dropped blocks, which
+        # nothing attends to and nothing scores.
+        used = max(int(keep.sum(1).max()), 1)
+        anchors, keep = anchors[:, :used], keep[:, :used]
         batch = with_features(batch, self.features)
         ids, mask = batch["ids"], batch["loss_mask"]
         b, s = ids.shape
@@ -127,7 +131,6 @@ class DFlashModule(L.LightningModule):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=vis, enable_gqa=True)
             x = x + a.o_proj(out.transpose(1, 2).reshape(b, n * bs, a.nh * a.hd))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        logits = (d.norm(x) @ self.head_weight.to(x.dtype).T).float().view(b, n, bs, -1)
         lpos = anchors[..., None] + offs  # label positions [B, N, bs]
         inside = lpos < s
         labels = torch.gather(ids, 1, lpos.clamp(max=s - 1).reshape(b, -1)).view(b, n, bs)
@@ -135,10 +138,16 @@ class DFlashModule(L.LightningModule):
         decay = torch.exp(-(offs - 1).clamp(min=0).float() / self.cfg.loss_decay_gamma)
         decay[0] = 0.0
         w = decay * (keep[..., None] & inside & lmask).float()
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none").view(b, n, bs)
-        loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
+        # The head and the loss on the scored rows only: full-vocabulary logits are a step's largest tensors, and
+        # slot 0, labels past a response's end and dropped blocks weigh nothing.
+        rows = (w > 0).nonzero(as_tuple=True)
+        logits = (d.norm(x.reshape(b, n, bs, -1)[rows]) @ self.head_weight.to(x.dtype).T).float()
+        ce = F.cross_entropy(logits, labels[rows], reduction="none")
+        loss = (ce * w[rows]).sum() / w.sum().clamp(min=1e-6)
         with torch.no_grad():
-            hit = ((logits.argmax(-1) == labels) & (w > 0)).float().sum((0, 1)) / (w > 0).float().sum((0, 1)).clamp(min=1)
+            slot = rows[2]
+            hits = torch.zeros(bs, device=dev).index_add_(0, slot, (logits.argmax(-1) == labels[rows]).float())
+            hit = hits / torch.bincount(slot, minlength=bs).clamp(min=1)
         return loss, hit
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
