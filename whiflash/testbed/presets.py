@@ -455,8 +455,11 @@ def _small() -> TestbedConfig:
         eagle3=Eagle3Config(draft_vocab_size=4096, intermediate_size=1408, ttt_length=7, max_steps=1200,
                             batch_size=32, lr=1e-3, snapshots=[0.25, 0.5],
                             mix={"prose": 0.7, "code": 0.1, "math": 0.1, "agentic": 0.1}),
+        # DFlash's prose and math tau still rose from 500 to 1000 steps (prose +38%: results/2026-12-06-small-
+        # budget-sweep-t1-acceptance-h100.md) while code had flattened; the features computed once per sequence
+        # and the loss on scored rows only left the minutes for 1800 (snapshots at 450 and 900 give the curve).
         dflash=DFlashConfig(block_size=16, num_hidden_layers=5, intermediate_size=1408, num_anchors=128,
-                            loss_decay_gamma=7.0, max_steps=1000, batch_size=32, lr=1e-3,
+                            loss_decay_gamma=7.0, max_steps=1800, batch_size=32, lr=1e-3,
                             snapshots=[0.25, 0.5]),
         acceptance=AcceptanceConfig(prompts_per_category=10, max_new_tokens=96),
     )
