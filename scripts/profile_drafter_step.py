@@ -3,15 +3,15 @@
 Usage: python scripts/profile_drafter_step.py [--preset small] [--device cuda] [--steps 8] [--prompt 256]
        [--response 256] [--json OUT]
 
-The drafter stages (eagle3, dflash) run one frozen-target forward per batch for the tap features, then the
-drafter's training forward, backward and AdamW step. This script builds a target of the preset's shapes with
+A drafter stage (eagle3, dflash) computes the frozen target's tap features once per sequence where they fit
+(else one forward per batch), then runs the drafter's training forward, backward and AdamW step. This script builds a target of the preset's shapes with
 random weights (time depends on shapes, not values), one batch of ``batch_size`` sequences of ``prompt`` +
 ``response`` tokens (the loss on the response), and times, after two warm-up steps, the mean of ``steps``:
 ``features`` (the target forward alone), ``step`` (a whole training step, features included) and ``drafter``
 (the step with the features already in the batch), under bf16 autocast on CUDA, fp32 on a CPU. It then prints
-the top operators of one step by device time (torch.profiler). The ``features`` share says what caching the
-features (one forward per sequence instead of one per step) would save at the preset's epochs; the operator
-table what the drafter's own time is made of.
+the top operators of one step with the features given, as the stage runs it (torch.profiler, by device time):
+what the drafter's own time is made of. The ``features`` share says what computing the features in every step
+would cost where they do not fit.
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def profile(kind: str, preset, folder: Path, args: argparse.Namespace) -> dict:
     if args.device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        step(batch)
+        step(cached)
         if args.device == "cuda":
             torch.cuda.synchronize()
     key = "device_time_total" if args.device == "cuda" else "cpu_time_total"
