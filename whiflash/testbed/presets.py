@@ -450,7 +450,12 @@ def _small() -> TestbedConfig:
         # drafters that fit their training sequences far better than held-out ones (EAGLE-3 code step-0
         # agreement 0.65 in training, tau 1.47 held out), so drafting data is wide and code takes
         # several def/class cuts per file.
-        responses=ResponsesConfig(prompts_per_category=4096, split={"prose": "validation", "agentic": "validation"},
+        # Prose takes twice the prompts: EAGLE-3's chat mix read each of 4096 prose responses ~6.6 times in 1200
+        # steps, and DFlash's 800 added steps then go mostly to prose (its share of sequences 25% -> 40%; the other
+        # categories get 1080 steps' worth of draws, 800 at 1000 steps). On tiny, more distinct responses paid on prose once there
+        # were steps to read them (results/2026-12-07-drafter-steps-data-and-step-cost-tiny.md).
+        responses=ResponsesConfig(prompts_per_category={"code": 4096, "math": 4096, "prose": 8192, "agentic": 4096},
+                                  split={"prose": "validation", "agentic": "validation"},
                                   max_new_tokens=256, max_prompt_tokens=256, batch_size=1024, max_passes=64),
         eagle3=Eagle3Config(draft_vocab_size=4096, intermediate_size=1408, ttt_length=7, max_steps=1200,
                             batch_size=32, lr=1e-3, snapshots=[0.25, 0.5],
