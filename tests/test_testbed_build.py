@@ -222,6 +222,30 @@ def test_cached_features_train_the_drafters_as_features_computed_each_step(micro
     assert "dflash features" in caplog.text and "computed in every training step" in caplog.text
 
 
+def test_dflash_scores_only_kept_blocks_and_slots_past_the_anchor(micro: Path) -> None:
+    """DFlash's loss runs its head on the scored rows only and drops blocks past the most any row keeps: padding
+    the anchors with dropped blocks changes neither loss nor hits, and slot 0 (the anchor itself) is never scored."""
+    import whiflash
+    from whiflash.testbed.dflash_train import DFlashModule, sample_anchors
+    from whiflash.testbed.drafter_data import load_features, pad_batch, response_samples
+    from whiflash.testbed.presets import get_preset
+
+    target = whiflash.load_target(micro / "target")
+    drafter = whiflash.load_drafter("dflash", micro / "dflash", target)
+    features = load_features(micro, _manifest(micro)["stages"]["dflash"]["taps"])
+    module = DFlashModule(drafter, features, target.model.embed_tokens.weight, target.lm_head.weight,
+                          get_preset("micro").dflash)
+    batch = pad_batch(response_samples(micro)[:6], pad_id=0)
+    anchors, keep = sample_anchors(batch["loss_mask"], 4, torch.Generator().manual_seed(0))
+    assert keep.all()
+    loss, hit = module.block_loss(batch, anchors, keep)
+    padded = (torch.cat([anchors, torch.zeros_like(anchors)], 1), torch.cat([keep, torch.zeros_like(keep)], 1))
+    loss2, hit2 = module.block_loss(batch, *padded)
+    torch.testing.assert_close(loss2, loss)
+    torch.testing.assert_close(hit2, hit)
+    assert hit[0] == 0 and hit[1:].sum() > 0
+
+
 def _random_qwen3_and_prompts(n: int, seed: int) -> tuple[torch.nn.Module, list[list[int]]]:
     """A 2-layer random-weight Qwen3 (vocabulary 97, eos 1, pad 0) and ``n`` random prompts of 1-11 tokens."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
