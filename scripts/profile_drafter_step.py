@@ -3,15 +3,15 @@
 Usage: python scripts/profile_drafter_step.py [--preset small] [--device cuda] [--steps 8] [--prompt 256]
        [--response 256] [--json OUT]
 
-A drafter stage (eagle3, dflash) computes the frozen target's tap features once per sequence where they fit
-(else one forward per batch), then runs the drafter's training forward, backward and AdamW step. This script
-builds a target of the preset's shapes with random weights (time depends on shapes, not values), one batch of
-``batch_size`` sequences of ``prompt`` + ``response`` tokens (the loss on the response), and times, after two warm-up steps, the mean of ``steps``:
-``features`` (the target forward alone), ``step`` (a whole training step, features included) and ``drafter``
-(the step with the features already in the batch), under bf16 autocast on CUDA, fp32 on a CPU. It then prints
-the top operators of one step with the features given, as the stage runs it (torch.profiler, by device time):
-what the drafter's own time is made of. The ``features`` share says what computing the features in every step
-would cost where they do not fit.
+A drafter stage (eagle3, dflash) computes the frozen target's tap features once per sequence where they fit (else
+one forward per batch), then runs the drafter's training forward, backward and AdamW step. This script builds a
+target of the preset's shapes with random weights (time depends on shapes, not values), one batch of ``batch_size``
+sequences of ``prompt`` + ``response`` tokens (the loss on the response), and times, after two warm-up steps, the
+mean of ``steps``: ``features`` (the target forward alone), ``step`` (a whole training step, features included) and
+``drafter`` (the step with the features already in the batch), under bf16 autocast on CUDA, fp32 on a CPU. It then
+prints the top operators of one step with the features given, as the stage runs it (torch.profiler, by device
+time): what the drafter's own time is made of. The ``features`` share says what computing the features in every
+step would cost where they do not fit.
 """
 from __future__ import annotations
 
