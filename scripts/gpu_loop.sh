@@ -156,5 +156,12 @@ for i in "${!steps[@]}"; do
   done_ "${run}" "$pair" || { echo "=== $name did not finish: call again to go on"; break; }
 done
 for p in "${pairs[@]}"; do pack "router_data_$p"; pack "router_data_${p}_test"; done
+# issue 27's bars from the T = 0 bench (eval-t0's, else the routed one, which holds the drafters and the sweep), the
+# T = 1 bench and the build, once a T = 0 bench is there -> LOG_DIR/bars.md (CPU only, seconds)
+p=${pairs[0]}; t0=$L/eval_${p}_t0_results.json; [ -f "$t0" ] || t0=$L/eval_${p}_routed_results.json
+if [ -f "$t0" ]; then
+  t1=(); [ -f "$L/eval_${p}_t1_results.json" ] && t1=(--t1 "$L/eval_${p}_t1_results.json")
+  python3 scripts/testbed_bars.py "$t0" "${t1[@]}" --testbed "$TB" --out "$L/bars.md" | tail -1
+fi
 [ -n "${tests_pid:-}" ] && wait "$tests_pid" && tail -3 "$L/tests.out"
 echo "=== $(( $(date +%s) - start ))s of ${budget}s"

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,40 @@ def test_the_drafter_step_profile_runs_first_when_asked(tmp_path: Path) -> None:
     (tmp_path / "log").mkdir(exist_ok=True)
     (tmp_path / "log" / "drafter_step.json").write_text("{}")
     assert dry(PROFILE_DRAFTERS="1")[0] == "=== profile-drafters: done before"
+
+
+def test_testbed_bars_read_off_a_bench_and_a_build(tmp_path: Path) -> None:
+    """scripts/testbed_bars.py: each of issue 27's bars met or missed by its distance, from a bench results file
+    and a testbed manifest; a file that is no bench result is refused by name."""
+    def cell(speedup: float, tau: float, median: float | None = None) -> dict:
+        return {"speedup": speedup, "speedup_median_ratio": speedup if median is None else median, "tau": tau}
+
+    cells = {
+        "code": {"ar": cell(1, 1), "eagle3": cell(2.0, 5.9), "dflash": cell(4.0, 12.0), "ddtree-b16": cell(3.9, 12.5),
+                 "ddtree-b32": cell(4.2, 13.0), "oracle": cell(3.0, 13.5)},
+        "prose": {"ar": cell(1, 1), "eagle3": cell(1.9, 3.5), "dflash": cell(1.38, 2.07, median=1.0),
+                  "ddtree-b16": cell(1.5, 2.5), "ddtree-b32": cell(1.4, 2.6), "oracle": cell(1.2, 4.0)},
+        "all": {"ar": cell(1, 1), "eagle3": cell(0.1, 1)},  # pooled over categories: not a category of its own
+    }
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"cells": cells}))
+    tb = tmp_path / "tb"
+    tb.mkdir()
+    stages = {s: {"done": True, "seconds": 110.0} for s in ("corpus", "tokenizer", "tokens", "target", "responses",
+                                                             "eagle3", "dflash")}
+    (tb / "manifest.json").write_text(json.dumps({"stages": stages}))
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/testbed_bars.py"), str(results), "--testbed", str(tb)],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in out.splitlines() if line.startswith("| ")}
+    assert "**no**" in rows["T=0 speedup of dflash > 1.5x"] and "prose -0.12" in rows["T=0 speedup of dflash > 1.5x"]
+    assert "| yes |" in rows["T=0 speedup of eagle3 > 1.5x"]  # the pooled 'all' row is not a category
+    assert "**no**" in rows["median per-prompt ratio of dflash / its speedup >= 0.8"]  # 1.0 of 1.38x: 0.72
+    assert "**no**" in rows["tau eagle3 code 3..5"] and "+0.90" in rows["tau eagle3 code 3..5"]
+    assert "**no**" in rows["tau dflash prose >= 3"] and "-0.93" in rows["tau dflash prose >= 3"]
+    assert "| yes |" in rows["tau dflash code >= 5"] and "| yes |" in rows["eagle3 faster than dflash on prose"]
+    assert "| yes |" in rows["oracle tau headroom >= x1.10 in >= 2 categories (bench)"]  # x1.12 code, x1.14 prose
+    assert "ddtree-b32 4.20x vs 4.00x" in rows["DDTree (budget <= 64) faster than DFlash on code"]
+    assert "**no**" in rows["build stages <= 12 min"] and "+0.8 min" in rows["build stages <= 12 min"]
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts/testbed_bars.py"), str(tb / "manifest.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "manifest.json: no 'cells'" in bad.stderr
