@@ -1,4 +1,4 @@
-"""Issue 27's bars for a testbed, read off one benchmark run: each bar, what was measured, met or by how much not.
+"""A testbed's realism bars, read off one benchmark run: each bar, what was measured, met or by how much not.
 
 Usage: python scripts/testbed_bars.py RESULTS.json [--t1 RESULTS_T1.json] [--testbed DIR] [--build-minutes 12]
        [--out BARS.md]
