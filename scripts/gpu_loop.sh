@@ -156,8 +156,8 @@ for i in "${!steps[@]}"; do
   done_ "${run}" "$pair" || { echo "=== $name did not finish: call again to go on"; break; }
 done
 for p in "${pairs[@]}"; do pack "router_data_$p"; pack "router_data_${p}_test"; done
-# the testbed's realism bars (scripts/testbed_bars.py) from the T = 0 bench (eval-t0's, else the routed one, which holds the drafters and the sweep), the
-# T = 1 bench and the build, once a T = 0 bench is there -> LOG_DIR/bars.md (CPU only, seconds)
+# the testbed's realism bars (scripts/testbed_bars.py) from the T = 0 bench (eval-t0's, else the routed one, which
+# holds the drafters and the sweep), the T = 1 bench and the build, once a T = 0 bench is there -> LOG_DIR/bars.md
 p=${pairs[0]}; t0=$L/eval_${p}_t0_results.json; [ -f "$t0" ] || t0=$L/eval_${p}_routed_results.json
 if [ -f "$t0" ]; then
   t1=(); [ -f "$L/eval_${p}_t1_results.json" ] && t1=(--t1 "$L/eval_${p}_t1_results.json")

@@ -273,7 +273,7 @@ def test_the_drafter_step_profile_runs_first_when_asked(tmp_path: Path) -> None:
 
 
 def test_testbed_bars_read_off_a_bench_and_a_build(tmp_path: Path) -> None:
-    """scripts/testbed_bars.py: each of issue 27's bars met or missed by its distance, from a bench results file
+    """scripts/testbed_bars.py: each of the testbed's realism bars met or missed by its distance, from a bench results file
     and a testbed manifest; a file that is no bench result is refused by name."""
     def cell(speedup: float, tau: float, median: float | None = None) -> dict:
         return {"speedup": speedup, "speedup_median_ratio": speedup if median is None else median, "tau": tau}
