@@ -175,10 +175,10 @@ def test_build_stages_that_fit_together_run_in_one_build_process(tmp_path: Path)
     tb = tmp_path / "tb"
     tb.mkdir()
     (tb / "manifest.json").write_text(json.dumps({"stages": {s: {"done": True} for s in STAGES[:5]}}))
-    assert "=== build-eagle3 to dflash in one build process (380s estimate)" in dry(tb, 400)
+    assert "=== build-eagle3 to dflash in one build process (370s estimate)" in dry(tb, 400)
     assert dry(tb, 300)[-3].endswith(" build-eagle3@df-e3:140")  # alone where the two do not fit
     (tb / "manifest.json").write_text(json.dumps({"stages": {s: {"done": True} for s in STAGES[:6]}}))
-    assert dry(tb, 150)[3].startswith("=== stop before build-dflash (")  # alone it takes its own estimate (240 s)
+    assert dry(tb, 150)[3].startswith("=== stop before build-dflash (")  # alone it takes its own estimate (230 s)
 
 
 def test_a_chosen_tau_rule_gets_a_bench_of_its_own_after_the_routed_one(tmp_path: Path) -> None:

@@ -451,9 +451,10 @@ def _small() -> TestbedConfig:
         # agreement 0.65 in training, tau 1.47 held out), so drafting data is wide and code takes
         # several def/class cuts per file.
         # Prose takes twice the prompts: EAGLE-3's chat mix read each of 4096 prose responses ~6.6 times in 1200
-        # steps, and DFlash's 800 added steps then go mostly to prose (its share of sequences 25% -> 40%; the other
-        # categories get 1080 steps' worth of draws, 800 at 1000 steps). On tiny, more distinct responses paid on prose once there
-        # were steps to read them (results/2026-12-07-drafter-steps-data-and-step-cost-tiny.md).
+        # steps, and DFlash's 600 added steps then go mostly to prose (its share of sequences 25% -> 40%; the
+        # other categories get 960 steps' worth of draws, 750 at 1000 steps). On tiny, more distinct responses
+        # paid on prose once there were steps to read them (results/2026-12-07-drafter-steps-data-and-step-cost-
+        # tiny.md).
         responses=ResponsesConfig(prompts_per_category={"code": 4096, "math": 4096, "prose": 8192, "agentic": 4096},
                                   split={"prose": "validation", "agentic": "validation"},
                                   max_new_tokens=256, max_prompt_tokens=256, batch_size=1024, max_passes=64),
@@ -462,9 +463,9 @@ def _small() -> TestbedConfig:
                             mix={"prose": 0.7, "code": 0.1, "math": 0.1, "agentic": 0.1}),
         # DFlash's prose and math tau still rose from 500 to 1000 steps (prose +38%: results/2026-12-06-small-
         # budget-sweep-t1-acceptance-h100.md) while code had flattened; the features computed once per sequence
-        # and the loss on scored rows only left the minutes for 1800 (snapshots at 450 and 900 give the curve).
+        # and the loss on scored rows only left the minutes for 1600 (snapshots at 400 and 800 give the curve).
         dflash=DFlashConfig(block_size=16, num_hidden_layers=5, intermediate_size=1408, num_anchors=128,
-                            loss_decay_gamma=7.0, max_steps=1800, batch_size=32, lr=1e-3,
+                            loss_decay_gamma=7.0, max_steps=1600, batch_size=32, lr=1e-3,
                             snapshots=[0.25, 0.5]),
         acceptance=AcceptanceConfig(prompts_per_category=10, max_new_tokens=96),
     )
