@@ -161,7 +161,7 @@ for p in "${pairs[@]}"; do pack "router_data_$p"; pack "router_data_${p}_test"; 
 p=${pairs[0]}; t0=$L/eval_${p}_t0_results.json; [ -f "$t0" ] || t0=$L/eval_${p}_routed_results.json
 if [ -f "$t0" ]; then
   t1=(); [ -f "$L/eval_${p}_t1_results.json" ] && t1=(--t1 "$L/eval_${p}_t1_results.json")
-  python3 scripts/testbed_bars.py "$t0" "${t1[@]}" --testbed "$TB" --out "$L/bars.md" | tail -1
+  python3 scripts/testbed_bars.py "$t0" "${t1[@]}" --testbed "$TB" --pair "$p" --out "$L/bars.md" | tail -1
 fi
 [ -n "${tests_pid:-}" ] && wait "$tests_pid" && tail -3 "$L/tests.out"
 echo "=== $(( $(date +%s) - start ))s of ${budget}s"

@@ -1,7 +1,8 @@
-"""A testbed's realism bars, read off one benchmark run: each bar, what was measured, met or by how much not.
+"""A testbed's realism bars and its router's, read off one benchmark run: each bar, what was measured, met or by
+how much not.
 
 Usage: python scripts/testbed_bars.py RESULTS.json [--t1 RESULTS_T1.json] [--testbed DIR] [--build-minutes 12]
-       [--out BARS.md]
+       [--pair df-e3] [--out BARS.md]
 
 ``RESULTS.json`` is a ``whiflash-eval bench`` results file at temperature 0 (the routed bench of
 ``scripts/gpu_loop.sh`` holds AR, EAGLE-3, DFlash, DDTree at its budgets and the per-round oracle); ``--t1`` one at
@@ -16,7 +17,10 @@ oracle τ headroom. The bars:
 - EAGLE-3 faster than DFlash on prose, DFlash faster than EAGLE-3 on code and math;
 - the per-round oracle's τ at least 1.10x the better drafter's in at least two categories;
 - DDTree at some budget <= 64 faster than DFlash on code and math;
-- the build's stages within ``--build-minutes``.
+- the build's stages within ``--build-minutes``;
+- and the router's: each routed method (WhiFlash-Neural, WhiFlash-Entropy) at least as fast as the faster drafter
+  of its pair (``--pair``: EAGLE-3 and DFlash for ``df-e3``, EAGLE-3 and DDTree for ``ddt-e3``) in every category,
+  by the bench's paired gain and its interval (``pinned``: the method ran that drafter alone there).
 """
 from __future__ import annotations
 
@@ -32,8 +36,8 @@ TAU_RANGES = {("dflash", "prose"): (3.0, None), ("dflash", "code"): (5.0, None),
 """(method, category) -> (low, high) of τ; EAGLE-3's 3..5 holds in every category."""
 
 
-def load_cells(path: Path) -> dict[str, dict[str, dict]]:
-    """``category -> method -> cell`` of a bench results file, with a clear error for anything else."""
+def load_results(path: Path) -> dict:
+    """A bench results file, with a clear error for anything else."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -42,7 +46,12 @@ def load_cells(path: Path) -> dict[str, dict[str, dict]]:
     if not isinstance(cells, dict) or not cells:
         raise SystemExit(f"{path}: no 'cells' (category -> method -> figures); expected a whiflash-eval bench "
                          f"results JSON")
-    return {cat: methods for cat, methods in cells.items() if cat != "all"}  # the bars are per category
+    return data
+
+
+def per_category(cells: dict) -> dict[str, dict[str, dict]]:
+    """``category -> method -> cell`` without the pooled ``all``: the bars are per category."""
+    return {cat: methods for cat, methods in cells.items() if cat != "all"}
 
 
 def ddtree_methods(methods) -> list[str]:
@@ -129,6 +138,29 @@ def bars(t0: dict, t1: dict | None = None, build_seconds: float | None = None, b
     return rows
 
 
+def router_rows(gains: dict, cells: dict, pair: str = "df-e3") -> list[tuple[str, str, bool, str]]:
+    """Each routed method against the faster drafter of its pair, per category, from the bench's paired gains (%)."""
+    parallel = "dflash" if pair == "df-e3" else "ddtree"
+    rows = []
+    for method in sorted(m for m in gains if m.startswith("whiflash")):  # the oracle is an analysis bound
+        for cat in sorted(c for c in gains[method] if c in cells):
+            g = gains[method][cat]
+            speed = {m: cells[cat][m]["speedup"] for m in cells[cat]
+                     if m == "eagle3" or m == parallel or m.startswith(parallel + "-")}
+            if "eagle3" not in speed or len(speed) < 2:
+                continue
+            best = max(speed, key=speed.get)
+            key = "vs_eagle3" if best == "eagle3" else f"vs_{parallel}"
+            if g.get(key) is None:
+                continue
+            low, high = g.get(f"{key}_ci") or (float("nan"), float("nan"))
+            pinned = f", pinned {g['pinned']}" if g.get("pinned") else ""
+            rows.append((f"{method} >= the faster of its pair on {cat}",
+                         f"{g[key]:+.1f}% ({low:+.1f}..{high:+.1f}) vs {best}{pinned}", g[key] >= 0,
+                         "" if g[key] >= 0 else f"{g[key]:+.1f}%"))
+    return rows
+
+
 def testbed_figures(folder: Path) -> tuple[float | None, dict[str, float] | None]:
     """Stage seconds (corpus to dflash; None unless all were built) and the acceptance stage's oracle headroom."""
     path = folder / "manifest.json"
@@ -156,11 +188,15 @@ def main() -> None:
     ap.add_argument("--t1", type=Path, default=None, help="bench results JSON at temperature 1")
     ap.add_argument("--testbed", type=Path, default=None, help="the built testbed (its manifest.json)")
     ap.add_argument("--build-minutes", type=float, default=12.0, help="the build's budget in minutes of stages")
+    ap.add_argument("--pair", choices=("df-e3", "ddt-e3"), default="df-e3", help="the routed methods' drafter pair")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
     args = ap.parse_args()
     seconds, headroom = testbed_figures(args.testbed) if args.testbed else (None, None)
-    table = render(bars(load_cells(args.results), load_cells(args.t1) if args.t1 else None, seconds,
-                        args.build_minutes, headroom))
+    t0 = load_results(args.results)
+    cells = per_category(t0["cells"])
+    rows = bars(cells, per_category(load_results(args.t1)["cells"]) if args.t1 else None, seconds,
+                args.build_minutes, headroom)
+    table = render(rows + router_rows(t0.get("gains") or {}, cells, args.pair))
     print(table, end="")
     if args.out:
         args.out.write_text(table)

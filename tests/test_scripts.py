@@ -273,8 +273,8 @@ def test_the_drafter_step_profile_runs_first_when_asked(tmp_path: Path) -> None:
 
 
 def test_testbed_bars_read_off_a_bench_and_a_build(tmp_path: Path) -> None:
-    """scripts/testbed_bars.py: each of the testbed's realism bars met or missed by its distance, from a bench results file
-    and a testbed manifest; a file that is no bench result is refused by name."""
+    """scripts/testbed_bars.py: each of the testbed's realism bars and the router's met or missed by its distance, from
+    a bench results file and a testbed manifest; a file that is no bench result is refused by name."""
     def cell(speedup: float, tau: float, median: float | None = None) -> dict:
         return {"speedup": speedup, "speedup_median_ratio": speedup if median is None else median, "tau": tau}
 
@@ -286,7 +286,11 @@ def test_testbed_bars_read_off_a_bench_and_a_build(tmp_path: Path) -> None:
         "all": {"ar": cell(1, 1), "eagle3": cell(0.1, 1)},  # pooled over categories: not a category of its own
     }
     results = tmp_path / "results.json"
-    results.write_text(json.dumps({"cells": cells}))
+    cells["prose"]["whiflash-neural"] = cell(1.87, 3.3)
+    gains = {"whiflash-neural": {"prose": {"vs_eagle3": -1.5, "vs_eagle3_ci": [-5.4, 2.9], "vs_dflash": 35.5,
+                                           "vs_dflash_ci": [30.0, 41.0], "pinned": None}},
+             "oracle": {"prose": {"vs_eagle3": -37.0, "vs_eagle3_ci": [-40.0, -30.0]}}}
+    results.write_text(json.dumps({"cells": cells, "gains": gains}))
     tb = tmp_path / "tb"
     tb.mkdir()
     stages = {s: {"done": True, "seconds": 110.0} for s in ("corpus", "tokenizer", "tokens", "target", "responses",
@@ -304,6 +308,9 @@ def test_testbed_bars_read_off_a_bench_and_a_build(tmp_path: Path) -> None:
     assert "| yes |" in rows["oracle tau headroom >= x1.10 in >= 2 categories (bench)"]  # x1.12 code, x1.14 prose
     assert "ddtree-b32 4.20x vs 4.00x" in rows["DDTree (budget <= 64) faster than DFlash on code"]
     assert "**no**" in rows["build stages <= 12 min"] and "+0.8 min" in rows["build stages <= 12 min"]
+    neural = rows["whiflash-neural >= the faster of its pair on prose"]  # the faster is EAGLE-3 there, not DFlash
+    assert "**no**" in neural and "-1.5% (-5.4..+2.9) vs eagle3" in neural
+    assert not any(bar.startswith("oracle >=") for bar in rows)  # an analysis bound, not a router
     bad = subprocess.run([sys.executable, str(ROOT / "scripts/testbed_bars.py"), str(tb / "manifest.json")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "manifest.json: no 'cells'" in bad.stderr
