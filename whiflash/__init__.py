@@ -13,13 +13,6 @@ Public API:
 """
 from pathlib import Path
 
-# The CLIs live beside this package (datagen/ train/ eval/) and an install maps them into it (pyproject's
-# package-dir). From a checkout that is not installed (PYTHONPATH=checkout, as on a GPU machine without setuptools
-# or an index), the package path reaches them the same way, so `python -m whiflash.eval` runs there too.
-_checkout = Path(__file__).resolve().parent.parent
-if (_checkout / "pyproject.toml").is_file() and (_checkout / "eval" / "__init__.py").is_file():
-    __path__.append(str(_checkout))
-
 from whiflash.decoding import DecodeStats, RoundRecord, generate, summarize
 from whiflash.decoding.routed import OracleDrafter, RoutedDrafter
 from whiflash.drafters import load_drafter
@@ -35,3 +28,10 @@ __all__ = [
     "summarize",
 ]
 __version__ = "0.1.0"
+
+# The CLIs live beside this package (datagen/ train/ eval/) and an install maps them into it (pyproject's
+# package-dir). From a checkout that is not installed (PYTHONPATH=checkout, as on a GPU machine without setuptools
+# or an index), the package path reaches them the same way, so `python -m whiflash.eval` runs there too.
+_checkout = Path(__file__).resolve().parent.parent
+if (_checkout / "pyproject.toml").is_file() and (_checkout / "eval" / "__init__.py").is_file():
+    __path__.append(str(_checkout))
