@@ -222,6 +222,44 @@ def test_cached_features_train_the_drafters_as_features_computed_each_step(micro
     assert "dflash features" in caplog.text and "computed in every training step" in caplog.text
 
 
+def test_eagle3_ttt_loss_equals_the_masked_loss_over_every_row(micro: Path) -> None:
+    """EAGLE-3's TTT runs its head and loss on the rows each step scores only: its loss and accuracies must equal
+    the soft cross-entropy over every row, masked to those rows (each step's pre-head states captured by hooks)."""
+    import whiflash
+    from whiflash.testbed.drafter_data import load_features, pad_batch, response_samples
+    from whiflash.testbed.eagle3_train import Eagle3Module, _shift
+    from whiflash.testbed.presets import get_preset
+
+    target = whiflash.load_target(micro / "target")
+    drafter = whiflash.load_drafter("eagle3", micro / "eagle3", target)
+    features = load_features(micro, _manifest(micro)["stages"]["eagle3"]["taps"])
+    cfg = get_preset("micro").eagle3
+    used = torch.nonzero(drafter.t2d).flatten()
+    module = Eagle3Module(drafter, features, target.model.embed_tokens.weight, target.lm_head.weight, used, cfg, 0)
+    batch = pad_batch(response_samples(micro)[:6], pad_id=0)
+    pre, mlp = [], []  # h before the MLP and the MLP's output, every step: the step's state is their sum
+    layer = drafter.midlayer
+    hooks = [layer.post_attention_layernorm.register_forward_hook(lambda m, a, o: pre.append(a[0])),
+             layer.mlp.register_forward_hook(lambda m, a, o: mlp.append(o))]
+    loss, accs = module.ttt(batch)
+    for h in hooks:
+        h.remove()
+    _, hidden = features(batch["ids"])
+    full = hidden.float() @ target.lm_head.weight.float().T
+    in_vocab, teacher = drafter.t2d[full.argmax(-1)], full[..., used].softmax(-1)
+    want, want_accs = 0.0, []
+    for k, (a, b) in enumerate(zip(pre, mlp)):
+        logits = drafter.lm_head(drafter.norm(a + b)).float()
+        p = _shift(teacher, k + 1, 0.0)
+        valid = _shift(batch["loss_mask"], k + 2, False) & _shift(in_vocab, k + 1, False)
+        n = valid.sum().clamp(min=1)
+        want = want + cfg.step_decay ** k * (-(p * logits.log_softmax(-1)).sum(-1) * valid).sum() / n
+        want_accs.append(float(((logits.argmax(-1) == p.argmax(-1)) & valid).sum() / n))
+    assert len(pre) == cfg.ttt_length
+    torch.testing.assert_close(loss, want, atol=1e-5, rtol=1e-5)
+    assert accs == pytest.approx(want_accs, abs=1e-6)
+
+
 def test_dflash_scores_only_kept_blocks_and_slots_past_the_anchor(micro: Path) -> None:
     """DFlash's loss runs its head on the scored rows only and drops blocks past the most any row keeps: padding
     the anchors with dropped blocks changes neither loss nor hits, and slot 0 (the anchor itself) is never scored."""

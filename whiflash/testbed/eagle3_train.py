@@ -123,7 +123,7 @@ class Eagle3Module(L.LightningModule):
         k0 = v0 = None
         diag: list[tuple[torch.Tensor, torch.Tensor]] = []
         total = feature.new_zeros((), dtype=torch.float32)
-        accs: list[float] = []
+        hits: list[torch.Tensor] = []
         for k in range(cfg.ttt_length):
             tok = _shift(ids, k + 1, self.pad_id)
             normed = layer.hidden_norm(feature)
@@ -155,9 +155,9 @@ class Eagle3Module(L.LightningModule):
             ce = -(p * logits.log_softmax(-1)).sum(-1)
             total = total + (cfg.step_decay ** k) * ce.sum() / n
             with torch.no_grad():
-                accs.append(float((logits.argmax(-1) == p.argmax(-1)).sum()) / n)
+                hits.append((logits.argmax(-1) == p.argmax(-1)).sum() / n)
             feature = h  # the pre-norm output feeds the next step, as in propose()
-        return total, accs
+        return total, torch.stack(hits).tolist()  # one transfer for every step's accuracy
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, accs = self.ttt(batch)

@@ -359,7 +359,8 @@ def _micro() -> TestbedConfig:
 def _tiny() -> TestbedConfig:
     # Under 5 minutes of stages on 2 idle CPU cores in fp32 (no bf16 instructions), measured: corpus, tokenizer
     # and tokens ~25 s, target 133-156 s, responses 6-9 s, EAGLE-3 30 s, DFlash 41 s (with the target's features
-    # computed once per sequence; 31-36 and 47-52 s when every step computed them), acceptance 23-31 s; 267-288 s
+    # computed once per sequence; 31-36 and 47-52 s when every step computed them; ~20% less again since the head
+    # and loss run on scored rows only), acceptance 23-31 s; 267-288 s
     # in all (on 2 cores the drafter stages run one after the other). Math templates are learned to
     # low entropy, code and prose stay uncertain. Sized for that budget: the target trains on batches of 4
     # windows, EAGLE-3 too, DFlash has one layer (at 200 steps its tau is within 8% of two layers' in 70% of
@@ -401,7 +402,7 @@ def _small() -> TestbedConfig:
     # Half the agent thoughts end with a few lines of library code (uncertain for this target) inside
     # transcripts whose templated spans DFlash drafts whole, so the better drafter changes within them.
     # The target is sharpened on its own low-temperature continuations (the instruction-tuning stand-in)
-    # and the drafters learn from ~15k of its continuations (~2.4M tokens) in two to three epochs: released
+    # and the drafters learn from ~20k of its continuations (~2.3M response tokens) in two to three epochs: released
     # drafters learn from tens of millions of tokens, and ten epochs over a few thousand sequences overfit.
     # Every stage fits one 10-minute device command; the batched generator's rate (responses) and the cost of a
     # drafter step bound the data (results/ has the measured rates). On `tiny` the drafters' tau follows their
