@@ -33,6 +33,7 @@ from .benchmarks import TESTBED_CATEGORY
 from .checks import check_bench_config, tau_rule
 from .config import BenchConfig
 from .datasets import Sample, load_selection
+from .decisions import DECISIONS_DEFINITION, shared_state_decisions
 from .families import parse_values
 from .lossless import MarginProbe, Mismatch, first_difference
 from .methods import Method, MethodFactory, method_names, model_paths
@@ -309,6 +310,8 @@ def run_bench(cfg: BenchConfig, argv: list[str] | None = None, config_dump: str 
                     "lossless_check": "every output vs AR, token for token" if cfg.temperature == 0
                     else "skipped (temperature > 0: outputs are samples)",
                     "samples": len({r["sample"] for r in rows})})
+    if cfg.temperature == 0:  # sampled decodes leave each other's paths: no shared states to judge on
+        results.update({"decisions": shared_state_decisions(rows), "decisions_definition": DECISIONS_DEFINITION})
     write_results(run, results)
     if cfg.save_path:
         write_save_path(cfg.save_path, results, rows, asdict(cfg))

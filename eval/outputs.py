@@ -32,6 +32,7 @@ from whiflash.io import append_text, atomic_write_json, atomic_write_text
 from whiflash.locks import claim
 from whiflash.versions import package_versions
 
+from .decisions import decisions_markdown
 from .metrics import OUTLIER_FACTOR, SPEEDUP_DEFINITION, one_off_text
 
 log = logging.getLogger(__name__)
@@ -238,6 +239,9 @@ def markdown_table(results: dict[str, Any], run_label: str = "") -> str:
             for cat, g in per.items():
                 cells = [_gain(g, k) for k in ("vs_eagle3", "vs_dflash", "vs_ddtree")]
                 text += f"\n| {m} | {cat} | " + " | ".join(cells) + " |"
+    if results.get("decisions"):
+        text += (f"\n\nDecisions on shared states ({results['decisions_definition']}):\n\n"
+                 + decisions_markdown(results["decisions"]))
     text += f"\n\nSpeedup columns: {results.get('speedup_definition', SPEEDUP_DEFINITION)}.\n"
     text += (f"τ: {results['tau_definition']}; tau pooled = every round's tau averaged (tokens per round), "
              "which a few sequences of very long acceptances do not carry.\n")

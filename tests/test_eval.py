@@ -185,6 +185,11 @@ def test_bench_writes_every_output_and_is_lossless(bench_run: Path) -> None:
     assert "vs_eagle3" in res["gains"]["whiflash-entropy"]["all"]
     md = (bench_run / "results.md").read_text()
     assert TAU_DEFINITION in md and "vs EAGLE-3" in md
+    # the entropy router's rounds on states its drafters' own decodes also stood on (fp32: lossless, so every
+    # state up to the end is shared): each drafted as its drafter alone did there, catch-up included
+    judged = res["decisions"]["whiflash-entropy"]["all"]
+    assert sum(f["rounds"] for f in judged.values()) > 0 and "Decisions on shared states" in md
+    assert all(f["same_as_alone"] == 1.0 for f in judged.values())
     man = json.loads((bench_run / "manifest.json").read_text())
     assert man["kind"] == "whiflash.eval" and man["argv"][:2] == ["whiflash-eval", "bench"] and man["seed"] == 0
     assert man["models"]["target"].endswith("target") and man["hardware"]["device"] == "cpu"
@@ -488,6 +493,35 @@ def test_routed_rounds_are_costed_against_their_drafters_own_rounds_on_the_same_
     assert cell["dflash"]["round_cost_vs_alone"] is None and cell["ar"]["round_cost_vs_alone"] is None
     table = markdown_table(res)
     assert "| +10.0% |" in table and "Routed rounds: vs alone = " in table
+
+
+def test_routed_decisions_are_judged_on_the_states_both_drafters_also_started_from() -> None:
+    from whiflash.eval.decisions import decisions_markdown, shared_state_decisions
+
+    def row(method: str, taus: list[int], slots: list[int] | None = None, mismatch: int | None = None) -> dict:
+        return {"method": method, "sample": "a", "turn": 0, "category": "c", "taus": taus, "slots": slots or [],
+                "slot_methods": ["dflash", "eagle3"] if slots else None,
+                "mismatch": {"position": mismatch} if mismatch is not None else None}
+
+    # rounds start at: DFlash 0, 3, 6, 9; EAGLE-3 0, 2, 6, 8; the router 0 (DFlash), 3 (DFlash), 6 (EAGLE-3), 8
+    rows = [row("ar", [1] * 12), row("dflash", [3, 3, 3, 3]), row("eagle3", [2, 4, 2, 4]),
+            row("whiflash-neural", [3, 3, 2, 4], [0, 0, 1, 1]), row("oracle", [3, 3, 2, 4], [0, 0, 1, 1])]
+    got = shared_state_decisions(rows)
+    assert set(got) == {"whiflash-neural"}  # the oracle does not decide
+    c = got["whiflash-neural"]["c"]
+    assert got["whiflash-neural"]["all"] == c
+    # at 0 it took DFlash (3) where EAGLE-3 had 2; at 6 EAGLE-3 (2) where DFlash had 3; 3 and 8 are not shared
+    assert c["dflash"] == {"rounds": 1, "tau": 3.0, "tau_alone": {"dflash": 3.0, "eagle3": 2.0}, "same_as_alone": 1.0,
+                           "other_better": 0.0, "other_worse": 1.0}
+    assert c["eagle3"] == {"rounds": 1, "tau": 2.0, "tau_alone": {"dflash": 3.0, "eagle3": 2.0}, "same_as_alone": 1.0,
+                           "other_better": 1.0, "other_worse": 0.0}
+    assert "| whiflash-neural | c | eagle3 | 1 | 2.00 | dflash 3.00, eagle3 2.00 | 100% | 100% / 0% |" in \
+        decisions_markdown(got)
+    # DFlash's output leaves AR's at token 5: the state at 6 is no longer the router's
+    rows[1] = row("dflash", [3, 3, 3, 3], mismatch=5)
+    assert set(shared_state_decisions(rows)["whiflash-neural"]["c"]) == {"dflash"}
+    rows.remove(rows[2])  # no EAGLE-3 alone: nothing to judge against
+    assert shared_state_decisions(rows) == {}
 
 
 def test_report_side_by_side(bench_run: Path, tmp_path: Path) -> None:
