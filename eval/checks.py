@@ -89,6 +89,12 @@ def check_profile_config(cfg: ProfileConfig) -> None:
     _common(cfg)
     check_int(cfg.context, "--context")
     check_int(cfg.repeats, "--repeats")
+    check_int(cfg.loop_prompts, "--loop-prompts", 0)
+    if cfg.loop_prompts and not cfg.testbed:
+        raise UsageError("--loop-prompts: the dev prompts come from a built testbed; give --testbed DIR (or "
+                         "--loop-prompts 0 for the random prompt)")
+    if cfg.loop_prompts and cfg.random_weights:
+        raise UsageError("--loop-prompts: random weights accept nothing on real prompts; give --loop-prompts 0")
 
 
 def parse_thresholds(text: str, flag: str = "--thresholds") -> list[float]:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 import whiflash
+from whiflash.decoding import prompt_room
 from whiflash.decoding.verify import row
 from whiflash.drafters import Commit, DDTreeDrafter, DFlashDrafter, Drafter, Eagle3Drafter
 from whiflash.drafters.trees import ancestor_mask
@@ -66,12 +67,14 @@ def _tree(nodes: int, max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
 def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: DFlashDrafter | None = None,
                    tree_budgets: tuple[int, ...] | list[int] = (), neural: NeuralRouter | None = None,
                    context: int = 1024, backlogs: tuple[int, ...] | list[int] = BACKLOGS,
-                   graphs: bool | None = None, repeats: int = 20, bandwidth: float | None = None) -> LatencyProfile:
+                   graphs: bool | None = None, repeats: int = 20, bandwidth: float | None = None,
+                   loop_prompts: list[list[int]] | None = None) -> LatencyProfile:
     """Time every component of decoding with these loaded models (see the module docstring).
 
     `dflash` also serves the DDTree rounds of `tree_budgets`. `graphs`: CUDA graphs (default: on
     a CUDA device). `bandwidth`: the device's copy bandwidth in bytes/s for the floor (default: measured
-    now). The models' graph modes are restored afterwards; caches only grow.
+    now). `loop_prompts`: token ids the loop's rounds are timed on (`_loop_rounds`; default a random prompt).
+    The models' graph modes are restored afterwards; caches only grow.
     """
     device, cfg = target.device, target.config
     graphs = device.type == "cuda" if graphs is None else graphs and device.type == "cuda"
@@ -126,8 +129,10 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
             prof.round[key] = prof.draft[key] + prof.tree_verify[w]
         prof.router.update(_router_ms(target, neural, timed, ids[: max(widths.values(), default=1)], context, taps))
         sync(device)
-        loop, routed, decision = _loop_rounds(target, drafters, context, neural=neural, tree_budgets=tree_budgets)
+        loop, routed, decision = _loop_rounds(target, drafters, context, neural=neural, tree_budgets=tree_budgets,
+                                              repeats=3 if loop_prompts else 5, prompts=loop_prompts)
         prof.meta["loop_round_wall_ms"], prof.meta["loop_host_ms"] = loop, host_ms(prof, loop)
+        prof.meta["loop_prompts"] = len(loop_prompts) if loop_prompts else 0  # 0: after a random prompt
         if routed:  # and what those rounds paid for their decisions (LatencyProfile.routed_extra_ms leaves it out)
             prof.meta["loop_routed_round_wall_ms"], prof.meta["loop_routed_decision"] = routed, decision
         prof.floor = floor_ms(target, context, bandwidth)
@@ -143,11 +148,19 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
     return prof
 
 
+LOOP_NEW_TOKENS = 128
+"""New tokens of each real decode `_loop_rounds` times (`--loop-prompts`): long enough for a drafter's acceptance
+to settle past the prompt's end, short enough for every method over 4 x 4 prompts in seconds."""
+
+
 def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_tokens: int = 48,
                  neural: NeuralRouter | None = None, tree_budgets: tuple[int, ...] | list[int] = (),
-                 repeats: int = 5) -> tuple[dict[str, float], dict[str, float], str | None]:
+                 repeats: int = 5, prompts: list[list[int]] | None = None
+                 ) -> tuple[dict[str, float], dict[str, float], str | None]:
     """Wall milliseconds a round of the real loop (`whiflash.generate`) takes after a random prompt of `context`
-    tokens (rounds then commit about one token each): AR, each chain drafter alone and DDTree at each of
+    tokens (rounds then commit about one token each), or with `prompts` over real decodes of them
+    (`LOOP_NEW_TOKENS` new tokens each, each prompt's last `context` tokens at most; a method's decode time over
+    all of its rounds): AR, each chain drafter alone and DDTree at each of
     `tree_budgets` (`ddtree-bN`, on the DFlash drafter's weights: its tree, acceptance walk and cache compaction
     dispatch work that DFlash's round does not, so it pays a host share of its own), then (with both drafters)
     each of them as a slot of a df-e3 routed drafter whose neural policy always picks that slot. Beside the
@@ -157,12 +170,17 @@ def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_to
     Each figure is the median of `repeats` decodes, the methods interleaved in an order that turns every
     repeat, so neither drift nor going second favours a routed slot against its drafter alone. The third value
     names the decision the routed rounds made every round (a `router` key of the profile; None without them)."""
-    prompt = torch.randint(0, target.config.vocab_size, (context,)).tolist()
     methods: dict[str, Drafter | None] = {"ar": None, **drafters}
     if "dflash" in drafters:
         methods.update({f"ddtree-b{b}": DDTreeDrafter.over(drafters["dflash"], b) for b in tree_budgets})
     nodes = max([d.max_nodes for d in methods.values() if d is not None] + [0])
-    new_tokens = max(2, min(new_tokens, target.config.max_position_embeddings - context - 2 * nodes - 2))
+    if prompts:
+        new_tokens = LOOP_NEW_TOKENS
+        room = min(context, prompt_room(target, new_tokens, nodes))
+        decoded = [p[-room:] for p in prompts]
+    else:
+        new_tokens = max(2, min(new_tokens, target.config.max_position_embeddings - context - 2 * nodes - 2))
+        decoded = [torch.randint(0, target.config.vocab_size, (context,)).tolist()]
     decision = None
     if "eagle3" in drafters and "dflash" in drafters:
         # the given router where it is df-e3's (its context decides whether it routes inside the pass), else
@@ -174,14 +192,15 @@ def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_to
             policy = NeuralPolicy(router, -1e30 if slot == 0 else 1e30)
             methods[f"routed:{kind}"] = whiflash.RoutedDrafter("df-e3", policy, eagle3=drafters["eagle3"],
                                                                dflash=drafters["dflash"])
+    longest = max(decoded, key=len)
     for drafter in methods.values():  # captures the graphs of this cache size
-        whiflash.generate(target, drafter, prompt, new_tokens)
+        whiflash.generate(target, drafter, longest, new_tokens)
     times: dict[str, list[float]] = {name: [] for name in methods}
     names = list(methods)
     for r in range(repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            _, stats = whiflash.generate(target, methods[name], prompt, new_tokens)
-            times[name].append(stats.decode_seconds / max(1, stats.rounds) * 1e3)
+            runs = [whiflash.generate(target, methods[name], p, new_tokens)[1] for p in decoded]
+            times[name].append(sum(st.decode_seconds for st in runs) / max(1, sum(st.rounds for st in runs)) * 1e3)
     ms = {name: statistics.median(t) for name, t in times.items()}
     alone = {k: v for k, v in ms.items() if not k.startswith("routed:")}
     routed = {k.removeprefix("routed:"): v for k, v in ms.items() if k.startswith("routed:")}
@@ -259,8 +278,10 @@ def floor_ms(target: Any, context: int, bandwidth: float | None = None) -> float
     return (weights + kv) / (bandwidth or copy_bandwidth(target.device)) * 1e3
 
 
-def _load(cfg: ProfileConfig) -> tuple[Any, Eagle3Drafter | None, DFlashDrafter | None, dict[str, Any]]:
-    """Target, EAGLE-3 and DFlash drafters (either may be None) and a record of where they came from."""
+def _load(cfg: ProfileConfig) -> tuple[Any, Eagle3Drafter | None, DFlashDrafter | None, dict[str, Any],
+                                       Session | None]:
+    """Target, EAGLE-3 and DFlash drafters (either may be None), a record of where they came from, and the
+    session that opened them (None for random weights)."""
     dtype = getattr(torch, cfg.dtype)
     if cfg.random_weights:
         from .shapes import random_models
@@ -269,20 +290,39 @@ def _load(cfg: ProfileConfig) -> tuple[Any, Eagle3Drafter | None, DFlashDrafter 
             raise ValueError("--random-weights needs --preset NAME: the shapes come from checkpoints/<preset>/")
         target, eagle, dflash = random_models(cfg.preset, cfg.device, dtype, toy=cfg.toy_widths,
                                               eagle_num_steps=cfg.eagle_num_steps or 6)
-        return target, eagle, dflash, {"random_weights": cfg.preset, "toy_widths": cfg.toy_widths}
+        return target, eagle, dflash, {"random_weights": cfg.preset, "toy_widths": cfg.toy_widths}, None
     paths = model_paths("WHIFLASH", cfg.model_name_or_path, cfg.draft_name_or_path, cfg.whiflash_eagle_draft,
                         Path(cfg.testbed) if cfg.testbed else None)
     if paths["target"] is None:
         raise ValueError("give --model-name-or-path, --testbed DIR, or --preset NAME (with --random-weights for "
                          "real shapes without a download)")
-    target = Session.open(paths, cfg.device, cfg.dtype).target  # the engine options are set by run_profile
+    session = Session.open(paths, cfg.device, cfg.dtype)
+    target = session.target  # the engine options are set by run_profile
     eagle = dflash = None
     if paths["eagle3"]:
         opts = {"num_steps": cfg.eagle_num_steps} if cfg.eagle_num_steps else {}
         eagle = whiflash.load_drafter("eagle3", paths["eagle3"], target, **opts)
     if paths["dflash"]:
         dflash = whiflash.load_drafter("dflash", paths["dflash"], target)
-    return target, eagle, dflash, paths
+    return target, eagle, dflash, paths, session
+
+
+def _dev_prompt_ids(session: Session, testbed: Path, per_category: int) -> list[list[int]]:
+    """Token ids of `per_category` testbed:dev prompts of every category (as datagen and the bench encode them);
+    a category whose test split has no document outside the benchmark's pool (a toy testbed) takes
+    testbed:heldout's prompts, with a warning."""
+    from whiflash.testbed import CATEGORIES, held_out_prompts
+    from whiflash.testbed.prompts import dev_prompts, heldout_split
+
+    ids = []
+    for cat in CATEGORIES:
+        try:
+            prompts = dev_prompts(testbed, cat, per_category)
+        except ValueError as err:
+            log.warning("--loop-prompts: %s; timing the loop on testbed:heldout's %s prompts instead", err, cat)
+            prompts = held_out_prompts(testbed, cat, per_category, split=heldout_split(testbed, cat))
+        ids += [session.encode([p.prompt]) for p in prompts]
+    return ids
 
 
 @owning_folders()  # the run folder's lock ends with the call
@@ -296,7 +336,7 @@ def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path
     backlogs = _ints(cfg.backlogs, "--backlogs")
     check_folder(Path(cfg.out), None, "--out")  # where the results go is checked before minutes of profiling
     check_output_file(cfg.output)
-    target, eagle, dflash, models = _load(cfg)
+    target, eagle, dflash, models, session = _load(cfg)
     if dflash is not None and not budgets:
         budgets = [dflash.block_size - 1]  # DDTree's default budget
     neural = None
@@ -309,9 +349,11 @@ def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path
         if d is not None:
             d.set_engine(target.engine)  # before the models' graph modes are read and restored
     graphs = target.engine.cuda_graphs
+    loop_prompts = _dev_prompt_ids(session, Path(str(cfg.testbed)), cfg.loop_prompts) \
+        if cfg.loop_prompts and session is not None else None
     prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=budgets,
                           neural=neural, context=cfg.context, backlogs=backlogs, graphs=graphs,
-                          repeats=cfg.repeats)
+                          repeats=cfg.repeats, loop_prompts=loop_prompts)
     prof.meta.update({"models": models, "preset": cfg.preset, "hardware": device_info(cfg.device)})
     label = cfg.preset or Path(str(models.get("target") or "models")).name
     run, _ = prepare_run_dir(cfg.out, cfg.name or f"profile-{label}", asdict(cfg), resume=False)

@@ -110,7 +110,7 @@ steps=()
 [ "${PROFILE_DRAFTERS:-0}" = 1 ] && steps+=(profile-drafters:60)
 steps+=(build-target:330)
 [ "${RESPONSES_AB:-0}" = 1 ] && steps+=(bench-responses:150)
-steps+=(build-responses:80 build-eagle3:140 build-dflash:230 gs-latency:100)
+steps+=(build-responses:80 build-eagle3:140 build-dflash:265 gs-latency:110)
 [ "${ROUTING_PROFILE:-0}" = 1 ] && steps+=(bench-routing:520)
 # calibration replays datagen rows in seconds (27 s for 600 prompts on an H100); decoding its grid takes minutes
 cal_est=60; [ "${CALIBRATE_DECODE:-0}" = 1 ] && cal_est=210

@@ -10,7 +10,8 @@
 #   bench   end-to-end tokens/s and speedup of every method on it, eager and CUDA graphs side by side
 #           (adds WhiFlash-Neural when the `router` step has left a router in TESTBED_DIR/router);
 #   latency whiflash-eval profile of the testbed's models at LATENCY_CONTEXT positions (1024) -> TESTBED_DIR/profile.json (round, verify and catch-up
-#           times; the router and calibrate steps use it when it is there);
+#           times; the loop's rounds over real decodes of LATENCY_LOOP_PROMPTS dev prompts a category, 4, as a
+#           bench pays them; 0: after a random prompt; the router and calibrate steps use it when it is there);
 #   router  whiflash-datagen on testbed:heldout prompts (per category the split the drafters did not learn from;
 #           ROUTER_SOURCE to change it, e.g. testbed:dev; ROUTER_PROMPTS per category, default 48, ROUTER_TOKENS new
 #           tokens, default 96; ROUTER_PROCS processes sharing the GPU under torchrun, default 1; ROUTER_FLAGS more
@@ -197,7 +198,8 @@ PY
       cp -r "$ROUTER" "$LOG/$(basename "$ROUTER")" 2>/dev/null ;;
     latency)
       gpu=(); python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && gpu=(--device cuda --dtype bfloat16)
-      timeout "${LATENCY_TIMEOUT:-240}" python3 -m whiflash.eval profile --testbed "$TB" "${gpu[@]}" --context "${LATENCY_CONTEXT:-1024}" --out "$LOG/eval" \
+      timeout "${LATENCY_TIMEOUT:-240}" python3 -m whiflash.eval profile --testbed "$TB" "${gpu[@]}" --context "${LATENCY_CONTEXT:-1024}" \
+        --loop-prompts "${LATENCY_LOOP_PROMPTS:-4}" --out "$LOG/eval" \
         --name "${PRESET}_latency" --output "$TB/profile.json" 2>&1 | tee "$LOG/latency.log" | quiet | tail -12
       cp "$TB/profile.json" "$LOG/profile_${PRESET}.json" 2>/dev/null ;;
     calibrate)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 import pytest
 
+from whiflash.errors import UsageError
 from whiflash.eval.cli import bench_config, main, parse
 from whiflash.latency import AFTER_PASS, LatencyProfile
 from whiflash.eval.replay import simulate
@@ -126,6 +127,34 @@ def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytes
     with pytest.raises(ValueError, match=rf"--output {tmp_path}: is a folder; expected the path of a JSON file"):
         main(["profile", "--preset", "qwen3-8b", "--random-weights", "--out", str(tmp_path), "--output", str(tmp_path)])
     assert not loaded
+
+
+def test_profile_times_the_loop_on_real_decodes_of_a_testbeds_prompts(micro: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from whiflash.decoding import loop
+
+    decoded: list[int] = []
+    real = loop.generate
+
+    def spy(target, drafter, ids, max_new_tokens, **kw):
+        decoded.append(len(ids))
+        return real(target, drafter, ids, max_new_tokens, **kw)
+
+    monkeypatch.setattr("whiflash.generate", spy)
+    out = tmp_path / "p.json"
+    assert main(["profile", "--testbed", str(micro), "--device", "cpu", "--dtype", "float32", "--context", "48",
+                 "--repeats", "2", "--backlogs", "1,8", "--loop-prompts", "2", "--out", str(tmp_path),
+                 "--output", str(out)]) == 0
+    prof = LatencyProfile.read(out)
+    assert prof.meta["loop_prompts"] == 8  # 2 a category (micro has no dev pool: its heldout prompts)
+    assert set(prof.meta["loop_round_wall_ms"]) == {"ar", "eagle3", "dflash", "ddtree-b3"}
+    assert set(prof.meta["loop_routed_round_wall_ms"]) == {"eagle3", "dflash"}
+    # every method decoded the 8 prompts, each cut to the context: 6 methods x (a warm-up + 3 repeats x 8)
+    assert len(decoded) == 6 * (1 + 3 * 8) and max(decoded) <= 48 and len(set(decoded)) > 1
+    with pytest.raises(UsageError, match="--loop-prompts: the dev prompts come from a built testbed"):
+        main(["profile", "--preset", "qwen3-8b", "--loop-prompts", "2", "--out", str(tmp_path)])
+    with pytest.raises(UsageError, match="--loop-prompts: expected an integer >= 0"):
+        main(["profile", "--testbed", str(micro), "--loop-prompts", "-1", "--out", str(tmp_path)])
 
 
 def test_the_host_share_of_a_loop_round_is_its_wall_time_less_its_components() -> None:
