@@ -143,9 +143,11 @@ class ProfileConfig:
     context: int = _h(1024, "Committed context length of every measurement.")
     loop_prompts: int = _h(0, "With --testbed: time the loop's rounds on real decodes of this many dev prompts a "
                            "category (testbed:dev, the test split's documents outside the benchmark's pool; "
-                           "LOOP_NEW_TOKENS new tokens each, prompts cut to --context) instead of after a random "
+                           "--loop-new-tokens each, prompts cut to --context) instead of after a random "
                            "prompt of --context tokens, where every round commits about one token: a round's cost at "
                            "the acceptance and contexts a bench sees (0: the random prompt).")
+    loop_new_tokens: int = _h(128, "With --loop-prompts: new tokens of each timed decode (long enough for a "
+                              "drafter's acceptance to settle past the prompt's end).")
     backlogs: str = _h(",".join(map(str, BACKLOGS)), "Comma-separated catch-up backlog lengths.")
     repeats: int = _h(20, "Timed calls per component (median; on CUDA 3 batches of this many).")
     device: str | None = _h(None, "Torch device (default: cuda when available, else cpu).")

@@ -68,12 +68,13 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
                    tree_budgets: tuple[int, ...] | list[int] = (), neural: NeuralRouter | None = None,
                    context: int = 1024, backlogs: tuple[int, ...] | list[int] = BACKLOGS,
                    graphs: bool | None = None, repeats: int = 20, bandwidth: float | None = None,
-                   loop_prompts: list[list[int]] | None = None) -> LatencyProfile:
+                   loop_prompts: list[list[int]] | None = None, loop_new_tokens: int = 128) -> LatencyProfile:
     """Time every component of decoding with these loaded models (see the module docstring).
 
     `dflash` also serves the DDTree rounds of `tree_budgets`. `graphs`: CUDA graphs (default: on
     a CUDA device). `bandwidth`: the device's copy bandwidth in bytes/s for the floor (default: measured
-    now). `loop_prompts`: token ids the loop's rounds are timed on (`_loop_rounds`; default a random prompt).
+    now). `loop_prompts`: token ids the loop's rounds are timed on, `loop_new_tokens` each (`_loop_rounds`;
+    default a random prompt).
     The models' graph modes are restored afterwards; caches only grow.
     """
     device, cfg = target.device, target.config
@@ -129,7 +130,8 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
             prof.round[key] = prof.draft[key] + prof.tree_verify[w]
         prof.router.update(_router_ms(target, neural, timed, ids[: max(widths.values(), default=1)], context, taps))
         sync(device)
-        loop, routed, decision = _loop_rounds(target, drafters, context, neural=neural, tree_budgets=tree_budgets,
+        loop, routed, decision = _loop_rounds(target, drafters, context, loop_new_tokens if loop_prompts else 48,
+                                              neural=neural, tree_budgets=tree_budgets,
                                               repeats=3 if loop_prompts else 5, prompts=loop_prompts)
         prof.meta["loop_round_wall_ms"], prof.meta["loop_host_ms"] = loop, host_ms(prof, loop)
         prof.meta["loop_prompts"] = len(loop_prompts) if loop_prompts else 0  # 0: after a random prompt
@@ -148,19 +150,14 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
     return prof
 
 
-LOOP_NEW_TOKENS = 128
-"""New tokens of each real decode `_loop_rounds` times (`--loop-prompts`): long enough for a drafter's acceptance
-to settle past the prompt's end, short enough for every method over 4 x 4 prompts in seconds."""
-
-
 def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_tokens: int = 48,
                  neural: NeuralRouter | None = None, tree_budgets: tuple[int, ...] | list[int] = (),
                  repeats: int = 5, prompts: list[list[int]] | None = None
                  ) -> tuple[dict[str, float], dict[str, float], str | None]:
     """Wall milliseconds a round of the real loop (`whiflash.generate`) takes after a random prompt of `context`
     tokens (rounds then commit about one token each), or with `prompts` over real decodes of them
-    (`LOOP_NEW_TOKENS` new tokens each, each prompt's last `context` tokens at most; a method's decode time over
-    all of its rounds): AR, each chain drafter alone and DDTree at each of
+    (`new_tokens` each, each prompt's last `context` tokens at most; a method's decode time over all of its
+    rounds): AR, each chain drafter alone and DDTree at each of
     `tree_budgets` (`ddtree-bN`, on the DFlash drafter's weights: its tree, acceptance walk and cache compaction
     dispatch work that DFlash's round does not, so it pays a host share of its own), then (with both drafters)
     each of them as a slot of a df-e3 routed drafter whose neural policy always picks that slot. Beside the
@@ -175,7 +172,6 @@ def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_to
         methods.update({f"ddtree-b{b}": DDTreeDrafter.over(drafters["dflash"], b) for b in tree_budgets})
     nodes = max([d.max_nodes for d in methods.values() if d is not None] + [0])
     if prompts:
-        new_tokens = LOOP_NEW_TOKENS
         room = min(context, prompt_room(target, new_tokens, nodes))
         decoded = [p[-room:] for p in prompts]
     else:
@@ -353,7 +349,7 @@ def run_profile(cfg: ProfileConfig, argv: list[str] | None = None) -> tuple[Path
         if cfg.loop_prompts and session is not None else None
     prof = profile_models(target, eagle3=eagle, dflash=dflash, tree_budgets=budgets,
                           neural=neural, context=cfg.context, backlogs=backlogs, graphs=graphs,
-                          repeats=cfg.repeats, loop_prompts=loop_prompts)
+                          repeats=cfg.repeats, loop_prompts=loop_prompts, loop_new_tokens=cfg.loop_new_tokens)
     prof.meta.update({"models": models, "preset": cfg.preset, "hardware": device_info(cfg.device)})
     label = cfg.preset or Path(str(models.get("target") or "models")).name
     run, _ = prepare_run_dir(cfg.out, cfg.name or f"profile-{label}", asdict(cfg), resume=False)

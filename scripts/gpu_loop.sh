@@ -157,11 +157,13 @@ for i in "${!steps[@]}"; do
 done
 for p in "${pairs[@]}"; do pack "router_data_$p"; pack "router_data_${p}_test"; done
 # the testbed's realism bars (scripts/testbed_bars.py) from the T = 0 bench (eval-t0's, else the routed one, which
-# holds the drafters and the sweep), the T = 1 bench and the build, once a T = 0 bench is there -> LOG_DIR/bars.md
+# holds the drafters and the sweep), the T = 1 bench, the build and the neural router's replayed calibration (its
+# share of the speed oracle's gain), once a T = 0 bench is there -> LOG_DIR/bars.md
 p=${pairs[0]}; t0=$L/eval_${p}_t0_results.json; [ -f "$t0" ] || t0=$L/eval_${p}_routed_results.json
 if [ -f "$t0" ]; then
-  t1=(); [ -f "$L/eval_${p}_t1_results.json" ] && t1=(--t1 "$L/eval_${p}_t1_results.json")
-  python3 scripts/testbed_bars.py "$t0" "${t1[@]}" --testbed "$TB" --pair "$p" --out "$L/bars.md" | tail -1
+  more=(); [ -f "$L/eval_${p}_t1_results.json" ] && more=(--t1 "$L/eval_${p}_t1_results.json")
+  [ -f "$TB/thresholds_neural_$p.json" ] && more+=(--thresholds "$TB/thresholds_neural_$p.json")
+  python3 scripts/testbed_bars.py "$t0" "${more[@]}" --testbed "$TB" --pair "$p" --out "$L/bars.md" | tail -1
 fi
 [ -n "${tests_pid:-}" ] && wait "$tests_pid" && tail -3 "$L/tests.out"
 echo "=== $(( $(date +%s) - start ))s of ${budget}s"

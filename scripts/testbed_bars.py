@@ -2,7 +2,7 @@
 how much not.
 
 Usage: python scripts/testbed_bars.py RESULTS.json [--t1 RESULTS_T1.json] [--testbed DIR] [--build-minutes 12]
-       [--pair df-e3] [--out BARS.md]
+       [--pair df-e3] [--thresholds THRESHOLDS.json] [--out BARS.md]
 
 ``RESULTS.json`` is a ``whiflash-eval bench`` results file at temperature 0 (the routed bench of
 ``scripts/gpu_loop.sh`` holds AR, EAGLE-3, DFlash, DDTree at its budgets and the per-round oracle); ``--t1`` one at
@@ -20,7 +20,10 @@ oracle τ headroom. The bars:
 - the build's stages within ``--build-minutes``;
 - and the router's: each routed method (WhiFlash-Neural, WhiFlash-Entropy) at least as fast as the faster drafter
   of its pair (``--pair``: EAGLE-3 and DFlash for ``df-e3``, EAGLE-3 and DDTree for ``ddt-e3``) in every category,
-  by the bench's paired gain and its interval (``pinned``: the method ran that drafter alone there).
+  by the bench's paired gain and its interval (``pinned``: the method ran that drafter alone there);
+- with ``--thresholds`` (a replayed calibration, ``whiflash-eval calibrate --replay``'s thresholds JSON): the routed
+  method's share of the speed oracle's gain over the better drafter alone at least 0.5 in every category where
+  that gain is at least 5%, on the rows the calibration replayed (which prompts: the file's ``samples``).
 """
 from __future__ import annotations
 
@@ -162,6 +165,26 @@ def router_rows(gains: dict, cells: dict, pair: str = "df-e3") -> list[tuple[str
     return rows
 
 
+def share_rows(path: Path, min_gain: float = 0.05, min_share: float = 0.5) -> list[tuple[str, str, bool, str]]:
+    """The routed method's share of the speed oracle's gain per category, from a replayed calibration's file: a
+    bar wherever the oracle gains at least ``min_gain`` over the better drafter alone."""
+    try:
+        data = json.loads(path.read_text())
+        method, details = data["method"], data["details"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise SystemExit(f"{path}: not a replayed calibration's thresholds JSON with 'method' and 'details' ({err})")
+    rows = []
+    for cat, d in sorted(details.items()):
+        gain, share = d.get("speed_oracle_gain"), d.get("share_of_speed_oracle_gain")
+        if gain is None or share is None or gain < min_gain:
+            continue
+        ok = share >= min_share
+        rows.append((f"{method} share of the speed oracle's gain >= {min_share:g} on {cat} (replayed)",
+                     f"{share:.2f} of +{gain:.1%} at threshold {d.get('threshold')}", ok,
+                     "" if ok else f"{share - min_share:+.2f}"))
+    return rows
+
+
 def testbed_figures(folder: Path) -> tuple[float | None, dict[str, float] | None]:
     """Stage seconds (corpus to dflash; None unless all were built) and the acceptance stage's oracle headroom."""
     path = folder / "manifest.json"
@@ -190,6 +213,8 @@ def main() -> None:
     ap.add_argument("--testbed", type=Path, default=None, help="the built testbed (its manifest.json)")
     ap.add_argument("--build-minutes", type=float, default=12.0, help="the build's budget in minutes of stages")
     ap.add_argument("--pair", choices=("df-e3", "ddt-e3"), default="df-e3", help="the routed methods' drafter pair")
+    ap.add_argument("--thresholds", type=Path, default=None,
+                    help="a replayed calibration's thresholds JSON: the router's share of the speed oracle's gain")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
     args = ap.parse_args()
     seconds, headroom = testbed_figures(args.testbed) if args.testbed else (None, None)
@@ -197,7 +222,8 @@ def main() -> None:
     cells = per_category(t0["cells"])
     rows = bars(cells, per_category(load_results(args.t1)["cells"]) if args.t1 else None, seconds,
                 args.build_minutes, headroom)
-    table = render(rows + router_rows(t0.get("gains") or {}, cells, args.pair))
+    shares = share_rows(args.thresholds) if args.thresholds else []
+    table = render(rows + router_rows(t0.get("gains") or {}, cells, args.pair) + shares)
     print(table, end="")
     if args.out:
         args.out.write_text(table)

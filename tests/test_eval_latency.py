@@ -143,18 +143,20 @@ def test_profile_times_the_loop_on_real_decodes_of_a_testbeds_prompts(micro: Pat
     monkeypatch.setattr("whiflash.generate", spy)
     out = tmp_path / "p.json"
     assert main(["profile", "--testbed", str(micro), "--device", "cpu", "--dtype", "float32", "--context", "48",
-                 "--repeats", "2", "--backlogs", "1,8", "--loop-prompts", "2", "--out", str(tmp_path),
-                 "--output", str(out)]) == 0
+                 "--repeats", "2", "--backlogs", "1,8", "--loop-prompts", "1", "--loop-new-tokens", "12",
+                 "--out", str(tmp_path), "--output", str(out)]) == 0
     prof = LatencyProfile.read(out)
-    assert prof.meta["loop_prompts"] == 8  # 2 a category (micro has no dev pool: its heldout prompts)
+    assert prof.meta["loop_prompts"] == 4  # 1 a category (micro has no dev pool: its heldout prompts)
     assert set(prof.meta["loop_round_wall_ms"]) == {"ar", "eagle3", "dflash", "ddtree-b3"}
     assert set(prof.meta["loop_routed_round_wall_ms"]) == {"eagle3", "dflash"}
-    # every method decoded the 8 prompts, each cut to the context: 6 methods x (a warm-up + 3 repeats x 8)
-    assert len(decoded) == 6 * (1 + 3 * 8) and max(decoded) <= 48 and len(set(decoded)) > 1
+    # every method decoded the 4 prompts, each cut to the context: 6 methods x (a warm-up + 3 repeats x 4)
+    assert len(decoded) == 6 * (1 + 3 * 4) and max(decoded) <= 48 and len(set(decoded)) > 1
     with pytest.raises(UsageError, match="--loop-prompts: the dev prompts come from a built testbed"):
         main(["profile", "--preset", "qwen3-8b", "--loop-prompts", "2", "--out", str(tmp_path)])
     with pytest.raises(UsageError, match="--loop-prompts: expected an integer >= 0"):
         main(["profile", "--testbed", str(micro), "--loop-prompts", "-1", "--out", str(tmp_path)])
+    with pytest.raises(UsageError, match="--loop-new-tokens: expected an integer >= 2"):
+        main(["profile", "--testbed", str(micro), "--loop-new-tokens", "1", "--out", str(tmp_path)])
 
 
 def test_the_host_share_of_a_loop_round_is_its_wall_time_less_its_components() -> None:

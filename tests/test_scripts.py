@@ -175,10 +175,10 @@ def test_build_stages_that_fit_together_run_in_one_build_process(tmp_path: Path)
     tb = tmp_path / "tb"
     tb.mkdir()
     (tb / "manifest.json").write_text(json.dumps({"stages": {s: {"done": True} for s in STAGES[:5]}}))
-    assert "=== build-eagle3 to dflash in one build process (370s estimate)" in dry(tb, 400)
+    assert "=== build-eagle3 to dflash in one build process (405s estimate)" in dry(tb, 410)
     assert dry(tb, 300)[-3].endswith(" build-eagle3@df-e3:140")  # alone where the two do not fit
     (tb / "manifest.json").write_text(json.dumps({"stages": {s: {"done": True} for s in STAGES[:6]}}))
-    assert dry(tb, 150)[3].startswith("=== stop before build-dflash (")  # alone it takes its own estimate (230 s)
+    assert dry(tb, 150)[3].startswith("=== stop before build-dflash (")  # alone it takes its own estimate (265 s)
 
 
 def test_a_chosen_tau_rule_gets_a_bench_of_its_own_after_the_routed_one(tmp_path: Path) -> None:
@@ -296,7 +296,13 @@ def test_testbed_bars_read_off_a_bench_and_a_build(tmp_path: Path) -> None:
     stages = {s: {"done": True, "seconds": 110.0} for s in ("corpus", "tokenizer", "tokens", "target", "responses",
                                                              "eagle3", "dflash")}
     (tb / "manifest.json").write_text(json.dumps({"stages": stages}))
-    out = subprocess.run([sys.executable, str(ROOT / "scripts/testbed_bars.py"), str(results), "--testbed", str(tb)],
+    thresholds = tmp_path / "thresholds_neural_df-e3.json"  # a replayed calibration's per-category figures
+    thresholds.write_text(json.dumps({"method": "whiflash-neural", "details": {
+        "agentic": {"threshold": 2.0, "speed_oracle_gain": 0.185, "share_of_speed_oracle_gain": 0.33},
+        "code": {"threshold": float("-inf"), "speed_oracle_gain": 0.049, "share_of_speed_oracle_gain": 0.0},
+        "prose": {"threshold": 1.5, "speed_oracle_gain": 0.169, "share_of_speed_oracle_gain": 0.61}}}))
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/testbed_bars.py"), str(results), "--testbed", str(tb),
+                          "--thresholds", str(thresholds)],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     rows = {line.split(" | ")[0].lstrip("| "): line for line in out.splitlines() if line.startswith("| ")}
     assert "**no**" in rows["T=0 speedup of dflash > 1.5x"] and "prose -0.12" in rows["T=0 speedup of dflash > 1.5x"]
@@ -311,6 +317,13 @@ def test_testbed_bars_read_off_a_bench_and_a_build(tmp_path: Path) -> None:
     neural = rows["whiflash-neural >= the faster of its pair on prose"]  # the faster is EAGLE-3 there, not DFlash
     assert "**no**" in neural and "-1.5% (-5.4..+2.9) vs eagle3" in neural
     assert not any(bar.startswith("oracle >=") for bar in rows)  # an analysis bound, not a router
+    share = "whiflash-neural share of the speed oracle's gain >= 0.5 on {} (replayed)"
+    assert "**no**" in rows[share.format("agentic")] and "-0.17" in rows[share.format("agentic")]
+    assert "| yes |" in rows[share.format("prose")] and "0.61 of +16.9%" in rows[share.format("prose")]
+    assert share.format("code") not in rows  # the oracle gains under 5% there: no bar
     bad = subprocess.run([sys.executable, str(ROOT / "scripts/testbed_bars.py"), str(tb / "manifest.json")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "manifest.json: no 'cells'" in bad.stderr
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts/testbed_bars.py"), str(results), "--thresholds",
+                          str(results)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "results.json: not a replayed calibration's thresholds JSON" in bad.stderr
