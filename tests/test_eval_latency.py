@@ -153,6 +153,9 @@ def test_profile_times_the_loop_on_real_decodes_of_a_testbeds_prompts(micro: Pat
     assert len(decoded) == 6 * (1 + 3 * 4) and max(decoded) <= 48 and len(set(decoded)) > 1
     with pytest.raises(UsageError, match="--loop-prompts: the dev prompts come from a built testbed"):
         main(["profile", "--preset", "qwen3-8b", "--loop-prompts", "2", "--out", str(tmp_path)])
+    with pytest.raises(UsageError, match="--loop-prompts: random weights accept nothing on real prompts"):
+        main(["profile", "--preset", "qwen3-8b", "--random-weights", "--testbed", str(micro), "--loop-prompts", "1",
+              "--out", str(tmp_path)])
     with pytest.raises(UsageError, match="--loop-prompts: expected an integer >= 0"):
         main(["profile", "--testbed", str(micro), "--loop-prompts", "-1", "--out", str(tmp_path)])
     with pytest.raises(UsageError, match="--loop-new-tokens: expected an integer >= 2"):
