@@ -164,7 +164,7 @@ def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_to
     components' device times the first is what the host adds to a round (launches outside captured passes, the
     round's one read); the second what routing adds to that slot's round (the pair's taps in the verify pass,
     the in-pass decision, the other member's backlog), which the bench pays and the components do not show.
-    Each figure is the median of `repeats` decodes, the methods interleaved in an order that turns every
+    Each figure is the median of `repeats` decodes (passes over `prompts`), the methods interleaved in an order that turns every
     repeat, so neither drift nor going second favours a routed slot against its drafter alone. The third value
     names the decision the routed rounds made every round (a `router` key of the profile; None without them)."""
     methods: dict[str, Drafter | None] = {"ar": None, **drafters}

@@ -402,7 +402,7 @@ def _small() -> TestbedConfig:
     # Half the agent thoughts end with a few lines of library code (uncertain for this target) inside
     # transcripts whose templated spans DFlash drafts whole, so the better drafter changes within them.
     # The target is sharpened on its own low-temperature continuations (the instruction-tuning stand-in)
-    # and the drafters learn from ~20k of its continuations (~2.3M response tokens) in two to three epochs: released
+    # and the drafters learn from ~20k of its continuations (2.0M response tokens) in two to three epochs: released
     # drafters learn from tens of millions of tokens, and ten epochs over a few thousand sequences overfit.
     # Every stage fits one 10-minute device command; the batched generator's rate (responses) and the cost of a
     # drafter step bound the data (results/ has the measured rates). On `tiny` the drafters' tau follows their
@@ -463,8 +463,9 @@ def _small() -> TestbedConfig:
                             batch_size=32, lr=1e-3, snapshots=[0.25, 0.5],
                             mix={"prose": 0.7, "code": 0.1, "math": 0.1, "agentic": 0.1}),
         # DFlash's prose and math tau still rose from 500 to 1000 steps (prose +38%: results/2026-12-06-small-
-        # budget-sweep-t1-acceptance-h100.md) while code had flattened; the features computed once per sequence
-        # and the loss on scored rows only left the minutes for 1600 (snapshots at 400 and 800 give the curve).
+        # budget-sweep-t1-acceptance-h100.md) while code had flattened; at 1600 (snapshots at 400 and 800 give the
+        # curve) prose still gains ~0.44 tau a doubling, and the stage takes 4.3 min of the build's 12.2 on an H100
+        # (results/2026-12-07-small-dflash-1600-h100.md).
         dflash=DFlashConfig(block_size=16, num_hidden_layers=5, intermediate_size=1408, num_anchors=128,
                             loss_decay_gamma=7.0, max_steps=1600, batch_size=32, lr=1e-3,
                             snapshots=[0.25, 0.5]),
