@@ -468,7 +468,8 @@ def _small() -> TestbedConfig:
         # (results/2026-12-07-small-dflash-1600-h100.md).
         # DFlash reads prose in 65% of its sequences (40% as generated): code and math had flattened far above
         # their bars (tau 13.4 / 9.3 at 1600 steps; 12.2 / 7.5 at half the draws) while prose gained ~0.44 a
-        # doubling of its draws and stood at 2.6.
+        # doubling of its draws and stood at 2.6. On an H100 that took prose tau to 3.1 and math to 7.8, code
+        # unchanged (results/2026-12-07-small-dflash-prose-mix-h100.md).
         dflash=DFlashConfig(block_size=16, num_hidden_layers=5, intermediate_size=1408, num_anchors=128,
                             loss_decay_gamma=7.0, max_steps=1600, batch_size=32, lr=1e-3,
                             snapshots=[0.25, 0.5],
