@@ -111,9 +111,11 @@ def methods(target: Any, eagle: Any, dflash: Any) -> dict[str, tuple[str, Any]]:
     # random drafts accept nothing, so every round's tau is 1: stick_tau 1 keeps slot 0 from the second round on
     # without asking the policy, as stick_tau keeps a parallel drafter that accepts long blocks
     out["sticky-0"] = ("dflash", routed(pinned[0], stick_tau=1))
-    # valid only because slot 1 drafts every round: DFlash's taps and backlog are never read
+    # valid only because slot 1 drafts every round: DFlash's taps and backlog are never read, so it does not
+    # take in the prompt either (its prefill would read its own tap layers off the prompt's commit)
     own_taps = routed(pinned[1])
     own_taps.tap_layers = tuple(eagle.tap_layers)
+    own_taps.prefill = eagle.prefill  # type: ignore[method-assign]
     no_backlog = routed(pinned[1])
     no_backlog.members = [eagle]
     out["neural-1-own-taps"], out["neural-1-no-backlog"] = ("eagle3", own_taps), ("eagle3", no_backlog)
@@ -284,14 +286,15 @@ class _Launches(TorchDispatchMode):
 
 
 def count_launches(shapes: str, device: str, dtype: torch.dtype, new_tokens: int, prompt_tokens: int,
-                   folder: str | None = None) -> list[dict[str, Any]]:
+                   folder: str | None = None, toy: bool = False) -> list[dict[str, Any]]:
     """Per method: operators a round dispatches outside fixed-shape passes, passes a round, and the operators
     a routed method dispatches beyond its standalone drafter (name: extra count over the run). Rounds only:
-    a two-token decode (the prefill and one round) is counted too and taken off."""
+    a two-token decode (the prefill and one round) is counted too and taken off. `toy`: the shapes' layers and
+    tap layers at toy widths (the counts do not depend on widths)."""
     from whiflash.eval.shapes import random_models
     from whiflash.runtime.graphs import FixedShapePasses
 
-    target, eagle, dflash = random_models(folder or shapes, device, dtype)
+    target, eagle, dflash = random_models(folder or shapes, device, dtype, toy=toy)
     for model in (target, eagle, dflash):  # fixed-shape passes, as CUDA graphs run them, on any device
         model.static = True
     prompt = torch.randint(0, target.config.vocab_size, (prompt_tokens,)).tolist()
