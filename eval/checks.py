@@ -90,7 +90,8 @@ def check_profile_config(cfg: ProfileConfig) -> None:
     check_int(cfg.context, "--context")
     check_int(cfg.repeats, "--repeats")
     check_int(cfg.loop_prompts, "--loop-prompts", 0)
-    check_int(cfg.loop_new_tokens, "--loop-new-tokens", 2)
+    if cfg.loop_new_tokens is not None:
+        check_int(cfg.loop_new_tokens, "--loop-new-tokens", 2)
     if cfg.loop_prompts and not cfg.testbed:
         raise UsageError("--loop-prompts: the dev prompts come from a built testbed; give --testbed DIR (or "
                          "--loop-prompts 0 for the random prompt)")

@@ -146,8 +146,9 @@ class ProfileConfig:
                            "--loop-new-tokens each, prompts cut to --context) instead of after a random "
                            "prompt of --context tokens, where every round commits about one token: a round's cost at "
                            "the acceptance and contexts a bench sees (0: the random prompt).")
-    loop_new_tokens: int = _h(128, "With --loop-prompts: new tokens of each timed decode (long enough for a "
-                              "drafter's acceptance to settle past the prompt's end).")
+    loop_new_tokens: int | None = _h(None, "New tokens of each timed loop decode (default: 128 with --loop-prompts, "
+                                     "long enough for a drafter's acceptance to settle past the prompt's end; 48 "
+                                     "after the random prompt).")
     backlogs: str = _h(",".join(map(str, BACKLOGS)), "Comma-separated catch-up backlog lengths.")
     repeats: int = _h(20, "Timed calls per component (median; on CUDA 3 batches of this many).")
     device: str | None = _h(None, "Torch device (default: cuda when available, else cpu).")

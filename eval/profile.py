@@ -68,13 +68,13 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
                    tree_budgets: tuple[int, ...] | list[int] = (), neural: NeuralRouter | None = None,
                    context: int = 1024, backlogs: tuple[int, ...] | list[int] = BACKLOGS,
                    graphs: bool | None = None, repeats: int = 20, bandwidth: float | None = None,
-                   loop_prompts: list[list[int]] | None = None, loop_new_tokens: int = 128) -> LatencyProfile:
+                   loop_prompts: list[list[int]] | None = None, loop_new_tokens: int | None = None) -> LatencyProfile:
     """Time every component of decoding with these loaded models (see the module docstring).
 
     `dflash` also serves the DDTree rounds of `tree_budgets`. `graphs`: CUDA graphs (default: on
     a CUDA device). `bandwidth`: the device's copy bandwidth in bytes/s for the floor (default: measured
     now). `loop_prompts`: token ids the loop's rounds are timed on, `loop_new_tokens` each (`_loop_rounds`;
-    default a random prompt).
+    default a random prompt; `loop_new_tokens` default 128 on prompts, 48 after the random one).
     The models' graph modes are restored afterwards; caches only grow.
     """
     device, cfg = target.device, target.config
@@ -130,7 +130,8 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
             prof.round[key] = prof.draft[key] + prof.tree_verify[w]
         prof.router.update(_router_ms(target, neural, timed, ids[: max(widths.values(), default=1)], context, taps))
         sync(device)
-        loop, routed, decision = _loop_rounds(target, drafters, context, loop_new_tokens if loop_prompts else 48,
+        new_tokens = loop_new_tokens if loop_new_tokens is not None else 128 if loop_prompts else 48
+        loop, routed, decision = _loop_rounds(target, drafters, context, new_tokens,
                                               neural=neural, tree_budgets=tree_budgets,
                                               repeats=3 if loop_prompts else 5, prompts=loop_prompts)
         prof.meta["loop_round_wall_ms"], prof.meta["loop_host_ms"] = loop, host_ms(prof, loop)

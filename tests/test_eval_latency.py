@@ -93,7 +93,7 @@ def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytes
     out = tmp_path / "p.json"
     assert main(["profile", "--preset", "qwen3-8b", "--random-weights", "--toy-widths", "--device", "cpu",
                  "--dtype", "float32", "--context", "40", "--repeats", "2", "--backlogs", "1,8",
-                 "--tree-budgets", "4", "--out", str(tmp_path), "--output", str(out)]) == 0
+                 "--tree-budgets", "4", "--loop-new-tokens", "6", "--out", str(tmp_path), "--output", str(out)]) == 0
     prof = LatencyProfile.read(out)
     assert set(prof.round) == {"eagle3", "dflash", "ddtree-b4"} and set(prof.verify) == {7, 16}
     assert set(prof.tree_verify) == {5} and set(prof.catchup["eagle3"]) == {1, 8} and set(prof.router) == {
