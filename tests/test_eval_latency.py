@@ -6,6 +6,7 @@ import gzip
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -438,15 +439,21 @@ def test_profile_summary_reads_each_figure_from_its_table() -> None:
     assert lines["attention 1 row, us: SDPA / kernel"] == "-"  # not measured for this model
 
 
-def test_bench_routing_times_a_testbeds_trained_models_on_its_test_prompts(micro: Path, tmp_path: Path) -> None:
-    """scripts/bench_routing.py --testbed: every routed variant beside its standalone drafter, on real prompts,
-    lossless (the diagnostics take the pair's taps or DFlash's backlog away from a slot-1 router); `--profile`
-    writes each profiled method's round figures, operator tables and a first-prompt trace."""
+def _bench_routing() -> Any:
+    """scripts/bench_routing.py as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_routing", Path(__file__).resolve().parents[1] / "scripts/bench_routing.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_bench_routing_times_a_testbeds_trained_models_on_its_test_prompts(micro: Path, tmp_path: Path) -> None:
+    """scripts/bench_routing.py --testbed: every routed variant beside its standalone drafter, on real prompts,
+    lossless (the diagnostics take the pair's taps or DFlash's backlog away from a slot-1 router); `--profile`
+    writes each profiled method's round figures, operator tables and a first-prompt trace."""
+    script = _bench_routing()
     rows, mismatches = script.measure_testbed(micro, "code", 1, "cpu", torch.float32, 8, 1, tmp_path / "prof")
     by = {r["method"]: r for r in rows}
     assert {"ar", "eagle3", "dflash", "neural-1", "neural-1-own-taps", "neural-1-no-backlog", "ddtree"} <= set(by)
@@ -467,11 +474,7 @@ def test_bench_routing_counts_every_method_where_the_drafters_tap_different_laye
     method decodes, the slot-1 diagnostics included (their DFlash member never drafts, so it does not take in the
     prompt either, whose commit holds EAGLE-3's taps only); a routed round pinned to a slot runs its drafter's
     passes, a kept round dispatches no more than a decided one, DDTree one pass more than DFlash (its tree)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_routing", Path(__file__).resolve().parents[1] / "scripts/bench_routing.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _bench_routing()
     folder = script.testbed_shapes("tiny", tmp_path / "tiny")
     eagle3, dflash = (json.loads((folder / p / "config.json").read_text()) for p in ("eagle3", "dflash"))
     assert eagle3["eagle_config"]["eagle_aux_hidden_state_layer_ids"] != dflash["dflash_config"]["target_layer_ids"]
