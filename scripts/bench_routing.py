@@ -16,6 +16,11 @@ the standalone drafter does and the difference is routing alone:
 - `sticky-0`: the neural router with `stick_tau` 1, so from the second round on slot 0 is kept without a decision
   (what a routed round costs where the parallel drafter runs well).
 
+`switching`: a scripted policy asked after the pass that changes slot every round, against the mean of the same
+policy pinned to either slot (`scripted-0`, `scripted-1`): what switching adds beyond the two slots' own rounds (the
+backlog of two commits each member then catches up, the other verify graph, whatever the drafters' weights lose in
+the device's caches).
+
 Beside them, `ddtree`: DDTree at its default budget (block - 1) on the DFlash drafter's own weights, against
 DFlash: what the tree (its build, the tree verify, the acceptance walk and the cache compaction) adds to a round.
 
@@ -25,7 +30,8 @@ Two diagnostics of slot 1 (EAGLE-3) take one piece of the pair away each:
 - `neural-1-no-backlog`: DFlash is not a member, so no backlog of its rows builds up while EAGLE-3 drafts.
 
 Methods run side by side in one process, interleaved, CUDA graphs on a GPU; the table gives the median
-milliseconds per round over the repeats and each routed method's difference to its standalone drafter.
+milliseconds per round over the repeats and each routed method's difference to its standalone drafter (`switching`:
+to the mean of its two pinned forms).
 
 `--testbed DIR` times the trained models of a built testbed instead, on its held-out test prompts of
 `--category` (`--prompts` of them, each decoded to `--new-tokens` or its stop token), under the engine
@@ -64,6 +70,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import whiflash
 from whiflash.drafters import DDTreeDrafter
 from whiflash.router import NeuralRouter
+from whiflash.routers import AlternatingRouter, ScriptedRouter
 
 
 def testbed_shapes(preset: str, folder: Path) -> Path:
@@ -99,7 +106,7 @@ class AfterThePass:
 
 
 def methods(target: Any, eagle: Any, dflash: Any) -> dict[str, tuple[str, Any]]:
-    """name -> (the standalone method it is compared with, drafter)."""
+    """name -> (the method it is compared with: its standalone drafter, or `a|b`, the mean of two; drafter)."""
     router = NeuralRouter(target.config.hidden_size, drafters="df-e3").to(target.device).eval()
     pinned = {0: whiflash.NeuralPolicy(router, threshold=-1e9), 1: whiflash.NeuralPolicy(router, threshold=1e9)}
     routed = lambda policy, **kw: whiflash.RoutedDrafter("df-e3", policy, eagle3=eagle, dflash=dflash, **kw)  # noqa: E731
@@ -119,6 +126,9 @@ def methods(target: Any, eagle: Any, dflash: Any) -> dict[str, tuple[str, Any]]:
     no_backlog = routed(pinned[1])
     no_backlog.members = [eagle]
     out["neural-1-own-taps"], out["neural-1-no-backlog"] = ("eagle3", own_taps), ("eagle3", no_backlog)
+    for slot, alone in ((0, "dflash"), (1, "eagle3")):
+        out[f"scripted-{slot}"] = (alone, routed(ScriptedRouter([slot])))
+    out["switching"] = ("scripted-0|scripted-1", routed(AlternatingRouter(1)))
     out["ddtree"] = ("dflash", DDTreeDrafter.over(dflash, dflash.block_size - 1))
     return out
 
@@ -127,7 +137,8 @@ def _rows(shapes: str, table: dict[str, tuple[str, Any]], times: dict[str, list[
           rounds: dict[str, int]) -> list[dict[str, Any]]:
     rows = []
     for name, (alone, _) in table.items():
-        ms, base = statistics.median(times[name]), statistics.median(times[alone])
+        ms = statistics.median(times[name])
+        base = statistics.fmean(statistics.median(times[b]) for b in alone.split("|"))
         rows.append({"shapes": shapes, "method": name, "rounds": rounds[name], "ms_per_round": round(ms, 4),
                      "vs_standalone_ms": round(ms - base, 4), "vs_standalone_pct": round(100 * (ms / base - 1), 2)})
     return rows
@@ -329,9 +340,9 @@ def count_launches(shapes: str, device: str, dtype: torch.dtype, new_tokens: int
     rows = []
     for name, (alone, _) in table.items():
         rounds, ops, passes = per[name]
-        base = per[alone][1]
-        extra = {k: ops[k] - base[k] for k in sorted(ops.keys() | base.keys(), key=lambda k: base[k] - ops[k])
-                 if ops[k] != base[k]}
+        bases = [per[b][1] for b in alone.split("|")]  # `a|b`: their mean
+        base = {k: sum(b[k] for b in bases) / len(bases) for k in set().union(ops, *bases)}
+        extra = {k: ops[k] - base[k] for k in sorted(base, key=lambda k: base[k] - ops[k]) if ops[k] != base[k]}
         rows.append({"shapes": shapes, "method": name, "rounds": rounds,
                      "ops_per_round": round(sum(ops.values()) / rounds, 2),
                      "passes_per_round": round(passes / rounds, 2),

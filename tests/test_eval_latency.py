@@ -473,18 +473,24 @@ def test_bench_routing_counts_every_method_where_the_drafters_tap_different_laye
     """scripts/bench_routing.py --launches at `tiny`'s layers (EAGLE-3 and DFlash tap different layers): every
     method decodes, the slot-1 diagnostics included (their DFlash member never drafts, so it does not take in the
     prompt either, whose commit holds EAGLE-3's taps only); a routed round pinned to a slot runs its drafter's
-    passes, a kept round dispatches no more than a decided one, DDTree one pass more than DFlash (its tree)."""
+    passes, a kept round dispatches no more than a decided one, a switch every round at most two operators more
+    than the two slots pinned (the member that takes over joins the two commits it catches up: features and
+    tokens), DDTree one pass more than DFlash (its tree)."""
     script = _bench_routing()
     folder = script.testbed_shapes("tiny", tmp_path / "tiny")
     eagle3, dflash = (json.loads((folder / p / "config.json").read_text()) for p in ("eagle3", "dflash"))
     assert eagle3["eagle_config"]["eagle_aux_hidden_state_layer_ids"] != dflash["dflash_config"]["target_layer_ids"]
     by = {r["method"]: r for r in script.count_launches("tiny", "cpu", torch.float32, 6, 16, str(folder), toy=True)}
-    assert set(by) == {"ar", "dflash", "eagle3", "ddtree", "sticky-0", "neural-1-own-taps", "neural-1-no-backlog"} | {
-        f"{kind}-{slot}" for kind in ("fixed", "neural", "neural-after") for slot in (0, 1)}
+    assert set(by) == {"ar", "dflash", "eagle3", "ddtree", "sticky-0", "neural-1-own-taps", "neural-1-no-backlog",
+                       "switching"} | {f"{kind}-{slot}" for kind in ("fixed", "neural", "neural-after", "scripted")
+                                       for slot in (0, 1)}
     assert all(r["rounds"] == 4 for r in by.values())  # random drafts: one token a round after the prefill's
     for name, alone in (("neural-0", "dflash"), ("neural-1", "eagle3"), ("neural-1-own-taps", "eagle3")):
         assert by[name]["passes_per_round"] == by[alone]["passes_per_round"], name
     assert by["sticky-0"]["ops_per_round"] <= by["neural-0"]["ops_per_round"]
+    pinned = (by["scripted-0"]["ops_per_round"] + by["scripted-1"]["ops_per_round"]) / 2
+    assert pinned < by["switching"]["ops_per_round"] <= pinned + 2
+    assert set(by["switching"]["extra_vs_standalone"]) == {"cat"}
     assert by["ddtree"]["passes_per_round"] == by["dflash"]["passes_per_round"] + 1
 
 
