@@ -136,6 +136,7 @@ def profile_models(target: Any, *, eagle3: Eagle3Drafter | None = None, dflash: 
                                               repeats=3 if loop_prompts else 5, prompts=loop_prompts)
         prof.meta["loop_round_wall_ms"], prof.meta["loop_host_ms"] = loop, host_ms(prof, loop)
         prof.meta["loop_prompts"] = len(loop_prompts) if loop_prompts else 0  # 0: after a random prompt
+        prof.meta["loop_new_tokens"] = new_tokens
         if routed:  # and what those rounds paid for their decisions (LatencyProfile.routed_extra_ms leaves it out)
             prof.meta["loop_routed_round_wall_ms"], prof.meta["loop_routed_decision"] = routed, decision
         prof.floor = floor_ms(target, context, bandwidth)
@@ -165,8 +166,8 @@ def _loop_rounds(target: Any, drafters: dict[str, Drafter], context: int, new_to
     components' device times the first is what the host adds to a round (launches outside captured passes, the
     round's one read); the second what routing adds to that slot's round (the pair's taps in the verify pass,
     the in-pass decision, the other member's backlog), which the bench pays and the components do not show.
-    Each figure is the median of `repeats` decodes (passes over `prompts`), the methods interleaved in an order that turns every
-    repeat, so neither drift nor going second favours a routed slot against its drafter alone. The third value
+    Each figure is the median of `repeats` decodes (passes over `prompts`), the methods interleaved in an order that
+    turns every repeat, so neither drift nor going second favours a routed slot against its drafter alone. The third value
     names the decision the routed rounds made every round (a `router` key of the profile; None without them)."""
     methods: dict[str, Drafter | None] = {"ar": None, **drafters}
     if "dflash" in drafters:

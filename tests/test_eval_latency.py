@@ -101,6 +101,7 @@ def test_profile_random_weights_at_toy_real_shapes(tmp_path: Path, capsys: pytes
         "entropy", "neural", "neural-after-pass"} and prof.router["neural-after-pass"] > 0
     assert prof.round["dflash"] == pytest.approx(prof.draft["dflash"] + prof.verify[16])
     assert prof.meta["models"]["random_weights"] == "qwen3-8b" and prof.meta["context"] == 40 and prof.floor > 0
+    assert prof.meta["loop_prompts"] == 0 and prof.meta["loop_new_tokens"] == 6  # the flag holds after a random prompt
     (run,) = tmp_path.glob("*_profile-qwen3-8b")
     assert json.loads((run / "profile.json").read_text())["ratios"]["verify 7"] > 0
     assert json.loads((run / "manifest.json").read_text())["tool"] == "whiflash-eval profile"
@@ -147,7 +148,8 @@ def test_profile_times_the_loop_on_real_decodes_of_a_testbeds_prompts(micro: Pat
                  "--repeats", "2", "--backlogs", "1,8", "--loop-prompts", "1", "--loop-new-tokens", "12",
                  "--out", str(tmp_path), "--output", str(out)]) == 0
     prof = LatencyProfile.read(out)
-    assert prof.meta["loop_prompts"] == 4  # 1 a category (micro has no dev pool: its heldout prompts)
+    assert prof.meta["loop_prompts"] == 4 and prof.meta["loop_new_tokens"] == 12  # 1 a category (micro has no dev
+    # pool: its heldout prompts)
     assert set(prof.meta["loop_round_wall_ms"]) == {"ar", "eagle3", "dflash", "ddtree-b3"}
     assert set(prof.meta["loop_routed_round_wall_ms"]) == {"eagle3", "dflash"}
     # every method decoded the 4 prompts, each cut to the context: 6 methods x (a warm-up + 3 repeats x 4)
