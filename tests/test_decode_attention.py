@@ -325,6 +325,47 @@ def test_tree_kernel_builds_the_reference_trees() -> None:
 
 
 @needs_triton
+def test_top_logp_kernel_picks_the_most_probable_tokens_in_order() -> None:
+    """DDTree's top-k kernel against log-softmax and a stable sort (ties to the lower token id, which `topk` does not
+    promise): integer-valued ties, -inf tails, NaN read as -inf, bf16 logits, one row, budgets up to 32, a vocabulary
+    that is not a power of two and one of a real testbed's size; then the whole proposal through it equals the
+    tensor ops' on untied drafts."""
+    out = _interpreted("""
+        import torch
+        from whiflash.drafters import trees
+
+        g = torch.Generator().manual_seed(0)
+        cases = 0
+        for kind in ["random", "tied", "neginf", "nan", "bf16"]:
+            for depth, vocab, k in [(6, 64, 6), (5, 40, 15), (15, 8192, 15), (3, 80, 32), (1, 5000, 32)]:
+                x = torch.randn(depth, vocab, generator=g) * 2
+                if kind == "tied":
+                    x = torch.randint(0, 3, (depth, vocab), generator=g).float()
+                elif kind == "neginf":
+                    x[:, vocab // 2:] = float("-inf")
+                elif kind == "nan":
+                    x[:, 1] = float("nan")
+                elif kind == "bf16":
+                    x = x.bfloat16()
+                logp, ids = trees.top_logp(x, k)
+                ref = torch.log_softmax(x.float().nan_to_num(nan=float("-inf")), -1)
+                order = torch.sort(-ref, dim=-1, stable=True).indices[:, :k]
+                assert torch.equal(ids, order), (kind, depth, vocab, k)
+                assert logp.dtype == torch.float64
+                assert torch.allclose(logp, ref.gather(1, order).double(), atol=1e-5, rtol=0), (kind, depth, k)
+                cases += 1
+        for budget in (15, 32):
+            x = torch.randn(15, 1000, generator=g) * 3
+            ops, kernel = (trees.tree_proposal(x, budget, kernel=on) for on in (False, True))
+            for field in ("tokens", "parents", "depths", "tree_mask"):
+                assert torch.equal(getattr(ops, field), getattr(kernel, field)), (budget, field)
+            cases += 1
+        print(cases)
+    """)
+    assert out.strip() == "27"
+
+
+@needs_triton
 def test_tree_kernels_compile_for_hopper() -> None:
     """The tree kernels compile for an H100 / H200 (sm_90) with the arguments a DDTree round launches them with: the
     interpreter runs their arithmetic, but only the compiler checks their types (a loop that changes the shape of
@@ -341,8 +382,9 @@ def test_tree_kernels_compile_for_hopper() -> None:
         pytest.skip("this triton has no NVIDIA backend")
     # the candidate table, RANK_OF and NODE_CAND are int32; N, L, K, B sizes
     types = dict(LOGP="*fp64", IDS="*i64", TOKENS="*i64", DEPTHS="*i64", PARENTS="*i64", MASK="*i8", N="i32",
-                 L="i32", K="i32", B="i32")
-    for jit, launch in ((trees._tree_rank, dict(BLK=64, CH=128, LP=16)), (trees._tree_links, dict(NP=64))):
+                 L="i32", K="i32", B="i32", X="*bf16", V="i32")
+    for jit, launch in ((trees._tree_rank, dict(BLK=64, CH=128, LP=16)), (trees._tree_links, dict(NP=64)),
+                        (trees._top_logp, dict(BV=8192))):
         kernel = getattr(jit, "fn", jit)  # the Python function under the JIT wrapper
         signature = {name: "constexpr" if name in launch else types.get(name, "*i32")
                      for name in inspect.signature(kernel).parameters}

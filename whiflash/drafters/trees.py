@@ -185,9 +185,54 @@ if triton is not None:
         tl.store(MASK + rows * (B + 1) + cols, seen.to(tl.int8), mask=(rows <= B) & (cols <= B))
 
 
+    @triton.jit
+    def _top_logp(X, LOGP, IDS, V, K, BV: tl.constexpr):
+        # One program a depth row: the row's log-softmax normaliser, then its K largest logits picked one at a time
+        # (the largest left, ties to the lower token id), written as log-probs in descending order. The row stays
+        # in registers, so the K picks cost K reductions over it and nothing is written but the K results; NaN
+        # reads as -inf (a broken draft ranks last, as `_path_scores` treats it).
+        row = tl.program_id(0)
+        v = tl.arange(0, BV)
+        real = v < V
+        x = tl.load(X + row * V + v, mask=real, other=float("-inf")).to(tl.float32)
+        x = tl.where(x == x, x, float("-inf"))
+        m = tl.max(x, 0)
+        lse = m + tl.log(tl.sum(tl.where(real, tl.exp(x - m), 0.0), 0))
+        left = real
+        for j in range(0, K):
+            best = tl.max(tl.where(left, x, float("-inf")), 0)
+            at = tl.min(tl.where(left & (x == best), v, BV), 0)
+            tl.store(LOGP + row * K + j, (best - lse).to(tl.float64))
+            tl.store(IDS + row * K + j, at.to(tl.int64))
+            left = left & (v != at)
+
+
 KERNEL_MAX_BUDGET = 32
 """The largest budget the tree kernels build (larger ones take the tensor ops): at depth 15 the candidate table
 holds 321 paths at budget 15, 3,576 at 32 and 29,934 at 64, and every candidate is ranked against all of them."""
+
+
+TOPK_KERNEL_MAX_VOCAB = 16384
+"""The largest draft vocabulary `top_logp` picks from in one kernel (the row is held in one program's registers);
+larger ones (Qwen3's 151,936) take log-softmax and top-k as tensor ops."""
+
+
+def top_logp(logits: Tensor, k: int, kernel: bool = True) -> tuple[Tensor, Tensor]:
+    """`(top_logp [L, k] float64, top_ids [L, k])`: each row's `k` most probable tokens under its softmax, in descending
+    order. With the kernel (Triton on a GPU, a vocabulary of at most `TOPK_KERNEL_MAX_VOCAB`, `k` at most
+    `KERNEL_MAX_BUDGET`) one launch, ties to the lower token id; else `log_softmax` and `topk` (about 50 us of a
+    DDTree round's tree on an H100 at a vocabulary of 8,192, against one launch of the K picks)."""
+    depth_max, vocab = logits.shape
+    dev = logits.device
+    if not (kernel and triton is not None and (dev.type == "cuda" or INTERPRET) and vocab <= TOPK_KERNEL_MAX_VOCAB
+            and k <= KERNEL_MAX_BUDGET):
+        values, ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)
+        return values.double(), ids
+    logp = torch.empty(depth_max, k, dtype=torch.float64, device=dev)
+    ids = torch.empty(depth_max, k, dtype=torch.long, device=dev)
+    _top_logp[(depth_max,)](logits.contiguous(), logp, ids, vocab, k, BV=triton.next_power_of_2(vocab),
+                            num_warps=8)
+    return logp, ids
 
 
 def _tree_by_kernel(logp: Tensor, top_ids: Tensor, budget: int) -> Proposal:
@@ -275,9 +320,8 @@ def build_tree_device(top_logp: Tensor, top_ids: Tensor, budget: int, kernel: bo
 def tree_proposal(logits: Tensor, budget: int, kernel: bool = True) -> Proposal:
     """The best `budget`-node tree for per-depth draft `logits [L, V]` (the DDTree proposal; `kernel`:
     `EngineOptions.tree_kernel`)."""
-    k = min(budget, logits.shape[-1])
-    top_logp, top_ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)
-    return build_tree_device(top_logp, top_ids, budget, kernel)
+    logp, ids = top_logp(logits, min(budget, logits.shape[-1]), kernel)
+    return build_tree_device(logp, ids, budget, kernel)
 
 
 def deepest_on_path(logits: Tensor, truth: Tensor, budget: int) -> Tensor:
