@@ -327,20 +327,23 @@ def test_tree_kernel_builds_the_reference_trees() -> None:
 @needs_triton
 def test_top_logp_kernel_picks_the_most_probable_tokens_in_order() -> None:
     """DDTree's top-k kernel against log-softmax and a stable sort (ties to the lower token id, which `topk` does not
-    promise): integer-valued ties, -inf tails, NaN read as -inf, bf16 logits, one row, budgets up to 32, a vocabulary
-    that is not a power of two and one of a real testbed's size; then the whole proposal through it equals the
-    tensor ops' on untied drafts."""
+    promise): integer-valued ties, -0.0 against +0.0, -inf tails, NaN read as -inf, bf16 logits, one row, budgets up
+    to 32, a vocabulary that is not a power of two and one of a real testbed's size; then the whole proposal through
+    it equals the tensor ops' on untied drafts."""
     out = _interpreted("""
         import torch
         from whiflash.drafters import trees
 
         g = torch.Generator().manual_seed(0)
         cases = 0
-        for kind in ["random", "tied", "neginf", "nan", "bf16"]:
+        for kind in ["random", "tied", "zeros", "neginf", "nan", "bf16"]:
             for depth, vocab, k in [(6, 64, 6), (5, 40, 15), (15, 8192, 15), (3, 80, 32), (1, 5000, 32)]:
                 x = torch.randn(depth, vocab, generator=g) * 2
                 if kind == "tied":
                     x = torch.randint(0, 3, (depth, vocab), generator=g).float()
+                elif kind == "zeros":  # -0.0 and +0.0 tie (their keys must not order them)
+                    sign = torch.randint(0, 2, (depth, vocab), generator=g).float() * 2 - 1
+                    x = torch.randint(-1, 1, (depth, vocab), generator=g).float() * sign
                 elif kind == "neginf":
                     x[:, vocab // 2:] = float("-inf")
                 elif kind == "nan":
@@ -362,7 +365,7 @@ def test_top_logp_kernel_picks_the_most_probable_tokens_in_order() -> None:
             cases += 1
         print(cases)
     """)
-    assert out.strip() == "27"
+    assert out.strip() == "32"
 
 
 @needs_triton

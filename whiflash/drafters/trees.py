@@ -189,22 +189,29 @@ if triton is not None:
     def _top_logp(X, LOGP, IDS, V, K, BV: tl.constexpr):
         # One program a depth row: the row's log-softmax normaliser, then its K largest logits picked one at a time
         # (the largest left, ties to the lower token id), written as log-probs in descending order. The row stays
-        # in registers, so the K picks cost K reductions over it and nothing is written but the K results; NaN
-        # reads as -inf (a broken draft ranks last, as `_path_scores` treats it).
+        # in registers, so a pick costs one reduction over it: each logit and its id packed into one int64 key
+        # whose order is (logit, then the lower id) -- the float's bits made order-preserving as a signed integer,
+        # then the id's complement below them. NaN reads as -inf (a broken draft ranks last, as `_path_scores`
+        # treats it); lanes past the vocabulary hold the smallest key and are never picked.
         row = tl.program_id(0)
         v = tl.arange(0, BV)
         real = v < V
         x = tl.load(X + row * V + v, mask=real, other=float("-inf")).to(tl.float32)
-        x = tl.where(x == x, x, float("-inf"))
+        x = tl.where(x == x, tl.where(x == 0.0, 0.0, x), float("-inf"))  # -0.0 keys as +0.0: they tie
         m = tl.max(x, 0)
         lse = m + tl.log(tl.sum(tl.where(real, tl.exp(x - m), 0.0), 0))
-        left = real
+        bits = x.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+        floor = (tl.zeros([BV], tl.int64) - 2147483648) << 32  # below the key of every real logit, -inf's included
+        key = tl.where(real, (ordered << 32) | (BV - 1 - v).to(tl.int64), floor)
         for j in range(0, K):
-            best = tl.max(tl.where(left, x, float("-inf")), 0)
-            at = tl.min(tl.where(left & (x == best), v, BV), 0)
-            tl.store(LOGP + row * K + j, (best - lse).to(tl.float64))
-            tl.store(IDS + row * K + j, at.to(tl.int64))
-            left = left & (v != at)
+            best = tl.max(key, 0)
+            high = (best >> 32).to(tl.int32)  # the logit's ordered bits, back to the float's
+            value = tl.where(high >= 0, high, high ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+            at = BV - 1 - (best - ((best >> 32) << 32))
+            tl.store(LOGP + row * K + j, (value - lse).to(tl.float64))
+            tl.store(IDS + row * K + j, at)
+            key = tl.where(v == at, floor, key)
 
 
 KERNEL_MAX_BUDGET = 32

@@ -31,7 +31,8 @@ class EngineOptions:
     """A `scripts/bench_gemv.py --json` file of per-shape launch settings added to the built-in table (a GPU of
     another kind than the one the table was measured on)."""
     tree_kernel: bool = True
-    """DDTree's device builder grows its beams with one Triton kernel where it can run; off: sort-based ops."""
+    """DDTree's tree (its top-k and its builder) comes from Triton kernels where they can run; off: log-softmax,
+    `topk` and sort-based ops."""
     compiled_layers: bool = False
     """Fixed-shape passes run their layer stages and the drafters' own passes through torch.compile."""
     compile_backend: str = "inductor"
