@@ -100,6 +100,7 @@ def test_fixed_shape_decoding_with_the_kernel_equals_the_eager_path(tmp_path) ->
         real = da._masked_attention
         da._masked_attention = lambda *a: (calls.__setitem__(0, calls[0] + 1), real(*a))[1]
         prompt = [1, 5, 7, 9, 11, 3]
+        ar = whiflash.generate(target, None, prompt, 10)[0]
         for drafter in [None, *drafters]:
             eager = whiflash.generate(target, drafter, prompt, 10)  # several rounds each (interpreted: 1-2 s a round)
             for m in [target, *drafters]:
@@ -108,6 +109,7 @@ def test_fixed_shape_decoding_with_the_kernel_equals_the_eager_path(tmp_path) ->
             for m in [target, *drafters]:
                 m.static = False
             assert eager[0] == fixed[0] and eager[1].taus == fixed[1].taus, drafter
+            assert eager[0] == ar, drafter  # DDTree's top-k, tree and walk kernels included: lossless
         assert calls[0] > 60, calls
         print("ok")
     """)
@@ -369,6 +371,46 @@ def test_top_logp_kernel_picks_the_most_probable_tokens_in_order() -> None:
 
 
 @needs_triton
+def test_tree_walk_kernel_accepts_as_the_tensor_ops() -> None:
+    """`accept`'s one-launch walk of a tree against its tensor ops: count, last node and the path-first permutation,
+    on trees of 1 to 63 nodes (one and several blocks of 16 rows; padded trees where the vocabulary is smaller than
+    the budget) under picks that follow the tree deep, stop at once or match nowhere, and a tie for the deepest
+    accepted node (a padded tree's repeated first token: the lower index wins, as `argmax`)."""
+    out = _interpreted("""
+        import torch
+        from whiflash.decoding import verify
+        from whiflash.drafters import trees
+
+        g = torch.Generator().manual_seed(0)
+        cases = 0
+        for budget in (1, 6, 15, 32, 63):
+            for case in range(12):
+                x = torch.randn(6, 12, generator=g) * (3 if case % 3 else 0.3)
+                tree = trees.tree_proposal(x, budget, kernel=False)
+                picked = torch.randint(0, 12, (tree.size + 1,), generator=g)
+                if case % 2:  # most nodes drew their own token: deep paths, and ties in depth between branches
+                    for i in range(tree.size):
+                        if torch.rand(1, generator=g) < 0.7:
+                            picked[tree.parents[i]] = tree.tokens[i]
+                ops, kernel = verify.accept(tree, picked), verify.accept(tree, picked, kernel=True)
+                for a, b in zip(ops, kernel):
+                    assert a.dtype == b.dtype and torch.equal(a, b), (budget, case, a, b)
+                cases += int(ops[0]) > 1
+        for budget in (32, 63):  # padded trees (20 prefixes of 2 depths of 4 tokens): the root's pick matches the
+            tree = trees.tree_proposal(torch.randn(2, 4, generator=g), budget, kernel=False)  # best first token and
+            picked = torch.full((tree.size + 1,), 4)  # its repeats; no token: nothing deeper matches
+            picked[0] = tree.tokens[0]
+            ops, kernel = verify.accept(tree, picked), verify.accept(tree, picked, kernel=True)
+            repeats = ((tree.tokens == tree.tokens[0]) & (tree.parents == 0)).sum()
+            assert int(ops[1]) == 1 and repeats > 1, (ops, repeats)  # a tie at depth 1: the first node wins
+            for a, b in zip(ops, kernel):
+                assert torch.equal(a, b), (budget, a, b)
+        print(cases)
+    """)
+    assert int(out) > 20  # enough of the walks went past the root
+
+
+@needs_triton
 def test_tree_kernels_compile_for_hopper() -> None:
     """The tree kernels compile for an H100 / H200 (sm_90) with the arguments a DDTree round launches them with: the
     interpreter runs their arithmetic, but only the compiler checks their types (a loop that changes the shape of
@@ -379,15 +421,16 @@ def test_tree_kernels_compile_for_hopper() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from whiflash.decoding import verify
     from whiflash.drafters import trees
 
     if "nvidia" not in triton.backends.backends:
         pytest.skip("this triton has no NVIDIA backend")
     # the candidate table, RANK_OF and NODE_CAND are int32; N, L, K, B sizes
     types = dict(LOGP="*fp64", IDS="*i64", TOKENS="*i64", DEPTHS="*i64", PARENTS="*i64", MASK="*i8", N="i32",
-                 L="i32", K="i32", B="i32", X="*bf16", V="i32")
+                 L="i32", K="i32", B="i32", X="*bf16", V="i32", PICKED="*i64", OUT="*i64", KEEP="*i64", M="i32")
     for jit, launch in ((trees._tree_rank, dict(BLK=64, CH=128, LP=16)), (trees._tree_links, dict(NP=64)),
-                        (trees._top_logp, dict(BV=8192))):
+                        (trees._top_logp, dict(BV=8192)), (verify._tree_walk, dict(NP=64))):
         kernel = getattr(jit, "fn", jit)  # the Python function under the JIT wrapper
         signature = {name: "constexpr" if name in launch else types.get(name, "*i32")
                      for name in inspect.signature(kernel).parameters}

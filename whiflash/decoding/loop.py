@@ -141,7 +141,8 @@ def _accept(target: Target, drafter: Drafter | None, proposal: Proposal, verify_
     if proposal.branch is not None and drafter is not None:  # both slots' tau, then the slot the round keeps
         slot_taus = branch_taus(proposal, picked)
         advanced = drafter.advance(slot_taus)
-    count, best, keep = accept(proposal, picked, branch=advanced, check=target.engine.check_trees)
+    count, best, keep = accept(proposal, picked, branch=advanced, check=target.engine.check_trees,
+                               kernel=target.engine.tree_kernel)
     at = best.reshape(1)  # the path's last node as a [1] index, made once for every row picked below
     decision = None
     if drafter is not None and drafter.routes:  # (the rows are not gathered for a drafter that never routes)

@@ -14,6 +14,35 @@ import torch
 from torch import Tensor
 
 from whiflash.drafters.base import Proposal
+from whiflash.runtime.decode_attention import INTERPRET, triton
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _tree_walk(TOKENS, PARENTS, DEPTHS, MASK, PICKED, OUT, KEEP, M, NP: tl.constexpr):
+        # `accept` of a tree in one program: a node is accepted when every node on its path (the mask's row)
+        # drew its own token; the deepest accepted node ends the path (ties: the lower index, as `argmax`); the
+        # permutation puts the path's nodes first, then the rest, each in index order (a stable partition).
+        a = tl.arange(0, NP)  # 0: the root, i: node i
+        node = (a >= 1) & (a <= M)
+        parent = tl.load(PARENTS + a - 1, mask=node, other=0)
+        drew = tl.load(TOKENS + a - 1, mask=node, other=0) == tl.load(PICKED + parent, mask=node, other=0)
+        ok = (a == 0) | (node & drew)
+        live = a <= M
+        rows, cols = a[:, None], a[None, :]
+        on = tl.load(MASK + rows * (M + 1) + cols, mask=live[:, None] & live[None, :], other=0) != 0
+        accepted = live & (tl.sum((on & ~ok[None, :]).to(tl.int32), 1) == 0)
+        depth = tl.where(node, tl.load(DEPTHS + a - 1, mask=node, other=0), 0)
+        reach = tl.where(accepted, depth, -1)
+        deepest = tl.max(reach, 0)
+        best = tl.min(tl.where(reach == deepest, a, NP), 0)
+        path = live & (tl.load(MASK + best * (M + 1) + a, mask=live, other=0) != 0)
+        before_on = tl.cumsum(path.to(tl.int32), 0) - path.to(tl.int32)
+        before_off = tl.cumsum((live & ~path).to(tl.int32), 0) - (live & ~path).to(tl.int32)
+        place = tl.where(path, before_on, tl.sum(path.to(tl.int32), 0) + before_off)
+        tl.store(KEEP + place, a.to(tl.int64), mask=live)
+        tl.store(OUT + tl.arange(0, 2), tl.where(tl.arange(0, 2) == 0, deepest + 1, best).to(tl.int64))
 
 def check_tree(tree: Proposal) -> None:
     """Raise unless `tree` is prefix-closed: every parent precedes its node, every depth is its
@@ -59,8 +88,23 @@ def accepted_nodes(tree: Proposal, picked: Tensor) -> tuple[Tensor, Tensor]:
     return accepted, torch.cat([tree.depths.new_zeros(1), tree.depths])
 
 
+def walk_kernel_runs(proposal: Proposal, picked: Tensor) -> bool:
+    """Whether `accept` walks this tree with the one-launch kernel: Triton on a GPU (or its interpreter)."""
+    return triton is not None and (picked.is_cuda or INTERPRET)
+
+
+def _walk_by_kernel(tree: Proposal, picked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`accept`'s (count, best, keep) of a tree in one launch instead of ~20 small kernels after the verify pass."""
+    m = tree.size
+    out = torch.empty(2, dtype=torch.long, device=picked.device)
+    keep = torch.empty(m + 1, dtype=torch.long, device=picked.device)
+    _tree_walk[(1,)](tree.tokens, tree.parents, tree.depths, tree.tree_mask.view(torch.int8), picked, out, keep, m,
+                     NP=max(16, triton.next_power_of_2(m + 1)), num_warps=4)
+    return out[0], out[1], keep
+
+
 def accept(proposal: Proposal, picked: Tensor, branch: Tensor | None = None,
-           check: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+           check: bool = False, kernel: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Walk `[root, nodes]` given the target's token `picked[i]` at every node.
 
     Returns device tensors `(count, best, keep)`: the accepted path's length (root included, so
@@ -70,7 +114,8 @@ def accept(proposal: Proposal, picked: Tensor, branch: Tensor | None = None,
     `branch` (a 0-dim slot, for a union with `Proposal.branch`): only that slot's nodes may be on
     the path, so the round advances with the slot the oracle picked, not always the deeper one.
     `check` (`EngineOptions.check_trees`): `check_tree` a tree first (one extra host read; skipped while a
-    CUDA graph is being captured).
+    CUDA graph is being captured). `kernel` (`EngineOptions.tree_kernel`): a tree without `branch` is walked by one
+    Triton launch where it can run (`walk_kernel_runs`), the same result as the tensor ops below.
     """
     m = proposal.size
     device = picked.device
@@ -81,6 +126,8 @@ def accept(proposal: Proposal, picked: Tensor, branch: Tensor | None = None,
         return best + 1, best, keep
     if check and not (picked.is_cuda and torch.cuda.is_current_stream_capturing()):
         check_tree(proposal)
+    if kernel and branch is None and walk_kernel_runs(proposal, picked):
+        return _walk_by_kernel(proposal, picked)
     accepted, depth = accepted_nodes(proposal, picked)
     if branch is not None:
         accepted &= on_branch(proposal, branch)
