@@ -98,8 +98,9 @@ def _walk_by_kernel(tree: Proposal, picked: Tensor) -> tuple[Tensor, Tensor, Ten
     m = tree.size
     out = torch.empty(2, dtype=torch.long, device=picked.device)
     keep = torch.empty(m + 1, dtype=torch.long, device=picked.device)
+    np_ = max(16, triton.next_power_of_2(m + 1))  # the mask is one [NP, NP] tile: more warps for large trees
     _tree_walk[(1,)](tree.tokens, tree.parents, tree.depths, tree.tree_mask.view(torch.int8), picked, out, keep, m,
-                     NP=max(16, triton.next_power_of_2(m + 1)), num_warps=4)
+                     NP=np_, num_warps=4 if np_ <= 64 else 8)
     return out[0], out[1], keep
 
 
