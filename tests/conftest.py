@@ -96,13 +96,29 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, World]:
 
 
 @pytest.fixture(scope="session")
-def micro(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The ``micro`` testbed, built once per session (shared by the testbed and eval tests)."""
+def micro(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The ``micro`` testbed, built once per session (shared by the testbed and eval tests).
+
+    Under xdist the first worker to need it builds it (about a minute on a 2-core machine) in the run's shared
+    temporary folder, under a file lock; every worker then tests its own copy, so a test that rebuilds stages in
+    place touches only its worker's testbed, as without workers."""
+    import shutil
+
+    from filelock import FileLock
+
     from whiflash.testbed.build import build
     from whiflash.testbed.presets import get_preset
 
     out = tmp_path_factory.mktemp("testbed") / "micro"
-    build(out, get_preset("micro"))
+    if worker_id == "master":  # no xdist: one process, nothing to share
+        build(out, get_preset("micro"))
+        return out
+    shared = tmp_path_factory.getbasetemp().parent / "micro-shared"
+    with FileLock(str(shared) + ".lock"):
+        if not (shared / ".complete").exists():  # a worker that failed mid-build left no marker: build again
+            build(shared / "micro", get_preset("micro"))
+            (shared / ".complete").touch()
+    shutil.copytree(shared / "micro", out)  # copy2: the files keep their modification times
     return out
 
 
