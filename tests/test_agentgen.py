@@ -100,14 +100,23 @@ def _by_split(docs: list, cfg, category: str, pieces) -> dict[str, set[str]]:
     return out
 
 
-def test_held_out_transcripts_quote_only_held_out_prose() -> None:
+@pytest.fixture(scope="module")
+def micro_docs() -> list:
+    """The documents of ``micro``'s corpus, collected once (seconds each time) for the tests that only read them."""
+    from whiflash.testbed.corpus import collect_documents
+    from whiflash.testbed.presets import get_preset
+
+    return list(collect_documents(get_preset("micro").corpus))
+
+
+def test_held_out_transcripts_quote_only_held_out_prose(micro_docs: list) -> None:
     """A transcript quotes prose of its own split: none leaks held-out docstrings into training or back."""
     from whiflash.testbed.agentgen import sentences
-    from whiflash.testbed.corpus import _background, assign_split, collect_documents
+    from whiflash.testbed.corpus import _background, assign_split
     from whiflash.testbed.presets import get_preset
 
     cfg = get_preset("micro").corpus
-    docs = list(collect_documents(cfg))
+    docs = micro_docs
     by_split = _by_split(docs, cfg, "prose", _background)
     quoted = 0
     for d in (d for d in docs if d.category == "agentic"):
@@ -121,7 +130,7 @@ def test_held_out_transcripts_quote_only_held_out_prose() -> None:
     assert quoted > 100
 
 
-def test_code_excerpts_come_from_the_transcripts_own_split() -> None:
+def test_code_excerpts_come_from_the_transcripts_own_split(micro_docs: list) -> None:
     """With `agent_code_excerpts`, thoughts end with library code of their own split (off: no code at all)."""
     from whiflash.testbed.agentgen import _CODE_INTROS
     from whiflash.testbed.corpus import _snippets, assign_split, collect_documents
@@ -138,11 +147,11 @@ def test_code_excerpts_come_from_the_transcripts_own_split() -> None:
             assert snippet in by_split[split], (d.id, snippet)
             shown += 1
     assert shown > 1000
-    plain = [d for d in collect_documents(get_preset("micro").corpus) if d.category == "agentic"]
+    plain = [d for d in micro_docs if d.category == "agentic"]
     assert not any(intro in d.text for d in plain for intro in _CODE_INTROS)
 
 
-def test_explanations_answer_names_the_task_gives_from_the_transcripts_own_split() -> None:
+def test_explanations_answer_names_the_task_gives_from_the_transcripts_own_split(micro_docs: list) -> None:
     """With `agent_explanations`, each step's thought explains, in the chat house style, an object the task
     names, documented in a library file of the transcript's own split (off: no task asks for one)."""
     import re
@@ -169,5 +178,5 @@ def test_explanations_answer_names_the_task_gives_from_the_transcripts_own_split
             assert f"`{name}`: {said[split][name]}" in thought, (d.id, name)
             explained += 1
     assert explained > 1000
-    plain = [d for d in collect_documents(get_preset("micro").corpus) if d.category == "agentic"]
+    plain = [d for d in micro_docs if d.category == "agentic"]
     assert not any("Along the way, explain" in d.text for d in plain)
