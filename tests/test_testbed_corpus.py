@@ -22,10 +22,15 @@ SMALL = CorpusConfig(math_problems=400, max_file_chars=20_000, validation_fracti
 
 
 @pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory) -> Path:
+def written_corpus(tmp_path_factory) -> tuple[Path, dict]:
+    """The SMALL corpus, written once (seconds), with what ``write_corpus`` returned (its hash)."""
     out = tmp_path_factory.mktemp("corpus")
-    write_corpus(SMALL, out)
-    return out
+    return out, write_corpus(SMALL, out)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(written_corpus: tuple[Path, dict]) -> Path:
+    return written_corpus[0]
 
 
 def test_math_solutions_are_correct() -> None:
@@ -214,10 +219,11 @@ def test_prompt_cuts() -> None:
     assert prose.startswith(prompt) and not prompt.endswith(" ") and prompt + ref == prose
 
 
-def test_chat_prose_frames_the_same_docstrings_and_leaves_the_other_categories_alone(corpus_dir: Path,
-                                                                                      tmp_path: Path) -> None:
+def test_chat_prose_frames_the_same_docstrings_and_leaves_the_other_categories_alone(
+        written_corpus: tuple[Path, dict], tmp_path: Path) -> None:
     from whiflash.testbed.prompts import cut_prompt
 
+    corpus_dir, plain_written = written_corpus
     write_corpus(CorpusConfig(**{**SMALL.__dict__, "chat_prose": 1.0}), tmp_path / "chat")
     for split in SPLITS:
         plain = list(read_corpus(corpus_dir, split))
@@ -240,7 +246,7 @@ def test_chat_prose_frames_the_same_docstrings_and_leaves_the_other_categories_a
     half = write_corpus(CorpusConfig(**{**SMALL.__dict__, "chat_prose": 0.5}), tmp_path / "half")
     texts = [r["text"] for s in SPLITS for r in read_corpus(tmp_path / "half", s, "prose")]
     share = sum(t.startswith("User: ") for t in texts) / len(texts)
-    assert 0.4 < share < 0.6 and half["sha256"] != write_corpus(SMALL, tmp_path / "plain")["sha256"]
+    assert 0.4 < share < 0.6 and half["sha256"] != plain_written["sha256"]  # the plain corpus, as written once
 
 
 def test_chat_signatures_leave_out_only_a_methods_receiver() -> None:
