@@ -418,17 +418,18 @@ def test_second_build_reuses_every_stage(micro: Path) -> None:
     assert weights.stat().st_mtime_ns == mtime
 
 
-def test_changed_stage_config_rebuilds_only_downstream(micro: Path) -> None:
+def test_changed_stage_config_rebuilds_only_downstream(micro: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "tb"  # a copy (a fraction of a second), not the session's testbed rebuilt back afterwards
+    shutil.copytree(micro, copy)
     cfg = get_preset("micro")
     cfg.dflash.max_steps = 3
-    try:
-        m = build(micro, cfg)
-        actions = {e["stage"]: e["action"] for e in m["log"][-len(STAGES):]}
-        assert actions.pop("dflash") == actions.pop("acceptance") == "built"  # the changed stage and its reader
-        assert set(actions.values()) == {"reused"}
-        assert m["stages"]["dflash"]["steps"] == 3
-    finally:
-        build(micro, get_preset("micro"))  # restore the session's drafter for any later test
+    m = build(copy, cfg)
+    actions = {e["stage"]: e["action"] for e in m["log"][-len(STAGES):]}
+    assert actions.pop("dflash") == actions.pop("acceptance") == "built"  # the changed stage and its reader
+    assert set(actions.values()) == {"reused"}
+    assert m["stages"]["dflash"]["steps"] == 3
 
 
 def test_cpu_thread_count_is_part_of_the_training_fingerprints(micro: Path, tmp_path: Path, monkeypatch) -> None:
