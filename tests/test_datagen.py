@@ -553,9 +553,10 @@ def test_parallel_passes_record_the_oracle_rounds(worlds, world_name, pair):
     recorder = OracleDrafter(pair, eagle3=drafters["eagle3"] if "e3" in pair else None, dflash=drafters["dflash"],
                              tree_budget=6 if "ddt" in pair else None)
     compared = stopped = 0
+    plain = [whiflash.generate(target, None, prompt, 30)[0] for prompt in PROMPTS]  # the same for every follow
     for follow in (None, 0, 1):
         recorder.follow = follow
-        for prompt in PROMPTS:
+        for prompt, new in zip(PROMPTS, plain):
             decoded = record_prompt(target, recorder, prompt, 30)
             passes = record_prompt_parallel(target, recorder, prompt, 30, chunk=7)
             assert decoded.keys() == passes.keys() and len(decoded["round"]) > 1
@@ -566,7 +567,6 @@ def test_parallel_passes_record_the_oracle_rounds(worlds, world_name, pair):
                     np.testing.assert_array_equal(decoded[key], passes[key], err_msg=f"{key}, follow={follow}")
             compared += len(decoded["round"])
             # a stop token: the first one new in the output after the third round's pending token
-            new = whiflash.generate(target, None, prompt, 30)[0]
             third = int(decoded["position"][2]) - len(prompt)
             fresh = [t for i, t in enumerate(new) if i > third and t not in new[:i]]
             if not fresh:
