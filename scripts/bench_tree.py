@@ -71,7 +71,6 @@ def main() -> None:
         print(f"{budget:>6} {same:>7}/{args.cases:<2} {same_k:>3}/{args.cases:<2} {row[0]:>15.1f} {row[1]:>8.1f} "
               f"{row[2]:>11.1f} {row[3]:>8.1f} {row[4]:>14.1f} {row[5]:>8.1f} {counts[0]:>14} {counts[1]:>7}")
 
-
     print(f"\nthe walk (`accept` of the tree after its verify pass): tensor ops against one launch; GPU us per graph "
           f"replay, and host-and-device us per eager call (as a DDTree round runs it)\n"
           f"{'budget':>6} {'graph: ops':>11} {'kernel':>8} {'eager: ops':>11} {'kernel':>8}")

@@ -44,6 +44,7 @@ if triton is not None:
         tl.store(KEEP + place, a.to(tl.int64), mask=live)
         tl.store(OUT + tl.arange(0, 2), tl.where(tl.arange(0, 2) == 0, deepest + 1, best).to(tl.int64))
 
+
 def check_tree(tree: Proposal) -> None:
     """Raise unless `tree` is prefix-closed: every parent precedes its node, every depth is its
     parent's + 1, and the mask is exactly the ancestor-or-self relation. `accept` reads tau off a
@@ -88,11 +89,6 @@ def accepted_nodes(tree: Proposal, picked: Tensor) -> tuple[Tensor, Tensor]:
     return accepted, torch.cat([tree.depths.new_zeros(1), tree.depths])
 
 
-def walk_kernel_runs(proposal: Proposal, picked: Tensor) -> bool:
-    """Whether `accept` walks this tree with the one-launch kernel: Triton on a GPU (or its interpreter)."""
-    return triton is not None and (picked.is_cuda or INTERPRET)
-
-
 def _walk_by_kernel(tree: Proposal, picked: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """`accept`'s (count, best, keep) of a tree in one launch instead of ~20 small kernels after the verify pass."""
     m = tree.size
@@ -116,7 +112,7 @@ def accept(proposal: Proposal, picked: Tensor, branch: Tensor | None = None,
     the path, so the round advances with the slot the oracle picked, not always the deeper one.
     `check` (`EngineOptions.check_trees`): `check_tree` a tree first (one extra host read; skipped while a
     CUDA graph is being captured). `kernel` (`EngineOptions.tree_kernel`): a tree without `branch` is walked by one
-    Triton launch where it can run (`walk_kernel_runs`), the same result as the tensor ops below.
+    Triton launch where it can run (a GPU, or Triton's interpreter), the same result as the tensor ops below.
     """
     m = proposal.size
     device = picked.device
@@ -127,7 +123,7 @@ def accept(proposal: Proposal, picked: Tensor, branch: Tensor | None = None,
         return best + 1, best, keep
     if check and not (picked.is_cuda and torch.cuda.is_current_stream_capturing()):
         check_tree(proposal)
-    if kernel and branch is None and walk_kernel_runs(proposal, picked):
+    if kernel and branch is None and triton is not None and (picked.is_cuda or INTERPRET):
         return _walk_by_kernel(proposal, picked)
     accepted, depth = accepted_nodes(proposal, picked)
     if branch is not None:

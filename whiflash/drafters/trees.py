@@ -184,7 +184,6 @@ if triton is not None:
         seen = (cols == 0) | (rows == cols) | (node[:, None] & node[None, :] & (prefix == c[None, :]))
         tl.store(MASK + rows * (B + 1) + cols, seen.to(tl.int8), mask=(rows <= B) & (cols <= B))
 
-
     @triton.jit
     def _top_logp(X, LOGP, IDS, V, K, BV: tl.constexpr):
         # One program a depth row: the row's log-softmax normaliser, then its K largest logits picked one at a time
