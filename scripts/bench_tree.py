@@ -67,7 +67,7 @@ def main() -> None:
             for on in (False, True):
                 row.append(1e3 * device_ms(Graphed(lambda fn=fn, on=on: fn(on)), dev, n=50))
         counts = [kernels(lambda on=on: trees.build_tree_device(top_logp, top_ids, budget, on)) for on in (False, True)]
-        walks.append((budget, *walk_us(trees.tree_proposal(logits, budget), dev, gen)))
+        walks.append((budget, *walk_us(trees.tree_proposal(logits, budget), args.vocab, dev, gen)))
         print(f"{budget:>6} {same:>7}/{args.cases:<2} {same_k:>3}/{args.cases:<2} {row[0]:>15.1f} {row[1]:>8.1f} "
               f"{row[2]:>11.1f} {row[3]:>8.1f} {row[4]:>14.1f} {row[5]:>8.1f} {counts[0]:>14} {counts[1]:>7}")
 
@@ -78,11 +78,12 @@ def main() -> None:
         print(f"{budget:>6} {us[0]:>11.1f} {us[1]:>8.1f} {us[2]:>11.1f} {us[3]:>8.1f}")
 
 
-def walk_us(tree: trees.Proposal, dev: torch.device, gen: torch.Generator) -> tuple[float, float, float, float]:
+def walk_us(tree: trees.Proposal, vocab: int, dev: torch.device,
+            gen: torch.Generator) -> tuple[float, float, float, float]:
     """`accept` of `tree` under picks that follow it to some depth, with the tensor ops and with the kernel: GPU us per
     graph replay of each, then us per eager call (each call's launches and the device's work, synchronised every
     100 calls), after checking both give the same walk."""
-    picked = torch.randint(0, 8192, (tree.size + 1,), device=dev, generator=gen)
+    picked = torch.randint(0, vocab, (tree.size + 1,), device=dev, generator=gen)
     picked[tree.parents[:4]] = tree.tokens[:4]  # the first nodes drew their own tokens
     ops, kernel = verify.accept(tree, picked), verify.accept(tree, picked, kernel=True)
     if not all(torch.equal(a, b) for a, b in zip(ops, kernel)):
