@@ -40,12 +40,13 @@ def test_kernel_computes_masked_attention_and_skips_unseen_tiles() -> None:
 
         torch.manual_seed(0)
         # (query heads, K/V heads, rows, head dim, slots): GQA groups 1/2/4, head dims below 16 and not
-        # powers of two, more rows than one row block, caches of one tile and of many splits
+        # powers of two, more rows than one row block, caches of one tile and of 9 splits of 2 tiles each;
         # a tree verify of DDTree's budget 128 (129 queries, the most the kernel takes)
         shapes = [(4, 2, 1, 64, 300), (8, 2, 5, 8, 200), (4, 4, 17, 24, 130), (4, 1, 33, 64, 64),
-                  (8, 4, 16, 32, 5000), (4, 2, da.MAX_QUERIES, 16, 400)]
+                  (8, 4, 16, 32, 1100), (4, 2, da.MAX_QUERIES, 16, 400)]
         for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
-            for hq, hkv, t, d, slots in shapes:
+            # fp16 skips the MAX_QUERIES case (~7 s interpreted; its row blocks are those of the fp32 case)
+            for hq, hkv, t, d, slots in shapes[:-1] if dtype == torch.float16 else shapes:
                 q = torch.randn(t, hq, d).to(dtype).transpose(0, 1)  # a strided query, as attention gets it
                 k, v = torch.randn(2, hkv, slots, d).to(dtype)
                 start = slots - t - 3 if slots > 300 else slots - t
@@ -359,8 +360,8 @@ def test_top_logp_kernel_picks_the_most_probable_tokens_in_order() -> None:
                 assert logp.dtype == torch.float64
                 assert torch.allclose(logp, ref.gather(1, order).double(), atol=1e-5, rtol=0), (kind, depth, k)
                 cases += 1
-        for budget in (15, 32):
-            x = torch.randn(15, 1000, generator=g) * 3
+        for depth, budget in ((15, 15), (6, 32)):  # (interpreted, depth 15 at budget 32 ranks 3,576 paths: ~55 s)
+            x = torch.randn(depth, 1000, generator=g) * 3
             ops, kernel = (trees.tree_proposal(x, budget, kernel=on) for on in (False, True))
             for field in ("tokens", "parents", "depths", "tree_mask"):
                 assert torch.equal(getattr(ops, field), getattr(kernel, field)), (budget, field)

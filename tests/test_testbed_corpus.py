@@ -18,7 +18,8 @@ from whiflash.testbed.mathgen import TEMPLATES, check_solution, generate_problem
 from whiflash.testbed.presets import CATEGORIES, CorpusConfig, TokenizerConfig, apply_overrides, get_preset
 from whiflash.testbed.tokenizer import MASK, SPECIAL_TOKENS, load_tokenizer, train_tokenizer
 
-SMALL = CorpusConfig(math_problems=400, max_file_chars=20_000, validation_fraction=0.1, test_fraction=0.1)
+SMALL = CorpusConfig(math_problems=400, agent_transcripts=1_000, max_file_chars=20_000, validation_fraction=0.1,
+                     test_fraction=0.1)
 
 
 @pytest.fixture(scope="module")
