@@ -397,9 +397,11 @@ def test_tree_walk_kernel_accepts_as_the_tensor_ops() -> None:
                 for a, b in zip(ops, kernel):
                     assert a.dtype == b.dtype and torch.equal(a, b), (budget, case, a, b)
                 cases += int(ops[0]) > 1
-        for budget in (32, 63):  # padded trees (20 prefixes of 2 depths of 4 tokens): the root's pick matches the
-            tree = trees.tree_proposal(torch.randn(2, 4, generator=g), budget, kernel=False)  # best first token and
-            picked = torch.full((tree.size + 1,), 4)  # its repeats; no token: nothing deeper matches
+        # padded trees (20 prefixes of 2 depths of 4 tokens): the root's pick matches the best first token and its
+        # repeats; token 4 is no draft token, so nothing deeper matches
+        for budget in (32, 63):
+            tree = trees.tree_proposal(torch.randn(2, 4, generator=g), budget, kernel=False)
+            picked = torch.full((tree.size + 1,), 4)
             picked[0] = tree.tokens[0]
             ops, kernel = verify.accept(tree, picked), verify.accept(tree, picked, kernel=True)
             repeats = ((tree.tokens == tree.tokens[0]) & (tree.parents == 0)).sum()
