@@ -34,6 +34,16 @@ def corpus_dir(written_corpus: tuple[Path, dict]) -> Path:
     return written_corpus[0]
 
 
+def test_library_files_parsed_in_processes_give_the_same_corpus(written_corpus: tuple[Path, dict],
+                                                                   tmp_path: Path) -> None:
+    """`workers`: the library files parsed in two spawned processes write the very files one process writes."""
+    out, first = written_corpus
+    again = write_corpus(SMALL, tmp_path, workers=2)
+    assert again["sha256"] == first["sha256"]
+    for split in SPLITS:
+        assert (tmp_path / f"{split}.jsonl").read_bytes() == (out / f"{split}.jsonl").read_bytes(), split
+
+
 def test_math_solutions_are_correct() -> None:
     problems = list(generate_problems(2000, seed=3))
     assert {p.template for p in problems} == set(TEMPLATES)

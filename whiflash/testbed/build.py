@@ -22,7 +22,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from whiflash.locks import owning_folders
 
 from .manifest import FORMAT_VERSION, Manifest, fingerprint
 from .presets import CATEGORIES, TestbedConfig, resolve_precision
+from .spawning import spawnable_main
 
 __all__ = ["build", "default_dir", "STAGES", "DRAFTER_TRAINING_VERSION"]
 
@@ -104,7 +104,7 @@ def _build(out: Path, config: TestbedConfig, until: str | None) -> dict[str, Any
     from . import corpus as corpus_mod
 
     rec = run("corpus", (config.corpus, corpus_mod.stdlib_root().as_posix(), corpus_mod.GENERATOR_VERSION),
-              lambda d: corpus_mod.write_corpus(config.corpus, d))
+              lambda d: corpus_mod.write_corpus(config.corpus, d, workers=torch.get_num_threads()))
     man.data["corpus_sha256"] = rec["sha256"]
 
     from .tokenizer import load_tokenizer, train_tokenizer
@@ -227,23 +227,12 @@ def _start_dflash(out: Path, config: TestbedConfig, seed: int, dev: dict[str, An
 
 
 def spawn_child(target: Callable[..., Any], args: tuple[Any, ...], name: str) -> BaseProcess:
-    """Start `target(*args)` in a spawned daemon process (it ends with the build), whatever ran the build.
-
-    A spawned child re-runs the parent's main module from ``__main__.__file__``. A build started from a script on
-    stdin (``python3 - <<EOF``, as the GPU scripts do) has ``__file__ == "<stdin>"``, which names no file: the
-    child would die on it before `target` runs and the stage would train again after eagle3 instead of beside it.
-    Such a main is hidden from the spawn while it starts (`target` lives in a module, not in ``__main__``)."""
-    main = sys.modules["__main__"]
-    path = getattr(main, "__file__", None)
-    hide = path is not None and getattr(main.__spec__, "name", None) is None and not os.path.isfile(path)
+    """Start `target(*args)` in a spawned daemon process (it ends with the build), whatever ran the build
+    (`spawnable_main`: a build from a script on stdin would otherwise lose the child, and the stage would train
+    again after eagle3 instead of beside it)."""
     proc = multiprocessing.get_context("spawn").Process(target=target, args=args, name=name, daemon=True)
-    if hide:
-        del main.__file__
-    try:
+    with spawnable_main():
         proc.start()
-    finally:
-        if hide:
-            main.__file__ = path
     return proc
 
 

@@ -24,12 +24,14 @@ import hashlib
 import inspect
 import json
 import logging
+import multiprocessing
 import platform
 import random
 import sysconfig
 import textwrap
 import tokenize
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +40,7 @@ from .chatgen import Documented, documented, render, render_topic
 from .codegen import generate_modules
 from .mathgen import generate_problems
 from .presets import CATEGORIES, CorpusConfig
+from .spawning import spawnable_main
 
 __all__ = ["Document", "SPLITS", "GENERATOR_VERSION", "stdlib_root", "collect_documents", "assign_split", "write_corpus",
            "read_corpus", "SPECIAL_TOKEN_GUARD"]
@@ -149,14 +152,35 @@ def check_shares(cfg: CorpusConfig) -> None:
             raise ValueError(f"corpus.{name}={value!r}: expected a share, a number from 0 to 1")
 
 
-def collect_documents(cfg: CorpusConfig, root: Path | None = None) -> Iterator[Document]:
+def collect_documents(cfg: CorpusConfig, root: Path | None = None, workers: int = 1) -> Iterator[Document]:
     """All documents of the corpus in a deterministic order (before splitting); the options are checked at the
-    call, before anything is drawn or written."""
+    call, before anything is drawn or written. ``workers`` > 1 parses the library files in that many processes
+    (the same documents in the same order)."""
     check_shares(cfg)
-    return _documents(cfg, root or stdlib_root())
+    return _documents(cfg, root or stdlib_root(), workers)
 
 
-def _documents(cfg: CorpusConfig, root: Path) -> Iterator[Document]:
+def _documented_list(file: tuple[str, str]) -> list[Documented]:
+    return list(documented(*file))
+
+
+def _library(cfg: CorpusConfig, root: Path, workers: int) -> Iterator[tuple[str, str, list[Documented]]]:
+    """(relative path, source, its documented objects) of each library file in order. Parsing the files is most
+    of the corpus stage, so with ``workers`` > 1 that many processes parse them; the results come back in file
+    order."""
+    files = _stdlib_files(root, cfg.max_file_chars, cfg.include_tests)
+    if workers <= 1:
+        for rel, source in files:
+            yield rel, source, _documented_list((rel, source))
+        return
+    files = list(files)
+    # spawn: the build's process may hold CUDA or OpenMP threads, which a forked child must not inherit
+    with spawnable_main(), ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for (rel, source), items in zip(files, pool.map(_documented_list, files, chunksize=16)):
+            yield rel, source, items
+
+
+def _documents(cfg: CorpusConfig, root: Path, workers: int) -> Iterator[Document]:
     n_files = 0
     pools: dict[str, list[str]] = {}  # split -> background sentences of its prose (agent transcripts quote them)
     code_pools: dict[str, list[str]] = {}  # split -> snippets of its code (when cfg.agent_code_excerpts > 0)
@@ -168,13 +192,13 @@ def _documents(cfg: CorpusConfig, root: Path) -> Iterator[Document]:
         rng = random.Random(f"{cfg.seed}:{id_}")
         return Document(id_, "prose", group, _clean(chat(rng) if rng.random() < cfg.chat_prose else text))
 
-    for rel, source in _stdlib_files(root, cfg.max_file_chars, cfg.include_tests):
+    for rel, source, items in _library(cfg, root, workers):
         n_files += 1
         group = f"stdlib/{rel}"
         yield Document(f"code:{rel}", "code", group, _clean(source))
         if cfg.agent_code_excerpts > 0:
             code_pools.setdefault(assign_split(group, cfg), []).extend(_snippets(_clean(source)))
-        for i, item in enumerate(documented(rel, source)):
+        for i, item in enumerate(items):
             if len(item.doc) >= cfg.min_docstring_chars:
                 yield prose(f"prose:{rel}:{i}", group, item.doc, lambda rng, item=item: render(item, rng))
                 if cfg.agent_explanations > 0 and explanation(item) is not None:
@@ -212,13 +236,14 @@ def assign_split(group: str, cfg: CorpusConfig) -> str:
     return "train"
 
 
-def write_corpus(cfg: CorpusConfig, out_dir: Path, root: Path | None = None) -> dict:
-    """Write ``{split}.jsonl`` files into ``out_dir``; return statistics and the corpus hash.
+def write_corpus(cfg: CorpusConfig, out_dir: Path, root: Path | None = None, workers: int = 1) -> dict:
+    """Write ``{split}.jsonl`` files into ``out_dir``; return statistics and the corpus hash. ``workers``: processes
+    that parse the library files (``collect_documents``); the files written do not depend on it.
 
     The hash covers the ordered records of all splits, so it changes whenever the standard
     library, the generator or the split rule changes.
     """
-    documents = collect_documents(cfg, root)  # checks the options before a file is opened
+    documents = collect_documents(cfg, root, workers)  # checks the options before a file is opened
     out_dir.mkdir(parents=True, exist_ok=True)
     handles = {s: open(out_dir / f"{s}.jsonl", "w", encoding="utf-8") for s in SPLITS}
     stats = {s: {c: {"documents": 0, "chars": 0} for c in CATEGORIES} for s in SPLITS}
