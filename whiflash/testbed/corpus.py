@@ -161,6 +161,7 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None, workers: int 
 
 
 def _documented_list(file: tuple[str, str]) -> list[Documented]:
+    """The documented objects of one (relative path, source) file, as a list a worker process can send back."""
     return list(documented(*file))
 
 
