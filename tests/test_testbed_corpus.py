@@ -35,10 +35,22 @@ def corpus_dir(written_corpus: tuple[Path, dict]) -> Path:
 
 
 def test_library_files_parsed_in_processes_give_the_same_corpus(written_corpus: tuple[Path, dict],
-                                                                   tmp_path: Path) -> None:
+                                                                   tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """`workers`: the library files parsed in two spawned processes write the very files one process writes."""
+    import whiflash.testbed.corpus as corpus
+
+    pools: list[int] = []
+
+    class Counted(corpus.ProcessPoolExecutor):
+        def __init__(self, workers: int, **kw) -> None:
+            pools.append(workers)
+            super().__init__(workers, **kw)
+
+    monkeypatch.setattr(corpus, "ProcessPoolExecutor", Counted)
     out, first = written_corpus
     again = write_corpus(SMALL, tmp_path, workers=2)
+    assert pools == [2]  # the files were parsed in a pool, not in this process
     assert again["sha256"] == first["sha256"]
     for split in SPLITS:
         assert (tmp_path / f"{split}.jsonl").read_bytes() == (out / f"{split}.jsonl").read_bytes(), split

@@ -160,6 +160,12 @@ def collect_documents(cfg: CorpusConfig, root: Path | None = None, workers: int 
     return _documents(cfg, root or stdlib_root(), workers)
 
 
+PARSE_WORKERS_MAX = 8
+"""Most processes `write_corpus` parses with: each one imports the package (torch with it: seconds and ~0.4 GB), and
+past a few workers the imports cost more than the parsing they share (the build passes its thread count, which is
+every core of a GPU host)."""
+
+
 def _documented_list(file: tuple[str, str]) -> list[Documented]:
     """The documented objects of one (relative path, source) file, as a list a worker process can send back."""
     return list(documented(*file))
@@ -170,6 +176,7 @@ def _library(cfg: CorpusConfig, root: Path, workers: int) -> Iterator[tuple[str,
     of the corpus stage, so with ``workers`` > 1 that many processes parse them; the results come back in file
     order."""
     files = _stdlib_files(root, cfg.max_file_chars, cfg.include_tests)
+    workers = min(workers, PARSE_WORKERS_MAX)
     if workers <= 1:
         for rel, source in files:
             yield rel, source, _documented_list((rel, source))
@@ -239,7 +246,8 @@ def assign_split(group: str, cfg: CorpusConfig) -> str:
 
 def write_corpus(cfg: CorpusConfig, out_dir: Path, root: Path | None = None, workers: int = 1) -> dict:
     """Write ``{split}.jsonl`` files into ``out_dir``; return statistics and the corpus hash. ``workers``: processes
-    that parse the library files (``collect_documents``); the files written do not depend on it.
+    that parse the library files (``collect_documents``, at most ``PARSE_WORKERS_MAX``); the files written do not
+    depend on it.
 
     The hash covers the ordered records of all splits, so it changes whenever the standard
     library, the generator or the split rule changes.
